@@ -1,0 +1,1 @@
+"""Subcommands of the ``pipeflow`` command, one module each."""

@@ -1,0 +1,43 @@
+"""The ``pipeflow`` command. Each subcommand lives in its own module under ``pipeflow._cli``
+and provides ``add_arguments(parser)`` and ``run(args) -> int``; modules are imported only when
+their subcommand runs, so ``pipeflow --help`` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+#: subcommand -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("pipeflow._cli.demo", "start a local S3 server, generate data, run every recipe, compare"),
+    "run": ("pipeflow._cli.run", "run one recipe through a DataLoader and report throughput"),
+    "recipes": ("pipeflow._cli.recipes", "list the named recipes"),
+    "make-data": ("pipeflow._cli.make_data", "generate the articles' synthetic datasets"),
+    "serve": ("pipeflow._cli.serve", "run a local S3-compatible server on 127.0.0.1"),
+    "bench": ("pipeflow._cli.bench", "benchmark pipeflow against peer libraries"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="pipeflow", description="Streaming training data into PyTorch.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = argv[0] if argv and argv[0] in COMMANDS else None
+    for name, (module_name, help_text) in COMMANDS.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            importlib.import_module(module_name).add_arguments(sp)
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    module = importlib.import_module(COMMANDS[args.command][0])
+    return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""The pipeflow exception hierarchy.
+
+Every error pipeflow raises on purpose derives from :class:`PipeflowError`. Where a builtin
+category fits, the class also derives from it (``ConfigError`` is a ``ValueError``,
+``ObjectNotFoundError`` a ``FileNotFoundError``) so ordinary ``except`` clauses keep working.
+All classes pickle, so they cross process boundaries (DataLoader and process workers) intact.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AccessDeniedError",
+    "BackendError",
+    "ConfigError",
+    "CorruptDataError",
+    "DecodeError",
+    "IncompleteSampleError",
+    "InvalidURLError",
+    "MissingDependencyError",
+    "ObjectNotFoundError",
+    "PipeflowError",
+    "RetryExhaustedError",
+    "StageError",
+    "UnknownBackendError",
+    "WorkerCrashedError",
+]
+
+
+class PipeflowError(Exception):
+    """Root of every error pipeflow raises deliberately."""
+
+
+class ConfigError(PipeflowError, ValueError):
+    """An option has the wrong type or value, or stages are combined in an invalid way."""
+
+
+class MissingDependencyError(PipeflowError, ImportError):
+    """An optional dependency is not installed; the message is the ``pip install`` line."""
+
+    def __init__(self, package: str, extra: str) -> None:
+        self.package = package
+        self.extra = extra
+        super().__init__(
+            f"{package} is required for this feature: pip install 'pipeflow[{extra}]'"
+        )
+
+    def __reduce__(self):  # keep pickling working despite the custom __init__
+        return (type(self), (self.package, self.extra))
+
+
+class BackendError(PipeflowError):
+    """A storage operation failed.
+
+    Attributes:
+        url: the object or prefix the operation was about.
+        backend: the backend name (``"boto3"``, ``"local"``, ...).
+        op: the operation (``"open"``, ``"list"``, ``"read"``, ...).
+    """
+
+    def __init__(self, message: str, *, url: str = "", backend: str = "", op: str = "") -> None:
+        self.message = message
+        self.url = url
+        self.backend = backend
+        self.op = op
+        where = ", ".join(
+            part for part in (f"url={url!r}" if url else "", f"backend={backend}" if backend else "",
+                              f"op={op}" if op else "") if part
+        )
+        super().__init__(f"{message} ({where})" if where else message)
+
+    def __reduce__(self):
+        return (_rebuild_backend_error, (type(self), self.message, self.url, self.backend, self.op))
+
+
+def _rebuild_backend_error(cls, message, url, backend, op):
+    return cls(message, url=url, backend=backend, op=op)
+
+
+class ObjectNotFoundError(BackendError, FileNotFoundError):
+    """The object or prefix does not exist."""
+
+
+class AccessDeniedError(BackendError, PermissionError):
+    """The credentials in use may not perform the operation."""
+
+
+class InvalidURLError(BackendError, ConfigError):
+    """The URL cannot be parsed or has a scheme no backend handles."""
+
+
+class UnknownBackendError(ConfigError):
+    """No backend is registered under the requested name."""
+
+
+class RetryExhaustedError(BackendError):
+    """A transient failure persisted past the retry budget."""
+
+
+class StageError(PipeflowError):
+    """A stage failed on a particular item or sample.
+
+    Attributes:
+        stage: the stage's name as shown by ``Pipeline.explain()``.
+        key: the sample key, URL or item description the failure is about.
+    """
+
+    def __init__(self, message: str, *, stage: str = "", key: str = "") -> None:
+        self.message = message
+        self.stage = stage
+        self.key = key
+        where = ", ".join(p for p in (f"stage={stage}" if stage else "", f"key={key!r}" if key else "") if p)
+        super().__init__(f"{message} ({where})" if where else message)
+
+    def __reduce__(self):
+        return (_rebuild_stage_error, (type(self), self.message, self.stage, self.key))
+
+
+def _rebuild_stage_error(cls, message, stage, key):
+    return cls(message, stage=stage, key=key)
+
+
+class CorruptDataError(StageError):
+    """An archive or record stream is truncated or malformed."""
+
+
+class DecodeError(StageError):
+    """A field could not be decoded."""
+
+
+class IncompleteSampleError(StageError):
+    """A grouped sample lacks a required field or repeats one."""
+
+
+class WorkerCrashedError(PipeflowError, RuntimeError):
+    """A worker process died without reporting an error (killed, out of memory, segfault)."""

@@ -1,0 +1,222 @@
+"""The fluent, immutable :class:`Pipeline` facade.
+
+A ``Pipeline`` is a description: a graph of stage classes with their options. Every method
+returns a new ``Pipeline`` and never changes the receiver, so a prefix can be shared by several
+pipelines. Iterating builds fresh stage objects for the process and worker that iterates
+(see :mod:`pipeflow.runner`), which is what makes a pipeline safe to hand to a ``DataLoader``
+with any number of workers and either start method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch.utils.data
+
+from .context import Stats
+from .stages.base import Stage
+
+__all__ = ["Pipeline", "from_items", "interleave", "mix"]
+
+
+@dataclass(frozen=True)
+class Node:
+    """One stage in a pipeline description."""
+
+    stage: type[Stage[Any]]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    inputs: tuple["Node", ...] = ()
+    label: str = ""
+
+    def title(self) -> str:
+        return self.label or self.stage.__name__
+
+
+def _fmt(value: Any) -> str:
+    if callable(value) and hasattr(value, "__qualname__"):
+        return value.__qualname__
+    if isinstance(value, (list, tuple)) and len(value) > 4:
+        return f"[{len(value)} items]"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _label(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    parts = [_fmt(a) for a in args] + [f"{k}={_fmt(v)}" for k, v in kwargs.items()]
+    return f"{name}({', '.join(parts)})"
+
+
+class Pipeline(torch.utils.data.IterableDataset):
+    """A chain of stages; iterate it directly or hand it to a ``DataLoader``.
+
+    Build one with :func:`from_items` (or ``list_objects``) and chain methods. Each method
+    returns a new pipeline. The only mutable thing is the epoch (:meth:`set_epoch`), as with
+    ``DistributedSampler``.
+    """
+
+    def __init__(self, node: Node) -> None:
+        super().__init__()
+        self._node = node
+        self._epoch = 0
+        self._stats = Stats()
+        self._last_iterator: Any = None
+
+    # ---- building -----------------------------------------------------------------------
+    def then(self, stage: type[Stage[Any]], *args: Any, label: str | None = None,
+             **kwargs: Any) -> "Pipeline":
+        """Append a custom stage class: ``stage(source_stage, *args, **kwargs)``."""
+        name = label or _label(stage.__name__, args, kwargs)
+        return Pipeline(Node(stage, args, kwargs, (self._node,), name))
+
+    def _then(self, name: str, stage: type[Stage[Any]], *args: Any, **kwargs: Any) -> "Pipeline":
+        return Pipeline(Node(stage, args, kwargs, (self._node,), _label(name, args, kwargs)))
+
+    @property
+    def node(self) -> Node:
+        """The description of the last stage (read-only)."""
+        return self._node
+
+    # ---- core stages --------------------------------------------------------------------
+    def shuffle(self, buffer_size: int, *, seed: int = 0) -> "Pipeline":
+        """Buffer shuffle, reseeded from ``(seed, epoch)`` every epoch."""
+        from .stages.shuffle import Shuffler
+        return self._then("shuffle", Shuffler, buffer_size, seed=seed)
+
+    def shard_by_rank(self, *, ranks: bool = True, workers: bool = True) -> "Pipeline":
+        """Keep every N-th item, N = ranks x DataLoader workers; disables automatic sharding."""
+        from .stages.shard import Sharder
+        return self._then("shard_by_rank", Sharder, ranks=ranks, workers=workers)
+
+    def map(self, fn: Callable[[Any], Any], *, workers: int = 0,
+            method: Literal["thread", "process"] = "thread", in_order: bool = True,
+            max_inflight: int | None = None, on_error: Literal["raise", "skip"] = "raise",
+            ) -> "Pipeline":
+        """Apply ``fn`` to every item, inline (``workers=0``) or on N thread/process workers."""
+        from .stages.map import Mapper
+        return self._then("map", Mapper, fn, workers=workers, method=method, in_order=in_order,
+                          max_inflight=max_inflight, on_error=on_error)
+
+    def filter(self, predicate: Callable[[Any], bool]) -> "Pipeline":
+        """Keep the items for which ``predicate`` is true."""
+        from .stages.filter import Filterer
+        return self._then("filter", Filterer, predicate)
+
+    def batch(self, size: int, *, drop_last: bool = False,
+              collate: bool | Callable[[list[Any]], Any] = False) -> "Pipeline":
+        """Group items into lists of ``size``; ``collate=True`` uses torch's default_collate."""
+        from .stages.batch import Batcher
+        return self._then("batch", Batcher, size, drop_last=drop_last, collate=collate)
+
+    def unbatch(self) -> "Pipeline":
+        """Flatten lists (or tuples) of items back into single items."""
+        from .stages.unbatch import Unbatcher
+        return self._then("unbatch", Unbatcher)
+
+    def prefetch(self, size: int = 2) -> "Pipeline":
+        """Run everything upstream in a background thread, keeping up to ``size`` items ready."""
+        from .stages.prefetch import Prefetcher
+        return self._then("prefetch", Prefetcher, size)
+
+    def take(self, n: int) -> "Pipeline":
+        """Stop after ``n`` items."""
+        from .stages.take import Taker
+        return self._then("take", Taker, n)
+
+    def repeat(self, times: int | None = None) -> "Pipeline":
+        """Restart the upstream stages ``times`` times (forever when None), reshuffling each round."""
+        from .stages.repeat import Repeater
+        return self._then("repeat", Repeater, times)
+
+    def zip(self, *others: "Pipeline") -> "Pipeline":
+        """Yield tuples of one item from this pipeline and each of ``others``; stop at the shortest."""
+        from .stages.zip import Zipper
+        nodes = (self._node,) + tuple(o._node for o in others)
+        return Pipeline(Node(Zipper, (), {}, nodes, f"zip({len(nodes)} inputs)"))
+
+    # ---- backends (issue: storage backends) ---------------------------------------------
+
+    # ---- formats (issue: formats) -------------------------------------------------------
+
+    # ---- recipes support (issue: recipes) -----------------------------------------------
+
+    # ---- running ------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch used to reseed shuffles on the next iteration (like DistributedSampler)."""
+        self._epoch = int(epoch)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    def __iter__(self):  # type: ignore[override]
+        from .runner import PipelineIterator
+        it = PipelineIterator(self)
+        self._last_iterator = it
+        return it
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Counters (skips, retries, ...) of the iterations run by this process, by stage."""
+        return self._stats.snapshot()
+
+    def explain(self) -> str:
+        """A text drawing of the stage graph with every stage's options."""
+        lines: list[str] = []
+
+        def walk(node: Node, prefix: str, last: bool, root: bool) -> None:
+            connector = "" if root else ("└─ " if last else "├─ ")
+            lines.append(prefix + connector + node.title())
+            child_prefix = prefix + ("" if root else ("   " if last else "│  "))
+            for i, inp in enumerate(node.inputs):
+                walk(inp, child_prefix, i == len(node.inputs) - 1, False)
+
+        walk(self._node, "", True, True)
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return "Pipeline:\n" + self.explain()
+
+    # pickling for DataLoader workers: descriptions only, never a live iterator
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_last_iterator"] = None
+        state["_stats"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._stats = Stats()
+
+
+# ---- sources and fan-in ----------------------------------------------------------------------
+def from_items(items: Iterable[Any]) -> Pipeline:
+    """A pipeline over the items of a collection (materialised once if not a sequence)."""
+    from .stages.source import ItemSource
+    return Pipeline(Node(ItemSource, (items,), {}, (), f"from_items({_fmt(items)})"))
+
+
+def mix(pipelines: Sequence[Pipeline], weights: Sequence[float] | Callable[[int, int], Sequence[float]],
+        *, seed: int = 0, stop: Literal["first", "all"] = "all") -> Pipeline:
+    """Sample items from several pipelines at random with the given weights.
+
+    Args:
+        pipelines: the inputs.
+        weights: one weight per input, or ``f(epoch, step) -> weights`` to change the mix
+            during training.
+        seed: random seed, combined with the epoch.
+        stop: ``"first"`` ends when any input is exhausted; ``"all"`` keeps drawing from the
+            others (renormalising their weights) until all are.
+    """
+    from .stages.mix import Mixer
+    nodes = tuple(p._node for p in pipelines)
+    label = _label("mix", (), {"weights": weights, "seed": seed, "stop": stop})
+    return Pipeline(Node(Mixer, (), {"weights": weights, "seed": seed, "stop": stop}, nodes, label))
+
+
+def interleave(pipelines: Sequence[Pipeline], *, stop: Literal["first", "all"] = "all") -> Pipeline:
+    """Round-robin over several pipelines: one item from each in turn."""
+    from .stages.mix import Interleaver
+    nodes = tuple(p._node for p in pipelines)
+    return Pipeline(Node(Interleaver, (), {"stop": stop}, nodes, _label("interleave", (), {"stop": stop})))

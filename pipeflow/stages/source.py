@@ -1,0 +1,52 @@
+"""``from_items``: a source over any re-iterable collection."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
+
+from ..errors import ConfigError
+from .base import Stage
+
+__all__ = ["ItemSource"]
+
+T = TypeVar("T")
+
+
+class ItemSource(Stage[T]):
+    """Yields the items of a sequence in order; its state is the next index.
+
+    Non-sequence iterables (generators, sets) are materialised once at construction so every
+    DataLoader worker and every epoch sees the same items in the same order.
+
+    Args:
+        items: a sequence (list, tuple, range, ...) or any finite iterable.
+    """
+
+    def __init__(self, items: Iterable[T]) -> None:
+        super().__init__()
+        if isinstance(items, (str, bytes)):
+            raise ConfigError("from_items() needs a collection of items, not a single str/bytes")
+        if not isinstance(items, Sequence):
+            if not isinstance(items, Iterable):
+                raise ConfigError(f"from_items() needs an iterable, got {type(items).__name__}")
+            items = list(items)
+        self._items: Sequence[T] = items
+        self._index = 0
+
+    def reset(self, state: dict[str, Any] | None = None) -> None:
+        super().reset(state)
+        self._index = int(state["index"]) if state else 0
+
+    def next(self) -> T:
+        i = self._index
+        if i >= len(self._items):
+            raise StopIteration
+        self._index = i + 1
+        return self._items[i]
+
+    def get_state(self) -> dict[str, Any]:
+        return {"index": self._index}
+
+    def __len__(self) -> int:
+        return len(self._items)
