@@ -79,7 +79,7 @@ class RunContext:
     stats: Stats = field(default_factory=Stats)
 
     @classmethod
-    def detect(cls, epoch: int = 0, stats: Stats | None = None) -> "RunContext":
+    def detect(cls, epoch: int = 0, stats: Stats | None = None) -> RunContext:
         rank, world = detect_rank()
         worker_id, num_workers = _detect_worker()
         return cls(epoch=epoch, rank=rank, world_size=world, worker_id=worker_id,

@@ -34,7 +34,7 @@ class Stage(Generic[T]):
     #: on automatic sharding and on how shufflers are seeded.
     is_sharder: bool = False
 
-    def __init__(self, *sources: "Stage[Any]") -> None:
+    def __init__(self, *sources: Stage[Any]) -> None:
         self.sources: tuple[Stage[Any], ...] = sources
         self.context: RunContext = RunContext()
         #: name shown in errors and stats; the builder sets it to the explain() label
@@ -46,7 +46,7 @@ class Stage(Generic[T]):
         self._closed = False
 
     @property
-    def source(self) -> "Stage[Any]":
+    def source(self) -> Stage[Any]:
         """The single input of a one-input stage."""
         return self.sources[0]
 
@@ -75,7 +75,7 @@ class Stage(Generic[T]):
             src.close()
 
     # ---- owned by the base class --------------------------------------------------------
-    def __iter__(self) -> "Stage[T]":
+    def __iter__(self) -> Stage[T]:
         return self
 
     def __next__(self) -> T:

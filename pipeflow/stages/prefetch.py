@@ -1,0 +1,140 @@
+"""``prefetch``: run the upstream stages in a background thread."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+from ..errors import ConfigError
+from .base import Stage
+
+__all__ = ["Prefetcher"]
+
+log = logging.getLogger("pipeflow")
+
+#: seconds between checks of the stop flag while blocked on the queue
+_POLL = 0.1
+#: how long close() waits for the background thread before giving up on it
+JOIN_TIMEOUT = 10.0
+
+_END = object()
+
+
+class _Failure:
+    __slots__ = ("exc",)
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class Prefetcher(Stage[Any]):
+    """Pulls from ``source`` on a background thread into a queue of ``size`` items.
+
+    The queue bound is the backpressure: the thread blocks when the consumer falls behind.
+    Each queued item carries the source's state right after it was pulled, so this stage's
+    state is exactly "after the last item delivered", whatever is still queued.
+    Exceptions raised upstream are re-raised in the consumer with their original type.
+
+    Args:
+        source: the input stage.
+        size: queue capacity (>= 1).
+    """
+
+    def __init__(self, source: Stage[Any], size: int = 2) -> None:
+        super().__init__(source)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ConfigError(f"prefetch() needs a positive int size, got {size!r}")
+        self._size = size
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._queue: queue.Queue[Any] = queue.Queue(size)
+        self._state: dict[str, Any] = {}
+        self._finished = False
+
+    def reset(self, state: dict[str, Any] | None = None) -> None:
+        self._needs_reset = False
+        self._closed = False
+        self._stop_thread()
+        self.source.reset(state["source"] if state else None)
+        self._state = self.source.state_dict()
+        self._finished = False
+        self._stop = threading.Event()
+        self._queue = queue.Queue(self._size)
+        self._thread = threading.Thread(target=self._run, args=(self._stop, self._queue),
+                                        name=f"pipeflow-prefetch-{self.name}", daemon=True)
+        self._thread.start()
+
+    def _run(self, stop: threading.Event, out: queue.Queue[Any]) -> None:
+        source = self.source
+        try:
+            while not stop.is_set():
+                try:
+                    item = next(source)
+                except StopIteration:
+                    self._put(stop, out, _END)
+                    return
+                self._put(stop, out, (item, source.state_dict()))
+        except BaseException as exc:  # handed to the consumer, never lost
+            self._put(stop, out, _Failure(exc))
+
+    @staticmethod
+    def _put(stop: threading.Event, out: queue.Queue[Any], value: Any) -> None:
+        while not stop.is_set():
+            try:
+                out.put(value, timeout=_POLL)
+                return
+            except queue.Full:
+                continue
+
+    def next(self) -> Any:
+        if self._finished:
+            raise StopIteration
+        while True:
+            try:
+                value = self._queue.get(timeout=_POLL)
+                break
+            except queue.Empty:
+                thread = self._thread
+                if thread is None or not thread.is_alive():
+                    if self._queue.empty():
+                        raise RuntimeError(f"{self.name}: the prefetch thread stopped unexpectedly") from None
+        if value is _END:
+            self._finished = True
+            raise StopIteration
+        if isinstance(value, _Failure):
+            self._finished = True
+            raise value.exc
+        item, self._state = value
+        return item
+
+    def get_state(self) -> dict[str, Any]:
+        return {"source": self._state}
+
+    def _stop_thread(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return
+        self._stop.set()
+        deadline = time.monotonic() + JOIN_TIMEOUT
+        while thread.is_alive() and time.monotonic() < deadline:
+            try:  # drain so a blocked put() returns promptly
+                while True:
+                    self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            thread.join(_POLL)
+        if thread.is_alive():
+            log.warning("pipeflow: %s: background thread still busy after %.0fs; abandoning it",
+                        self.name, JOIN_TIMEOUT)
+
+    def close(self) -> None:
+        self._stop_thread()
+        super().close()
+
+    def __del__(self) -> None:
+        stop = getattr(self, "_stop", None)
+        if stop is not None:
+            stop.set()

@@ -1,0 +1,118 @@
+"""``shuffle``: a seeded buffer shuffle whose state is a few integers, not the buffer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._rng import derive_seed, draw
+from ..errors import ConfigError
+from .base import Stage
+
+__all__ = ["Shuffler"]
+
+
+class Shuffler(Stage[Any]):
+    """Fills a buffer of ``buffer_size`` items and yields a random one each step.
+
+    The order is a pure function of ``(seed, epoch, round)`` and, for a shuffler downstream of
+    ``shard_by_rank``, of the shard index; upstream of sharding every worker and rank shuffles
+    identically, which is what keeps sharding after a shuffle exact.
+
+    State without data: each buffered item is identified by its sequence number in the source,
+    and the source position before the oldest buffered item is remembered. To resume, the
+    source is rewound to that position, the items between it and the newest pulled item are
+    read again, the ones already yielded are dropped and the rest rebuild the exact buffer.
+    The cost is re-reading roughly one buffer of items once at resume.
+
+    Args:
+        source: the input stage.
+        buffer_size: items held; 1 disables shuffling.
+        seed: base seed.
+    """
+
+    def __init__(self, source: Stage[Any], buffer_size: int, *, seed: int = 0) -> None:
+        super().__init__(source)
+        if not isinstance(buffer_size, int) or isinstance(buffer_size, bool) or buffer_size < 1:
+            raise ConfigError(f"shuffle() needs a positive int buffer_size, got {buffer_size!r}")
+        if not isinstance(seed, int):
+            raise ConfigError(f"shuffle(seed=...) must be an int, got {seed!r}")
+        self._size = buffer_size
+        self._seed = seed
+        self._round = -1  # incremented by every fresh reset (repeat() restarts reshuffle)
+        self._init_run()
+
+    def _init_run(self) -> None:
+        self._buffer: list[tuple[int, Any]] = []  # (sequence number, item)
+        self._snapshots: dict[int, dict[str, Any]] = {}  # seq -> source state before pulling it
+        self._pulled = 0
+        self._step = 0
+        self._exhausted = False
+        self._stream = 0
+
+    def _stream_seed(self) -> int:
+        ctx = self.context
+        shard = ctx.shard_index if self.sharded_upstream else -1
+        return derive_seed("shuffle", self._seed, ctx.epoch, self._round, shard)
+
+    def reset(self, state: dict[str, Any] | None = None) -> None:
+        self._needs_reset = False
+        self._init_run()
+        if not state:
+            self._round += 1
+            self._stream = self._stream_seed()
+            self.source.reset(None)
+            return
+        self._round = int(state["round"])
+        self._stream = self._stream_seed()
+        self._step = int(state["step"])
+        self._exhausted = bool(state["exhausted"])
+        base, pulled = int(state["base"]), int(state["pulled"])
+        order: list[int] = list(state["buffer"])
+        self.source.reset(state["source"])
+        wanted = set(order)
+        found: dict[int, Any] = {}
+        for seq in range(base, pulled):
+            snap = self.source.state_dict() if seq in wanted else None
+            item = next(self.source)  # StopIteration here means the source changed under us
+            if seq in wanted:
+                found[seq] = item
+                self._snapshots[seq] = snap  # type: ignore[assignment]
+        self._buffer = [(seq, found[seq]) for seq in order]
+        self._pulled = pulled
+
+    def _pull(self) -> bool:
+        snap = self.source.state_dict()
+        try:
+            item = next(self.source)
+        except StopIteration:
+            self._exhausted = True
+            return False
+        seq = self._pulled
+        self._pulled += 1
+        self._buffer.append((seq, item))
+        self._snapshots[seq] = snap
+        return True
+
+    def next(self) -> Any:
+        buffer = self._buffer
+        while not self._exhausted and len(buffer) < self._size:
+            if not self._pull():
+                break
+        if not buffer:
+            raise StopIteration
+        j = draw(self._stream, self._step, len(buffer))
+        self._step += 1
+        seq, item = buffer[j]
+        buffer[j] = buffer[-1]
+        buffer.pop()
+        del self._snapshots[seq]
+        return item
+
+    def get_state(self) -> dict[str, Any]:
+        common = {"round": self._round, "step": self._step, "exhausted": self._exhausted,
+                  "pulled": self._pulled}
+        if not self._buffer:
+            return {**common, "base": self._pulled, "buffer": [], "source": self.source.state_dict()}
+        base = min(self._snapshots)
+        return {**common, "base": base, "buffer": [seq for seq, _ in self._buffer],
+                "source": self._snapshots[base]}

@@ -1,0 +1,42 @@
+"""``take``: stop after a number of items."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from ..errors import ConfigError
+from .base import Stage
+
+__all__ = ["Taker"]
+
+T = TypeVar("T")
+
+
+class Taker(Stage[T]):
+    """Yields at most ``n`` items of ``source``.
+
+    Args:
+        source: the input stage.
+        n: how many items to yield (>= 0).
+    """
+
+    def __init__(self, source: Stage[T], n: int) -> None:
+        super().__init__(source)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ConfigError(f"take() needs a non-negative int, got {n!r}")
+        self._n = n
+        self._taken = 0
+
+    def reset(self, state: dict[str, Any] | None = None) -> None:
+        super().reset(state)
+        self._taken = int(state["taken"]) if state else 0
+
+    def next(self) -> T:
+        if self._taken >= self._n:
+            raise StopIteration
+        item = next(self.source)
+        self._taken += 1
+        return item
+
+    def get_state(self) -> dict[str, Any]:
+        return {"taken": self._taken, "sources": [self.source.state_dict()]}
