@@ -28,7 +28,7 @@ class Node:
     stage: type[Stage[Any]]
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
-    inputs: tuple["Node", ...] = ()
+    inputs: tuple[Node, ...] = ()
     label: str = ""
 
     def title(self) -> str:
@@ -49,6 +49,17 @@ def _label(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     return f"{name}({', '.join(parts)})"
 
 
+class _Placeholder(Stage[Any]):
+    """Stands in for the inputs when a stage is constructed only to validate its options."""
+
+
+def _validate(stage: type[Stage[Any]], n_inputs: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    # Stage constructors only check and store options (setup happens in reset), so building
+    # one against placeholders reports a bad option where the pipeline is written, not
+    # later inside a DataLoader worker.
+    stage(*(_Placeholder() for _ in range(n_inputs)), *args, **kwargs).close()
+
+
 class Pipeline(torch.utils.data.IterableDataset):
     """A chain of stages; iterate it directly or hand it to a ``DataLoader``.
 
@@ -62,16 +73,17 @@ class Pipeline(torch.utils.data.IterableDataset):
         self._node = node
         self._epoch = 0
         self._stats = Stats()
-        self._last_iterator: Any = None
 
     # ---- building -----------------------------------------------------------------------
     def then(self, stage: type[Stage[Any]], *args: Any, label: str | None = None,
-             **kwargs: Any) -> "Pipeline":
+             **kwargs: Any) -> Pipeline:
         """Append a custom stage class: ``stage(source_stage, *args, **kwargs)``."""
         name = label or _label(stage.__name__, args, kwargs)
+        _validate(stage, 1, args, kwargs)
         return Pipeline(Node(stage, args, kwargs, (self._node,), name))
 
-    def _then(self, name: str, stage: type[Stage[Any]], *args: Any, **kwargs: Any) -> "Pipeline":
+    def _then(self, name: str, stage: type[Stage[Any]], *args: Any, **kwargs: Any) -> Pipeline:
+        _validate(stage, 1, args, kwargs)
         return Pipeline(Node(stage, args, kwargs, (self._node,), _label(name, args, kwargs)))
 
     @property
@@ -80,12 +92,12 @@ class Pipeline(torch.utils.data.IterableDataset):
         return self._node
 
     # ---- core stages --------------------------------------------------------------------
-    def shuffle(self, buffer_size: int, *, seed: int = 0) -> "Pipeline":
+    def shuffle(self, buffer_size: int, *, seed: int = 0) -> Pipeline:
         """Buffer shuffle, reseeded from ``(seed, epoch)`` every epoch."""
         from .stages.shuffle import Shuffler
         return self._then("shuffle", Shuffler, buffer_size, seed=seed)
 
-    def shard_by_rank(self, *, ranks: bool = True, workers: bool = True) -> "Pipeline":
+    def shard_by_rank(self, *, ranks: bool = True, workers: bool = True) -> Pipeline:
         """Keep every N-th item, N = ranks x DataLoader workers; disables automatic sharding."""
         from .stages.shard import Sharder
         return self._then("shard_by_rank", Sharder, ranks=ranks, workers=workers)
@@ -93,47 +105,48 @@ class Pipeline(torch.utils.data.IterableDataset):
     def map(self, fn: Callable[[Any], Any], *, workers: int = 0,
             method: Literal["thread", "process"] = "thread", in_order: bool = True,
             max_inflight: int | None = None, on_error: Literal["raise", "skip"] = "raise",
-            ) -> "Pipeline":
+            ) -> Pipeline:
         """Apply ``fn`` to every item, inline (``workers=0``) or on N thread/process workers."""
         from .stages.map import Mapper
         return self._then("map", Mapper, fn, workers=workers, method=method, in_order=in_order,
                           max_inflight=max_inflight, on_error=on_error)
 
-    def filter(self, predicate: Callable[[Any], bool]) -> "Pipeline":
+    def filter(self, predicate: Callable[[Any], bool]) -> Pipeline:
         """Keep the items for which ``predicate`` is true."""
         from .stages.filter import Filterer
         return self._then("filter", Filterer, predicate)
 
     def batch(self, size: int, *, drop_last: bool = False,
-              collate: bool | Callable[[list[Any]], Any] = False) -> "Pipeline":
+              collate: bool | Callable[[list[Any]], Any] = False) -> Pipeline:
         """Group items into lists of ``size``; ``collate=True`` uses torch's default_collate."""
         from .stages.batch import Batcher
         return self._then("batch", Batcher, size, drop_last=drop_last, collate=collate)
 
-    def unbatch(self) -> "Pipeline":
+    def unbatch(self) -> Pipeline:
         """Flatten lists (or tuples) of items back into single items."""
         from .stages.unbatch import Unbatcher
         return self._then("unbatch", Unbatcher)
 
-    def prefetch(self, size: int = 2) -> "Pipeline":
+    def prefetch(self, size: int = 2) -> Pipeline:
         """Run everything upstream in a background thread, keeping up to ``size`` items ready."""
         from .stages.prefetch import Prefetcher
         return self._then("prefetch", Prefetcher, size)
 
-    def take(self, n: int) -> "Pipeline":
+    def take(self, n: int) -> Pipeline:
         """Stop after ``n`` items."""
         from .stages.take import Taker
         return self._then("take", Taker, n)
 
-    def repeat(self, times: int | None = None) -> "Pipeline":
+    def repeat(self, times: int | None = None) -> Pipeline:
         """Restart the upstream stages ``times`` times (forever when None), reshuffling each round."""
         from .stages.repeat import Repeater
         return self._then("repeat", Repeater, times)
 
-    def zip(self, *others: "Pipeline") -> "Pipeline":
+    def zip(self, *others: Pipeline) -> Pipeline:
         """Yield tuples of one item from this pipeline and each of ``others``; stop at the shortest."""
         from .stages.zip import Zipper
         nodes = (self._node,) + tuple(o._node for o in others)
+        _validate(Zipper, len(nodes), (), {})
         return Pipeline(Node(Zipper, (), {}, nodes, f"zip({len(nodes)} inputs)"))
 
     # ---- backends (issue: storage backends) ---------------------------------------------
@@ -153,9 +166,7 @@ class Pipeline(torch.utils.data.IterableDataset):
 
     def __iter__(self):  # type: ignore[override]
         from .runner import PipelineIterator
-        it = PipelineIterator(self)
-        self._last_iterator = it
-        return it
+        return PipelineIterator(self)
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Counters (skips, retries, ...) of the iterations run by this process, by stage."""
@@ -181,7 +192,6 @@ class Pipeline(torch.utils.data.IterableDataset):
     # pickling for DataLoader workers: descriptions only, never a live iterator
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_last_iterator"] = None
         state["_stats"] = None
         return state
 
@@ -194,6 +204,8 @@ class Pipeline(torch.utils.data.IterableDataset):
 def from_items(items: Iterable[Any]) -> Pipeline:
     """A pipeline over the items of a collection (materialised once if not a sequence)."""
     from .stages.source import ItemSource
+    source = ItemSource(items)  # validates, and materialises a generator once, here
+    items = source.items
     return Pipeline(Node(ItemSource, (items,), {}, (), f"from_items({_fmt(items)})"))
 
 
@@ -211,6 +223,7 @@ def mix(pipelines: Sequence[Pipeline], weights: Sequence[float] | Callable[[int,
     """
     from .stages.mix import Mixer
     nodes = tuple(p._node for p in pipelines)
+    _validate(Mixer, len(nodes), (), {"weights": weights, "seed": seed, "stop": stop})
     label = _label("mix", (), {"weights": weights, "seed": seed, "stop": stop})
     return Pipeline(Node(Mixer, (), {"weights": weights, "seed": seed, "stop": stop}, nodes, label))
 
@@ -219,4 +232,5 @@ def interleave(pipelines: Sequence[Pipeline], *, stop: Literal["first", "all"] =
     """Round-robin over several pipelines: one item from each in turn."""
     from .stages.mix import Interleaver
     nodes = tuple(p._node for p in pipelines)
+    _validate(Interleaver, len(nodes), (), {"stop": stop})
     return Pipeline(Node(Interleaver, (), {"stop": stop}, nodes, _label("interleave", (), {"stop": stop})))

@@ -75,6 +75,8 @@ class Mapper(Stage[Any]):
         self._on_error = on_error
         self._start_method = start_method
         self._pool: WorkerPool | None = None
+        if workers and method == "process":
+            self._check_picklable()
         self._reset_run()
 
     def _reset_run(self) -> None:
@@ -96,8 +98,6 @@ class Mapper(Stage[Any]):
         else:
             self.source.reset(None)
         if self._workers and self._pool is None:
-            if self._method == "process":
-                self._check_picklable()
             self._pool = make_pool(self._workers, self._method, name=self.name,
                                    start_method=self._start_method)
 
@@ -136,7 +136,8 @@ class Mapper(Stage[Any]):
     def _failed(self, exc: BaseException, item: Any) -> tuple[bool, Any]:
         if isinstance(exc, BrokenProcessPool):
             raise WorkerCrashedError(
-                f"a worker process of {self.name} died while mapping {describe_item(item)}") from exc
+                f"a worker process of {self.name} died (killed, out of memory or crashed) while items "
+                f"were in flight, the oldest being {describe_item(item)}") from exc
         if self._on_error == "skip":
             self.context.stats.incr(self.name, "skipped")
             log.warning("pipeflow: %s skipped %s: %s: %s", self.name, describe_item(item),

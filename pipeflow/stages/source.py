@@ -48,5 +48,9 @@ class ItemSource(Stage[T]):
     def get_state(self) -> dict[str, Any]:
         return {"index": self._index}
 
+    @property
+    def items(self) -> Sequence[T]:
+        return self._items
+
     def __len__(self) -> int:
         return len(self._items)

@@ -19,4 +19,4 @@ class Zipper(Stage[tuple[Any, ...]]):
             raise ConfigError("zip() needs at least two pipelines")
 
     def next(self) -> tuple[Any, ...]:
-        return tuple(next(s) for s in self.sources)
+        return tuple([next(s) for s in self.sources])

@@ -1,0 +1,34 @@
+"""Module-level callables for tests that need picklable functions (process workers, spawn)."""
+
+import os
+import time
+
+
+def double(x):
+    return x * 2
+
+
+def slow_double(x):
+    time.sleep(0.001 * (x % 5))
+    return x * 2
+
+
+def fail_on_13(x):
+    if x == 13:
+        raise KeyError(f"bad item {x}")
+    return x
+
+
+def die_on_3(x):
+    if x == 3:
+        os._exit(7)
+    return x
+
+
+def sleep_forever(x):
+    time.sleep(3600)
+    return x
+
+
+def is_even(x):
+    return x % 2 == 0

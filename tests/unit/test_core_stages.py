@@ -1,0 +1,151 @@
+"""Behaviour of the core stages through the public Pipeline API."""
+
+import pytest
+import torch
+
+import pipeflow as pf
+from pipeflow.errors import ConfigError
+
+from ._core_helpers import double
+
+
+def test_pipeline_is_immutable_and_prefix_reusable():
+    base = pf.from_items(range(10))
+    doubled = base.map(double)
+    evens = base.filter(lambda x: x % 2 == 0)
+    assert list(base) == list(range(10))
+    assert list(doubled) == [2 * x for x in range(10)]
+    assert list(evens) == [0, 2, 4, 6, 8]
+    assert doubled is not base and doubled.node.inputs[0] is base.node
+
+
+def test_explain_shows_graph_and_options():
+    pipe = pf.mix([pf.from_items([1, 2]).shuffle(10, seed=3), pf.from_items([3])], [0.5, 0.5]).batch(4)
+    text = pipe.explain()
+    assert "batch(4" in text and "shuffle(10, seed=3)" in text and "mix(" in text
+    assert text.count("from_items") == 2
+    assert "Pipeline:" in repr(pipe)
+
+
+def test_from_items_materialises_generators_and_rejects_strings():
+    assert list(pf.from_items(x for x in range(3))) == [0, 1, 2]
+    with pytest.raises(ConfigError):
+        pf.from_items("abc")
+
+
+def test_shuffle_is_a_permutation_seeded_and_reseeded_per_epoch():
+    pipe = pf.from_items(range(100)).shuffle(16, seed=1)
+    first = list(pipe)
+    assert sorted(first) == list(range(100)) and first != list(range(100))
+    second = list(pipe)  # epoch advanced automatically after a full pass
+    assert sorted(second) == list(range(100)) and second != first
+    pipe.set_epoch(0)
+    assert list(pipe) == first
+    assert list(pf.from_items(range(100)).shuffle(16, seed=1)) == first
+    assert list(pf.from_items(range(100)).shuffle(16, seed=2)) != first
+
+
+def test_shuffle_buffer_one_keeps_order():
+    assert list(pf.from_items(range(10)).shuffle(1)) == list(range(10))
+
+
+def test_batch_drop_last_and_collate():
+    assert list(pf.from_items(range(7)).batch(3)) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert list(pf.from_items(range(7)).batch(3, drop_last=True)) == [[0, 1, 2], [3, 4, 5]]
+    batches = list(pf.from_items([{"x": i} for i in range(4)]).batch(2, collate=True))
+    assert torch.equal(batches[1]["x"], torch.tensor([2, 3]))
+    assert list(pf.from_items(range(4)).batch(2, collate=sum)) == [1, 5]
+    with pytest.raises(ConfigError):
+        pf.from_items(range(3)).batch(0)
+
+
+def test_unbatch_take_repeat():
+    assert list(pf.from_items(range(7)).batch(3).unbatch()) == list(range(7))
+    assert list(pf.from_items(range(7)).take(3)) == [0, 1, 2]
+    assert list(pf.from_items(range(3)).repeat(2)) == [0, 1, 2, 0, 1, 2]
+    assert list(pf.from_items(range(3)).repeat().take(7)) == [0, 1, 2, 0, 1, 2, 0]
+    assert list(pf.from_items([]).repeat()) == []  # an empty upstream never spins
+
+
+def test_repeat_reshuffles_each_round():
+    rounds = list(pf.from_items(range(20)).shuffle(20, seed=0).repeat(2))
+    assert sorted(rounds[:20]) == sorted(rounds[20:]) == list(range(20))
+    assert rounds[:20] != rounds[20:]
+
+
+def test_filter_and_map_errors_keep_type_and_name_the_item():
+    def boom(x):
+        if x == 2:
+            raise KeyError("nope")
+        return x
+
+    with pytest.raises(KeyError) as info:
+        list(pf.from_items(range(5)).map(boom))
+    assert any("map(" in n and "2" in n for n in info.value.__notes__)
+
+
+def test_map_skip_counts():
+    def boom(x):
+        if x % 3 == 0:
+            raise ValueError(x)
+        return x
+
+    pipe = pf.from_items(range(9)).map(boom, on_error="skip")
+    assert list(pipe) == [1, 2, 4, 5, 7, 8]
+    (counters,) = pipe.stats().values()
+    assert counters == {"skipped": 3}
+
+
+def test_zip_interleave_mix():
+    a, b = pf.from_items([1, 2, 3]), pf.from_items("xy".split() or ["x", "y"])
+    assert list(a.zip(pf.from_items(["x", "y"]))) == [(1, "x"), (2, "y")]
+    assert list(pf.interleave([a, pf.from_items([10, 20])])) == [1, 10, 2, 20, 3]
+    assert list(pf.interleave([a, pf.from_items([10])], stop="first")) == [1, 10, 2]
+    del b
+    mixed = list(pf.mix([pf.from_items(range(100)), pf.from_items(range(100, 130))], [3, 1], seed=5))
+    assert sorted(mixed) == list(range(130))
+    # the mix is weighted: early on, about 3 of 4 items come from the first input
+    head = mixed[:40]
+    assert 20 <= sum(x < 100 for x in head) <= 38
+    assert mixed == list(pf.mix([pf.from_items(range(100)), pf.from_items(range(100, 130))], [3, 1], seed=5))
+
+
+def test_mix_weights_can_change_during_training():
+    def schedule(epoch, step):
+        return [1.0, 0.0] if step < 10 else [0.0, 1.0]
+
+    out = list(pf.mix([pf.from_items(range(50)), pf.from_items(range(100, 150))], schedule, stop="first"))
+    assert all(x < 50 for x in out[:10]) and all(x >= 100 for x in out[10:])
+    with pytest.raises(ConfigError):
+        list(pf.mix([pf.from_items([1])], [-1.0]))
+
+
+def test_shard_by_rank_uses_env(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert list(pf.from_items(range(10)).shard_by_rank()) == [1, 4, 7]
+    assert list(pf.from_items(range(10)).shard_by_rank(ranks=False)) == list(range(10))
+    # no shard_by_rank: the source is sharded automatically, so ranks never duplicate data
+    assert list(pf.from_items(range(10)).map(double)) == [2, 8, 14]
+
+
+def test_shuffle_before_shard_is_identical_on_every_rank(monkeypatch):
+    seen = []
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        seen += list(pf.from_items(range(30)).shuffle(8, seed=4).shard_by_rank())
+    assert sorted(seen) == list(range(30))
+
+
+def test_bad_options_raise_config_errors():
+    with pytest.raises(ConfigError):
+        pf.from_items([1]).shuffle(0)
+    with pytest.raises(ConfigError):
+        list(pf.from_items([1]).map(double, workers=-1))
+    with pytest.raises(ConfigError):
+        list(pf.from_items([1]).map("not callable"))
+    with pytest.raises(ConfigError):
+        pf.from_items([1]).take(-1)
+    with pytest.raises(ConfigError):
+        list(pf.from_items([1]).map(lambda x: x, workers=1, method="process"))

@@ -1,0 +1,78 @@
+"""A Pipeline is an IterableDataset: DataLoader and StatefulDataLoader integration."""
+
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+import pipeflow as pf
+
+from ._core_helpers import double, slow_double
+
+
+def _flatten(batches):
+    out = []
+    for b in batches:
+        out.extend(b.tolist() if isinstance(b, torch.Tensor) else [b])
+    return out
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.parametrize("explicit_shard", [True, False])
+def test_every_item_exactly_once_with_two_workers(context, explicit_shard):
+    pipe = pf.from_items(range(101)).shuffle(10, seed=1)
+    if explicit_shard:
+        pipe = pipe.shard_by_rank()
+    pipe = pipe.map(slow_double, workers=2).prefetch(2)
+    loader = DataLoader(pipe, batch_size=None, num_workers=2, multiprocessing_context=context)
+    items = _flatten(loader)
+    assert sorted(items) == [2 * x for x in range(101)]
+
+
+def test_dataloader_batching_with_pipeflow_collate():
+    pipe = pf.from_items(range(20)).shard_by_rank().map(double).batch(4, collate=True)
+    loader = DataLoader(pipe, batch_size=None, num_workers=2)
+    assert sorted(_flatten(loader)) == [2 * x for x in range(20)]
+
+
+def test_set_epoch_reshuffles_across_dataloader_epochs():
+    pipe = pf.from_items(range(30)).shuffle(30)
+    epochs = []
+    for epoch in range(2):
+        pipe.set_epoch(epoch)
+        epochs.append(_flatten(DataLoader(pipe, batch_size=None, num_workers=2)))
+    assert sorted(epochs[0]) == sorted(epochs[1]) == list(range(30))
+    assert epochs[0] != epochs[1]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stateful_dataloader_checkpoint_and_resume(num_workers):
+    def make():
+        return (pf.from_items(range(60)).shuffle(8, seed=2).map(slow_double, workers=2)
+                .prefetch(3).batch(3))
+
+    loader = StatefulDataLoader(make(), batch_size=None, num_workers=num_workers)
+    full = _flatten_lists(loader)
+    assert sorted(full) == [2 * x for x in range(60)]
+
+    loader = StatefulDataLoader(make(), batch_size=None, num_workers=num_workers)
+    head = []
+    for i, batch in enumerate(loader):
+        head.extend(batch)
+        if i == 6:
+            break
+    state = loader.state_dict()
+    del loader
+
+    resumed = StatefulDataLoader(make(), batch_size=None, num_workers=num_workers)
+    resumed.load_state_dict(state)
+    tail = _flatten_lists(resumed)
+    assert sorted(head + tail) == [2 * x for x in range(60)]
+    assert len(head + tail) == 60
+
+
+def _flatten_lists(loader):
+    out = []
+    for batch in loader:
+        out.extend(batch)
+    return out

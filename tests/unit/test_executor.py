@@ -1,0 +1,124 @@
+"""The executor: ordering, backpressure, errors across threads and processes, clean shutdown."""
+
+import gc
+import threading
+import time
+
+import psutil
+import pytest
+
+import pipeflow as pf
+from pipeflow.errors import WorkerCrashedError
+
+from ._core_helpers import die_on_3, double, fail_on_13, slow_double
+
+
+def _threads():
+    return {t for t in threading.enumerate() if t.name.startswith("pipeflow")}
+
+
+def _children():
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def _settle(check, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return check()
+
+
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_parallel_map_keeps_order_by_default(method):
+    out = list(pf.from_items(range(40)).map(slow_double, workers=4, method=method))
+    assert out == [2 * x for x in range(40)]
+
+
+def test_unordered_map_delivers_everything_once():
+    out = list(pf.from_items(range(40)).map(slow_double, workers=4, in_order=False))
+    assert sorted(out) == [2 * x for x in range(40)]
+
+
+def test_backpressure_bounds_items_in_flight():
+    pulled = []
+    gate = threading.Event()
+
+    def record(x):
+        pulled.append(x)
+        return x
+
+    def blocked(x):
+        gate.wait(5)
+        return x
+
+    it = iter(pf.from_items(range(1000)).map(record).map(blocked, workers=2, max_inflight=5))
+    consumer = threading.Thread(target=lambda: next(it))
+    consumer.start()
+    time.sleep(0.3)
+    assert len(pulled) == 5  # nothing beyond the in-flight bound was read from the source
+    gate.set()
+    consumer.join(5)
+    it.close()
+
+
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_worker_errors_keep_their_type_and_name_stage_and_item(method):
+    with pytest.raises(KeyError) as info:
+        list(pf.from_items(range(20)).map(fail_on_13, workers=3, method=method))
+    assert "bad item 13" in str(info.value)
+    assert any("map(fail_on_13" in n and "13" in n for n in info.value.__notes__)
+
+
+def test_crashed_worker_process_raises_clearly_without_orphans():
+    before = _children()
+    with pytest.raises(WorkerCrashedError, match="died"):
+        list(pf.from_items(range(10)).map(die_on_3, workers=2, method="process"))
+    assert _settle(lambda: _children() <= before | _forkserver(before))
+
+
+def _forkserver(before):
+    # the forkserver and resource tracker are shared, long-lived multiprocessing infrastructure
+    return {p.pid for p in psutil.Process().children() if "from multiprocessing" in " ".join(p.cmdline())}
+
+
+@pytest.mark.parametrize("how", ["break", "close", "gc", "exception"])
+@pytest.mark.parametrize("method", ["thread", "process"])
+def test_no_leaks_after_break_close_gc_or_error(how, method):
+    threads_before, children_before = _threads(), _children()
+    pipe = pf.from_items(range(10_000)).map(slow_double, workers=3, method=method).prefetch(4)
+    it = iter(pipe)
+    for i, _ in enumerate(it):
+        if i == 5:
+            break
+    if how == "close":
+        it.close()
+    elif how in ("gc", "break"):
+        del it
+        gc.collect()
+    elif how == "exception":
+        bad = iter(pf.from_items(range(100)).map(fail_on_13, workers=3, method=method).prefetch(2))
+        with pytest.raises(KeyError):
+            list(bad)
+        it.close()
+    assert _settle(lambda: _threads() <= threads_before), _threads()
+    assert _settle(lambda: _children() <= children_before | _forkserver(children_before))
+
+
+def test_keyboard_interrupt_shuts_down_cleanly():
+    threads_before = _threads()
+
+    def interrupt(x):
+        if x == 7:
+            raise KeyboardInterrupt
+        return x
+
+    with pytest.raises(KeyboardInterrupt):
+        list(pf.from_items(range(100)).map(interrupt).map(double, workers=2).prefetch(2))
+    assert _settle(lambda: _threads() <= threads_before)
+
+
+def test_prefetch_reraises_upstream_errors_with_type():
+    with pytest.raises(KeyError):
+        list(pf.from_items(range(20)).map(fail_on_13).prefetch(3))
