@@ -1,0 +1,173 @@
+"""S3 configuration shared by every S3 backend, and S3 error translation.
+
+Resolution order, the same for every backend (so ``AWS_ENDPOINT_URL`` plus credentials in the
+environment is enough for all of them, including tools such as s5cmd that ignore that variable):
+
+* endpoint: the ``endpoint=`` option, else ``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``,
+  else the SDK's default (real AWS);
+* region: ``region=``, else ``AWS_REGION``, else ``AWS_DEFAULT_REGION``, else the profile's
+  region (SDKs that read profiles), else ``us-east-1``;
+* credentials: ``access_key=``/``secret_key=``/``session_token=`` options when given, else the
+  SDK's own chain (environment, ``profile=``/``AWS_PROFILE``, shared files, instance roles);
+* addressing: path-style (``http://host/bucket/key``) whenever a custom endpoint is in use,
+  unless ``path_style=False``; virtual-hosted style on AWS.
+
+Credentials never appear in a repr or an error message.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import (
+    AccessDeniedError,
+    BackendError,
+    ConfigError,
+    InvalidURLError,
+    ObjectNotFoundError,
+    PipeflowError,
+)
+from ._retry import RetryPolicy
+from .base import BackendOptions
+
+__all__ = ["S3Options", "error_for_status", "resolve_endpoint", "resolve_region", "translate_s3_error"]
+
+DEFAULT_REGION = "us-east-1"
+
+NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "404", "NoSuchVersion"})
+DENIED_CODES = frozenset({
+    "AccessDenied", "403", "Forbidden", "InvalidAccessKeyId", "SignatureDoesNotMatch",
+    "AllAccessDisabled", "AccountProblem", "InvalidSecurity", "ExpiredToken", "InvalidToken",
+    "TokenRefreshRequired", "UnauthorizedAccess",
+})
+INVALID_CODES = frozenset({"InvalidBucketName", "InvalidURI", "KeyTooLongError", "InvalidArgument"})
+
+
+def resolve_endpoint(explicit: str | None = None) -> str | None:
+    """The S3 endpoint URL to use, or None for the SDK default (AWS)."""
+    for value in (explicit, os.environ.get("AWS_ENDPOINT_URL_S3"), os.environ.get("AWS_ENDPOINT_URL")):
+        if value:
+            return value.rstrip("/")
+    return None
+
+
+def resolve_region(explicit: str | None = None) -> str:
+    """The region to sign requests for (profile regions are left to SDKs that read profiles)."""
+    for value in (explicit, os.environ.get("AWS_REGION"), os.environ.get("AWS_DEFAULT_REGION")):
+        if value:
+            return value
+    return DEFAULT_REGION
+
+
+@dataclass(frozen=True)
+class S3Options(BackendOptions):
+    """Options shared by the S3 backends.
+
+    Attributes:
+        endpoint: an S3-compatible endpoint URL (``http://127.0.0.1:9000``); defaults to
+            ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, else AWS.
+        region: signing region; defaults to ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` / us-east-1.
+        profile: a named profile from the shared AWS config files.
+        path_style: force path-style (True) or virtual-hosted (False) addressing; None picks
+            path-style for custom endpoints.
+        access_key, secret_key, session_token: explicit credentials (never shown in reprs);
+            by default the SDK's credential chain is used.
+        retry: the retry policy for transient failures.
+    """
+
+    endpoint: str | None = None
+    region: str | None = None
+    profile: str | None = None
+    path_style: bool | None = None
+    access_key: str | None = field(default=None, repr=False)
+    secret_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.endpoint is not None:
+            if not isinstance(self.endpoint, str) or not self.endpoint.startswith(("http://", "https://")):
+                raise ConfigError(f"endpoint must be an http(s):// URL, got {self.endpoint!r}")
+        for name in ("region", "profile"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"{name} must be a non-empty str, got {value!r}")
+        if self.path_style is not None and not isinstance(self.path_style, bool):
+            raise ConfigError(f"path_style must be True, False or None, got {self.path_style!r}")
+        if (self.access_key is None) != (self.secret_key is None):
+            raise ConfigError("access_key and secret_key must be given together")
+        if isinstance(self.retry, dict):
+            object.__setattr__(self, "retry", RetryPolicy(**self.retry))
+        if not isinstance(self.retry, RetryPolicy):
+            raise ConfigError(f"retry must be a RetryPolicy, got {type(self.retry).__name__}")
+
+    # resolved per call (in the process that makes the client), so DataLoader workers and
+    # subprocesses see the environment they run in
+    def resolved_endpoint(self) -> str | None:
+        return resolve_endpoint(self.endpoint)
+
+    def resolved_region(self) -> str:
+        return resolve_region(self.region)
+
+    def use_path_style(self) -> bool:
+        if self.path_style is not None:
+            return self.path_style
+        return self.resolved_endpoint() is not None
+
+    def boto3_client(self, **config: Any) -> Any:
+        """A botocore S3 client configured from these options (imports boto3)."""
+        import boto3
+        from botocore.config import Config
+
+        session = boto3.session.Session(profile_name=self.profile)
+        s3cfg = {"addressing_style": "path"} if self.use_path_style() else {}
+        cfg = Config(s3=s3cfg, retries={"max_attempts": 1, "mode": "standard"}, **config)
+        return session.client(
+            "s3", endpoint_url=self.resolved_endpoint(), region_name=self.resolved_region(),
+            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
+            aws_session_token=self.session_token, config=cfg)
+
+
+def error_for_status(status: int | None, code: str, *, url: str, backend: str, op: str,
+                     what: str = "") -> BackendError:
+    """A typed error for an HTTP status / S3 error code (used by every S3 backend)."""
+    code = code or (str(status) if status else "")
+    detail = f"{what or 'request failed'}: {code}" if code else (what or "request failed")
+    if code in NOT_FOUND_CODES or status == 404:
+        return ObjectNotFoundError(f"no such object or bucket ({code or 404})", url=url, backend=backend,
+                                   op=op)
+    if code in DENIED_CODES or status == 403:
+        return AccessDeniedError(f"access denied ({code or 403})", url=url, backend=backend, op=op)
+    if code in INVALID_CODES:
+        return InvalidURLError(f"invalid bucket or key ({code})", url=url, backend=backend, op=op)
+    return BackendError(detail, url=url, backend=backend, op=op)
+
+
+def translate_s3_error(exc: BaseException, *, url: str, backend: str, op: str) -> BaseException:
+    """Map an SDK exception to a pipeflow error by error code or type (never by message).
+
+    Pipeflow errors and exceptions that are not the SDK's are returned unchanged.
+    """
+    if isinstance(exc, PipeflowError):
+        return exc
+    bexc = __import__("sys").modules.get("botocore.exceptions")
+    if bexc is not None:
+        if isinstance(exc, bexc.ClientError):
+            response: dict[str, Any] = getattr(exc, "response", None) or {}
+            code = str(response.get("Error", {}).get("Code", ""))
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            return error_for_status(status, code, url=url, backend=backend, op=op)
+        if isinstance(exc, (bexc.NoCredentialsError, bexc.PartialCredentialsError)):
+            return AccessDeniedError("no usable credentials found", url=url, backend=backend, op=op)
+        if isinstance(exc, bexc.ProfileNotFound):
+            return ConfigError(f"AWS profile not found ({backend}, {url})")
+        if isinstance(exc, bexc.BotoCoreError):
+            return BackendError(f"{type(exc).__name__}", url=url, backend=backend, op=op)
+    if isinstance(exc, FileNotFoundError):
+        return ObjectNotFoundError("no such object", url=url, backend=backend, op=op)
+    if isinstance(exc, PermissionError):
+        return AccessDeniedError("access denied", url=url, backend=backend, op=op)
+    return exc

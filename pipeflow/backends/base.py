@@ -1,0 +1,238 @@
+"""The storage backend contract.
+
+A backend knows how to list, stream and read objects of one kind of store. Every backend:
+
+* takes its options as one frozen dataclass (:attr:`Backend.Options`), validated in
+  ``__post_init__``; ``Backend(**kwargs)`` builds that dataclass, so
+  ``get_backend("boto3", endpoint="http://...")`` and ``Boto3Backend(Boto3Options(endpoint=...))``
+  are the same thing;
+* creates its SDK client lazily, once per process (:meth:`Backend._client`), and drops it after
+  a fork, so one backend object can be handed to DataLoader workers started with ``fork`` or
+  ``spawn``; a pickled backend carries options only, never a live client;
+* translates SDK errors at its boundary, by error code or exception type, into
+  :mod:`pipeflow.errors` types that name the URL, the backend and the operation;
+* lists in a deterministic (sorted by URL) order.
+
+Implementations override :meth:`Backend.list`, :meth:`Backend.open`, :meth:`Backend.info`
+and :meth:`Backend._make_client`; :meth:`Backend.read` has a default in terms of ``open``.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from typing import IO, Any, ClassVar
+from urllib.parse import unquote, urlsplit
+
+from ..errors import ConfigError, InvalidURLError
+from ..items import ObjectInfo
+
+__all__ = ["Backend", "BackendOptions", "S3Location", "parse_s3_url", "scheme_of"]
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """Options every backend accepts. Subclasses add their own fields (all with defaults)."""
+
+    def __post_init__(self) -> None:  # subclasses call super().__post_init__()
+        pass
+
+
+def scheme_of(url: str) -> str:
+    """The URL scheme in lower case (``"s3"``, ``"file"``), or ``""`` for a bare local path.
+
+    Windows drive letters (``C:\\x``) count as bare paths.
+    """
+    if not isinstance(url, str):
+        raise InvalidURLError(f"a URL must be a str, got {type(url).__name__}", url=repr(url))
+    head, sep, _ = url.partition("://")
+    if not sep or len(head) <= 1 or not head.replace("+", "").replace("-", "").replace(".", "").isalnum():
+        return ""
+    return head.lower()
+
+
+@dataclass(frozen=True)
+class S3Location:
+    """A parsed ``s3://bucket/key`` URL."""
+
+    bucket: str
+    key: str
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+
+def parse_s3_url(url: str, *, backend: str = "", op: str = "") -> S3Location:
+    """Split ``s3://bucket/key`` into bucket and key (the key may be empty, a prefix).
+
+    Raises:
+        InvalidURLError: not an ``s3://`` URL, or no bucket.
+    """
+    if scheme_of(url) != "s3":
+        raise InvalidURLError("expected an s3://bucket/key URL", url=url, backend=backend, op=op)
+    rest = url.split("://", 1)[1]
+    bucket, _, key = rest.partition("/")
+    if not bucket or "?" in bucket or "#" in bucket:
+        raise InvalidURLError("the URL names no bucket", url=url, backend=backend, op=op)
+    return S3Location(bucket, key)
+
+
+def local_path(url: str, *, backend: str = "", op: str = "") -> str:
+    """The filesystem path of a ``file://`` URL or a bare path (returned unchanged)."""
+    scheme = scheme_of(url)
+    if scheme == "":
+        return url
+    if scheme != "file":
+        raise InvalidURLError("expected a local path or file:// URL", url=url, backend=backend, op=op)
+    parts = urlsplit(url)
+    if parts.netloc not in ("", "localhost"):
+        raise InvalidURLError("file:// URLs with a remote host are not supported", url=url,
+                              backend=backend, op=op)
+    return unquote(parts.path)
+
+
+class Backend(abc.ABC):
+    """Base class of storage backends. See the module docstring for the contract.
+
+    Args:
+        options: a ready :attr:`Options` instance, or None to build one from ``**kwargs``.
+        **kwargs: fields of :attr:`Options`.
+    """
+
+    #: the registry name ("boto3", "local", ...)
+    name: ClassVar[str] = "base"
+    #: the frozen dataclass of options this backend takes
+    Options: ClassVar[type[BackendOptions]] = BackendOptions
+
+    def __init__(self, options: BackendOptions | None = None, /, **kwargs: Any) -> None:
+        if options is None:
+            try:
+                options = self.Options(**kwargs)
+            except TypeError as exc:
+                valid = ", ".join(f.name for f in fields(self.Options)) or "none"
+                raise ConfigError(f"backend {self.name!r}: {exc}; valid options: {valid}") from exc
+        elif kwargs:
+            raise ConfigError(f"backend {self.name!r}: pass either an options object or keyword options")
+        elif not isinstance(options, self.Options):
+            raise ConfigError(f"backend {self.name!r} takes {self.Options.__name__}, "
+                              f"got {type(options).__name__}")
+        self.options = options
+        self._init_runtime()
+
+    # ---- per-process client ---------------------------------------------------------------
+    def _init_runtime(self) -> None:
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._client_obj: Any = None
+
+    def _client(self) -> Any:
+        """The SDK client of this process, created on first use.
+
+        A client made before a fork is never used in the child (its connection pool and
+        background threads do not survive a fork); the child makes its own.
+        """
+        if self._pid != os.getpid():
+            # the lock may have been held by another thread at fork time: replace, never acquire
+            self._init_runtime()
+        client = self._client_obj
+        if client is None:
+            with self._lock:
+                client = self._client_obj
+                if client is None:
+                    client = self._client_obj = self._make_client()
+        return client
+
+    def _make_client(self) -> Any:
+        """Create the SDK client (called at most once per process)."""
+        return None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.options = state["options"]
+        self._init_runtime()
+
+    # ---- the contract ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def list(self, url: str) -> Iterator[ObjectInfo]:
+        """Yield the objects under a prefix (or the one object ``url`` names), sorted by URL.
+
+        A prefix ending in ``/`` lists everything below it, recursively. Listing is paginated:
+        items are yielded as pages arrive, but the order is deterministic.
+
+        Raises:
+            ObjectNotFoundError: the bucket or directory does not exist.
+        """
+
+    @abc.abstractmethod
+    def open(self, url: str, *, start: int = 0) -> IO[bytes]:
+        """Open an object for streaming, starting at byte ``start``.
+
+        The result is a readable binary file object; it need not be seekable. The caller closes
+        it. Remote backends resume an interrupted body with a ranged request.
+
+        Raises:
+            ObjectNotFoundError: no such object.
+        """
+
+    @abc.abstractmethod
+    def info(self, url: str) -> ObjectInfo:
+        """Size (and etag/mtime when known) of one object.
+
+        Raises:
+            ObjectNotFoundError: no such object.
+        """
+
+    def read(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
+        """Read bytes ``[start, end)`` of an object (the whole object by default).
+
+        ``end`` past the end of the object is clamped, as with Python slices; negative
+        offsets are not supported.
+        """
+        lo, hi = _check_range(url, self.name, start, end)
+        if hi is not None and hi <= lo:
+            # still surface a missing object as ObjectNotFoundError
+            self.info(url)
+            return b""
+        with self.open(url, start=lo) as stream:
+            return stream.read() if hi is None else _read_exactly(stream, hi - lo)
+
+    def close(self) -> None:
+        """Release this process's client. The backend stays usable (a new client is made)."""
+        self._client_obj = None
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.options!r})"
+
+
+def _check_range(url: str, backend: str, start: int | None, end: int | None) -> tuple[int, int | None]:
+    lo = 0 if start is None else start
+    for value in (start, end):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ConfigError(f"read({url!r}): start/end must be non-negative ints, got {value!r} "
+                              f"(backend={backend})")
+    return lo, end
+
+
+def _read_exactly(stream: IO[bytes], n: int) -> bytes:
+    """Read up to ``n`` bytes, looping over short reads; fewer only at the end of the stream."""
+    chunks: list[bytes] = []
+    remaining = n
+    while remaining > 0:
+        chunk = stream.read(remaining)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
