@@ -1,0 +1,1 @@
+"""pipeflow benchmarks (run with ``pipeflow bench`` or the scripts here)."""
