@@ -1,0 +1,73 @@
+"""``pipeflow run RECIPE --url URL``: the articles' empty training loop over one recipe."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from typing import Any
+
+__all__ = ["add_arguments", "parse_options", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", help="a recipe name (see `pipeflow recipes`)")
+    parser.add_argument("--url", required=True,
+                        help="the dataset: s3://bucket/prefix, or a directory for mounted-path recipes")
+    parser.add_argument("--batch-size", type=int, default=4, help="DataLoader batch size (default 4)")
+    parser.add_argument("--num-workers", type=int, default=0, help="DataLoader workers (default 0)")
+    parser.add_argument("--epochs", type=int, default=1, help="passes over the data (default 1)")
+    parser.add_argument("--steps", type=int, default=None, help="stop after this many steps")
+    parser.add_argument("--report-every", type=int, default=100, metavar="N",
+                        help="print the time of every N steps (default 100, as in the articles)")
+    parser.add_argument("--preprocess", action="store_true",
+                        help="002 recipes: decode, resize to 224x224 and batch 128 in the pipeline")
+    parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a recipe option, e.g. -o seed=3 (Python literals are parsed)")
+
+
+def parse_options(pairs: list[str]) -> dict[str, Any]:
+    """``["seed=3", "backend=boto3"]`` -> ``{"seed": 3, "backend": "boto3"}``."""
+    from ..errors import ConfigError
+
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"options are KEY=VALUE, got {pair!r}")
+        try:
+            options[key.strip().replace("-", "_")] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            options[key.strip().replace("-", "_")] = text
+    return options
+
+
+def run(args: argparse.Namespace) -> int:
+    from .. import recipes
+    from ..errors import PipeflowError
+    from ._measure import measure
+
+    try:
+        options = parse_options(args.option)
+        if args.preprocess:
+            options["preprocess"] = True
+        info = recipes.get(args.recipe)
+        pipeline = recipes.load(args.recipe, url=args.url, **options)
+    except PipeflowError as exc:
+        print(f"pipeflow run: {exc}", file=sys.stderr)
+        return 2
+    batch_size = None if info.yields_batches(options) else args.batch_size
+
+    def report(step: int, seconds: float) -> None:
+        print(f"Iteration {step} Time {seconds:.4f}", flush=True)
+
+    result = measure(pipeline, batch_size=batch_size, num_workers=args.num_workers, epochs=args.epochs,
+                     steps=args.steps, report_every=args.report_every, on_report=report)
+    mean = "n/a" if result.mean is None else f"{result.mean:.4f}"
+    var = "n/a" if result.variance is None else f"{result.variance:.6f}"
+    cpu = "n/a (pip install psutil)" if result.cpu_percent is None else f"{result.cpu_percent:.1f}%"
+    print(f"mean {mean} variance {var}  (seconds per {args.report_every} steps, first interval excluded)")
+    print(f"{result.steps} steps, {result.samples} samples in {result.seconds:.2f} s: "
+          f"{result.samples_per_s:.1f} samples/s, first batch after {result.first_batch_s:.2f} s, "
+          f"average CPU {cpu}")
+    return 0
