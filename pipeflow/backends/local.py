@@ -1,0 +1,135 @@
+"""``local``: plain files and mounted paths (FUSE mounts such as Mountpoint or SageMaker FFM)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO
+
+from pipeflow.backends.base import Backend, BackendOptions, local_path, scheme_of
+from pipeflow.errors import AccessDeniedError, BackendError, ConfigError, ObjectNotFoundError
+from pipeflow.items import ObjectInfo
+
+__all__ = ["LocalBackend", "LocalOptions"]
+
+
+@dataclass(frozen=True)
+class LocalOptions(BackendOptions):
+    """Options of the local backend.
+
+    Attributes:
+        buffer_size: the buffer of opened files, in bytes (-1: Python's default).
+        follow_symlinks: descend into symlinked directories when listing.
+    """
+
+    buffer_size: int = 1 << 20
+    follow_symlinks: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.buffer_size, int) or (self.buffer_size < 1 and self.buffer_size != -1):
+            raise ConfigError(f"buffer_size must be a positive int or -1, got {self.buffer_size!r}")
+
+
+class LocalBackend(Backend):
+    """Files on a local or mounted filesystem, addressed by path or ``file://`` URL.
+
+    Listing follows S3's prefix semantics: a directory lists every file below it; any other
+    path lists the files (recursively) whose path starts with it. URLs come back in the form
+    they were asked for (bare paths or ``file://``), sorted.
+    """
+
+    name = "local"
+    Options = LocalOptions
+    options: LocalOptions
+
+    def _error(self, exc: OSError, url: str, op: str) -> BackendError:
+        if isinstance(exc, FileNotFoundError | NotADirectoryError):
+            return ObjectNotFoundError("no such file or directory", url=url, backend=self.name, op=op)
+        if isinstance(exc, PermissionError):
+            return AccessDeniedError("permission denied", url=url, backend=self.name, op=op)
+        if isinstance(exc, IsADirectoryError):
+            return BackendError("is a directory, not an object", url=url, backend=self.name, op=op)
+        return BackendError(f"{type(exc).__name__} (errno {exc.errno})", url=url, backend=self.name, op=op)
+
+    def list(self, url: str) -> Iterator[ObjectInfo]:
+        path = local_path(url, backend=self.name, op="list")
+        as_file_url = scheme_of(url) == "file"
+        if os.path.isdir(path):
+            base, prefix = path, ""
+        else:
+            if os.path.isfile(path):
+                yield self._info_of(path, as_file_url)
+                return
+            base, prefix = os.path.split(path)
+            if base and not os.path.isdir(base):
+                raise ObjectNotFoundError("no such directory", url=url, backend=self.name, op="list")
+        root = base or "."
+        found: list[str] = []
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=self.options.follow_symlinks):
+            rel_dir = os.path.relpath(dirpath, root)
+            rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
+            if prefix:
+                # prune directories that cannot contain a match
+                dirnames[:] = [d for d in dirnames if (rel_dir + d + "/").startswith(prefix)
+                               or prefix.startswith(rel_dir + d + "/")]
+            found.extend(rel_dir + f for f in filenames if (rel_dir + f).startswith(prefix))
+        found.sort()  # by relative path with "/" separators: the order S3 lists keys in
+        for rel in found:
+            full = os.path.join(base, *rel.split("/"))
+            try:
+                yield self._info_of(full, as_file_url)
+            except ObjectNotFoundError:
+                continue  # deleted between the walk and the stat: not an object any more
+
+    def _info_of(self, path: str, as_file_url: bool) -> ObjectInfo:
+        url = "file://" + os.path.abspath(path) if as_file_url else path
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise self._error(exc, url, "info") from exc
+        return ObjectInfo(url=url, size=st.st_size, mtime=st.st_mtime)
+
+    def info(self, url: str) -> ObjectInfo:
+        path = local_path(url, backend=self.name, op="info")
+        if os.path.isdir(path):
+            raise BackendError("is a directory, not an object", url=url, backend=self.name, op="info")
+        info = self._info_of(path, False)
+        return ObjectInfo(url=url, size=info.size, mtime=info.mtime)
+
+    def open(self, url: str, *, start: int = 0) -> IO[bytes]:
+        path = local_path(url, backend=self.name, op="open")
+        try:
+            fh = open(path, "rb", buffering=self.options.buffer_size)  # noqa: SIM115 - caller closes
+        except OSError as exc:
+            raise self._error(exc, url, "open") from exc
+        if start:
+            fh.seek(start)
+        return fh
+
+    def read(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
+        path = local_path(url, backend=self.name, op="read")
+        lo = start or 0
+        if lo < 0 or (end is not None and end < 0):
+            raise ConfigError(f"read({url!r}): start/end must be non-negative (backend={self.name})")
+        try:
+            with open(path, "rb", buffering=0) as fh:
+                if lo:
+                    fh.seek(lo)
+                if end is None:
+                    return fh.read()
+                return _read_n(fh, max(0, end - lo))
+        except OSError as exc:
+            raise self._error(exc, url, "read") from exc
+
+
+def _read_n(fh: IO[bytes], n: int) -> bytes:
+    chunks = []
+    while n > 0:
+        chunk = fh.read(n)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
