@@ -133,3 +133,29 @@ class IncompleteSampleError(StageError):
 
 class WorkerCrashedError(PipeflowError, RuntimeError):
     """A worker process died without reporting an error (killed, out of memory, segfault)."""
+
+
+class CommandError(BackendError):
+    """An external command (the ``pipe`` backend, ``pipe:`` URLs) exited with a non-zero status.
+
+    Attributes:
+        command: the command line, shell-quoted for display (it was never run by a shell).
+        returncode: the exit status (negative: killed by that signal).
+        stderr: the last part of what the command wrote to stderr.
+    """
+
+    def __init__(self, message: str, *, url: str = "", backend: str = "", op: str = "",
+                 command: str = "", returncode: int | None = None, stderr: str = "") -> None:
+        self.command = command
+        self.returncode = returncode
+        self.stderr = stderr
+        super().__init__(message, url=url, backend=backend, op=op)
+
+    def __reduce__(self):
+        return (_rebuild_command_error, (type(self), self.message, self.url, self.backend, self.op,
+                                         self.command, self.returncode, self.stderr))
+
+
+def _rebuild_command_error(cls, message, url, backend, op, command, returncode, stderr):
+    return cls(message, url=url, backend=backend, op=op, command=command, returncode=returncode,
+               stderr=stderr)
