@@ -47,7 +47,6 @@ __all__ = [
     "GeneratedDataset",
     "LayoutInfo",
     "default_image_size",
-    "encode_example",
     "generate",
     "iter_samples",
     "sample_fields",
@@ -159,45 +158,11 @@ def iter_samples(layout: str, count: int, *, image_size: int | None = None,
         yield sample_key(i), sample_fields(layout, i, image_size=image_size, seed=seed)
 
 
-# ---- tf.train.Example, hand-encoded (protobuf wire format) so generating needs no TensorFlow ----
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _field(number: int, payload: bytes) -> bytes:
-    # wire type 2 (length-delimited) for every message, string and bytes field used here
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def encode_example(features: dict[str, bytes]) -> bytes:
-    """Serialize a ``tf.train.Example`` whose features are single-value ``bytes_list``s.
-
-    The bytes equal ``tf.train.Example(...).SerializeToString()`` for the same features in the
-    same order, so TensorFlow's ``tf.io.parse_single_example`` reads them.
-    """
-    entries = b""
-    for name, value in features.items():
-        feature = _field(1, _field(1, value))            # Feature{bytes_list: BytesList{value}}
-        entry = _field(1, name.encode()) + _field(2, feature)  # map entry {key, value}
-        entries += _field(1, entry)                      # Features.feature
-    return _field(1, entries)                            # Example.features
-
-
-def _tfrecord_writer() -> Callable[[IO[bytes], Iterable[bytes]], None]:
+def _tfrecord_writer() -> Callable[[IO[bytes], Iterable[bytes]], Any]:
     """The formats package's TFRecord framing (length, masked CRC32C, data, masked CRC32C)."""
-    try:
-        from ..formats.tfrecord import write_tfrecord  # type: ignore[import-not-found]
-    except ImportError as exc:  # pragma: no cover - only while the formats package is missing
-        raise ConfigError("the 'tfrecord' layout needs pipeflow.formats.tfrecord.write_tfrecord") from exc
-    return write_tfrecord
+    from ..formats.tfrecord import write_tfrecords
+
+    return write_tfrecords
 
 
 # ---- sinks --------------------------------------------------------------------------------------
@@ -442,8 +407,10 @@ def _encode_tar(samples: list[tuple[str, dict[str, bytes]]]) -> bytes:
     return buf.getvalue()
 
 
-def _tfrecord_encoder(writer: Callable[[IO[bytes], Iterable[bytes]], None]
+def _tfrecord_encoder(writer: Callable[[IO[bytes], Iterable[bytes]], Any]
                       ) -> Callable[[list[tuple[str, dict[str, bytes]]]], bytes]:
+    from ..formats.example import encode_example
+
     def encode(samples: list[tuple[str, dict[str, bytes]]]) -> bytes:
         buf = io.BytesIO()
         writer(buf, (encode_example({"key": key.encode(), **fields}) for key, fields in samples))
@@ -453,7 +420,7 @@ def _tfrecord_encoder(writer: Callable[[IO[bytes], Iterable[bytes]], None]
 
 def generate(layout: str, url: str, *, count: int = 1000, image_size: int | None = None, seed: int = 0,
              shard_mb: float = 100.0, progress: bool = False, create_bucket: bool = False,
-             tfrecord_writer: Callable[[IO[bytes], Iterable[bytes]], None] | None = None,
+             tfrecord_writer: Callable[[IO[bytes], Iterable[bytes]], Any] | None = None,
              ) -> GeneratedDataset:
     """Write ``count`` synthetic samples in ``layout`` under ``url``.
 
@@ -469,7 +436,7 @@ def generate(layout: str, url: str, *, count: int = 1000, image_size: int | None
         progress: draw a progress bar on stderr.
         create_bucket: create the bucket when it does not exist.
         tfrecord_writer: ``writer(fileobj, records)`` framing records as TFRecord; defaults to
-            :func:`pipeflow.formats.tfrecord.write_tfrecord`.
+            :func:`pipeflow.formats.tfrecord.write_tfrecords`.
 
     Returns:
         A :class:`GeneratedDataset` listing the objects written.
