@@ -588,6 +588,7 @@ class _ProxyCore:
         self.fault_counts: collections.Counter[str] = collections.Counter()
         self.n_requests = 0
         self.n_connections = 0
+        self.lists = 0
         self.bytes_down = 0
         self.connections: set[_Connection] = set()
 
@@ -621,6 +622,8 @@ class _ProxyCore:
             info = RequestInfo(self.n_requests, method, path, connection)
             self.n_requests += 1
             self.requests[method] += 1
+            if method == "GET" and "/" not in path.split("?", 1)[0].strip("/"):
+                self.lists += 1  # a GET on a bucket (path-style) is a LIST, not an object read
         return info
 
     def decide(self, info: RequestInfo) -> Action | None:
@@ -636,6 +639,7 @@ class _ProxyCore:
         with self.lock:
             return {
                 "requests": dict(self.requests),
+                "lists": self.lists,
                 "faults": dict(self.fault_counts),
                 "connections": self.n_connections,
                 "bytes_down": self.bytes_down,
@@ -647,6 +651,7 @@ class _ProxyCore:
             self.requests.clear()
             self.fault_counts.clear()
             self.n_requests = 0
+            self.lists = 0
             self.bytes_down = 0
 
     def control(self, path: str) -> bytes:
@@ -772,7 +777,8 @@ class DelayProxy:
         return dict(self._core.stats()["requests"])
 
     def stats(self) -> dict[str, Any]:
-        """Requests by method, injected faults by kind, connections, bytes sent to clients."""
+        """Requests by method, ``lists`` (GETs on a bucket, included in ``GET``), injected
+        faults by kind, connections, and bytes sent to clients."""
         return self._core.stats()
 
     def reset_counts(self) -> None:

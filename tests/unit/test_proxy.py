@@ -28,6 +28,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.seen[self.command] += 1
+        if "list-type=" in self.path:
+            self.send_response(200)
+            self.send_header("Content-Length", "19")
+            self.end_headers()
+            self.wfile.write(b"<ListBucketResult/>")
+            return
         if self.path.startswith("/chunked/"):
             n = int(self.path.rsplit("/", 1)[1])
             self.send_response(200)
@@ -106,8 +112,10 @@ def test_relays_bodies_intact_over_keep_alive(server):
         assert _get(conn, "/chunked/5500") == (200, _body(5500))
         assert _get(conn, "/obj/7", "HEAD") == (200, b"")
         assert _get(conn, "/obj/10") == (200, _body(10))
+        assert _get(conn, "/bucket?list-type=2&prefix=a/b") == (200, b"<ListBucketResult/>")
         conn.close()
-        assert proxy.counts() == {"GET": 7, "HEAD": 1}
+        assert proxy.counts() == {"GET": 8, "HEAD": 1}
+        assert proxy.stats()["lists"] == 1
         assert proxy.stats()["connections"] == 1
 
 
