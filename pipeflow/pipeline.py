@@ -154,6 +154,17 @@ class Pipeline(torch.utils.data.IterableDataset):
     # ---- formats (issue: formats) -------------------------------------------------------
 
     # ---- recipes support (issue: recipes) -----------------------------------------------
+    def cache(self, directory: str, *, max_bytes: int, backend: Any = None, workers: int = 0,
+              on_error: Literal["raise", "skip"] = "raise",
+              backend_options: dict[str, Any] | None = None) -> "Pipeline":
+        """Read URLs through a local disk cache (LRU, shared by worker processes) into Records.
+
+        Items are URLs; the output is ``Record(url, data, url)`` as with ``open(read=True)``.
+        Misses are read with ``backend`` and kept; later epochs read from disk only.
+        """
+        from .stages.cache import Cacher
+        return self._then("cache", Cacher, directory, max_bytes=max_bytes, backend=backend,
+                          workers=workers, on_error=on_error, backend_options=backend_options)
 
     # ---- running ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
