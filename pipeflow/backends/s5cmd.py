@@ -274,8 +274,11 @@ class S5cmdBackend(Backend):
             flags += ["--part-size", str(self.options.part_size_mb)]
         return flags
 
-    def _run(self, args: Sequence[str], *, url: str, op: str) -> str:
-        """Run one short s5cmd call and return its stdout; typed errors on failure."""
+    def _run(self, args: Sequence[str], *, url: str, op: str, empty_ok: bool = False) -> str:
+        """Run one short s5cmd call and return its stdout; typed errors on failure.
+
+        With ``empty_ok``, s5cmd's "no object found" failure is an empty result instead.
+        """
         argv = self.command(*args)
         proc, stderr = spawn(argv, env=self.environment(), stdout=subprocess.PIPE)
         try:
@@ -285,7 +288,11 @@ class S5cmdBackend(Backend):
                 raise BackendError(f"s5cmd {op} did not finish within {self.options.timeout} s",
                                    url=url, backend=self.name, op=op) from None
             if proc.returncode != 0:
-                raise _error_from_output(proc.returncode, read_tail(stderr, 20000), url=url, op=op)
+                tail = read_tail(stderr, 20000)
+                records = _errors_in(tail)
+                if empty_ok and records and str(records[-1]["error"]).strip() == "no object found":
+                    return ""
+                raise _error_from_output(proc.returncode, tail, url=url, op=op)
             return out.decode("utf-8", "surrogateescape")
         finally:
             kill_process(proc)
@@ -295,38 +302,31 @@ class S5cmdBackend(Backend):
 
     # ---- the contract -----------------------------------------------------------------------
     def list(self, url: str) -> Iterator[ObjectInfo]:
-        """Objects under ``url`` (a prefix ending in ``/``, or an object / "directory" name).
+        """Objects whose key starts with ``url``'s key, sorted by URL (like ``ListObjectsV2``).
 
-        The listing is collected, then yielded sorted by URL. A prefix containing wildcard
+        The listing is collected, then yielded in order. A prefix containing wildcard
         characters (``*?[``) is listed up to its first wildcard and filtered here, since
-        ``s5cmd ls`` has no ``--raw`` switch.
+        ``s5cmd ls`` has no ``--raw`` switch. An empty prefix yields nothing.
 
         Raises:
-            ObjectNotFoundError: no bucket, or nothing under the prefix.
+            ObjectNotFoundError: the bucket does not exist.
         """
         loc = parse_s3_url(url, backend=self.name, op="list")
         key = loc.key
         cut = min((key.index(c) for c in GLOB_CHARS if c in key), default=len(key))
         pattern = f"s3://{loc.bucket}/{key[:cut]}*"
-        out = self._run(["ls", pattern], url=url, op="list")
+        # s5cmd's "no object found" means an existing bucket with nothing under the prefix
+        out = self._run(["ls", pattern], url=url, op="list", empty_ok=True)
+        base = f"s3://{loc.bucket}/"
         infos: list[ObjectInfo] = []
-        dirlike = key == "" or key.endswith("/")
         for line in out.splitlines():
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if record.get("type") not in (None, "file"):
-                continue  # "directory": a key ending in "/" (a folder marker)
-            full = str(record["key"])
-            name = full[len(f"s3://{loc.bucket}/"):]
-            if dirlike:
-                keep = name.startswith(key)
-            else:
-                keep = name == key or name.startswith(key + "/")
-            if keep:
-                infos.append(_info(record, full))
-        if not infos:
-            raise ObjectNotFoundError("no such object or prefix", url=url, backend=self.name, op="list")
+            if line.strip():
+                record = json.loads(line)
+                full = str(record["key"])
+                # wildcard listings are recursive: "directory" entries are real objects whose
+                # key ends in "/" (folder markers), listed as ListObjectsV2 lists them
+                if full.startswith(base) and full[len(base):].startswith(key):
+                    infos.append(_info(record, full))
         infos.sort(key=lambda info: info.url)
         yield from infos
 
