@@ -187,6 +187,8 @@ class ResumableStream(io.BufferedIOBase):
         url, backend: for error messages.
         classify: which failures are transient.
         sleep: injectable for tests.
+        first: an already opened body for ``start`` (so open errors surface at open time).
+        translate: maps a permanent (non-transient) read failure to a typed error.
 
     The number of resumptions is available as :attr:`resumes`.
     """
@@ -195,7 +197,8 @@ class ResumableStream(io.BufferedIOBase):
                  policy: RetryPolicy | None = None, url: str = "", backend: str = "",
                  classify: Callable[[BaseException], bool] = is_transient,
                  sleep: Callable[[float], None] = time.sleep,
-                 first: IO[bytes] | None = None) -> None:
+                 first: IO[bytes] | None = None,
+                 translate: Callable[[BaseException], BaseException] | None = None) -> None:
         super().__init__()
         self._opener = opener
         self._pos = start
@@ -206,6 +209,7 @@ class ResumableStream(io.BufferedIOBase):
         self._classify = classify
         self._sleep = sleep
         self._raw: IO[bytes] | None = first
+        self._translate = translate
         self._failures = 0  # consecutive, without progress
         self.resumes = 0
 
@@ -287,7 +291,10 @@ class ResumableStream(io.BufferedIOBase):
                         f"body ended at byte {self._pos} of {self._size}")
             except Exception as exc:
                 if not self._classify(exc):
-                    raise
+                    err = self._translate(exc) if self._translate is not None else exc
+                    if err is exc:
+                        raise
+                    raise err from exc
                 self._recover(exc)
                 continue
             if data:

@@ -32,7 +32,10 @@ from ..errors import (
 from ._retry import RetryPolicy
 from .base import BackendOptions
 
-__all__ = ["S3Options", "error_for_status", "resolve_endpoint", "resolve_region", "translate_s3_error"]
+__all__ = [
+    "S3Options", "error_for_status", "is_invalid_range", "resolve_endpoint", "resolve_region",
+    "translate_s3_error",
+]
 
 DEFAULT_REGION = "us-east-1"
 
@@ -155,6 +158,9 @@ def translate_s3_error(exc: BaseException, *, url: str, backend: str, op: str) -
         return exc
     bexc = __import__("sys").modules.get("botocore.exceptions")
     if bexc is not None:
+        inner = _client_error_in_chain(exc)
+        if isinstance(inner, bexc.ClientError) and not isinstance(exc, bexc.ClientError):
+            exc = inner
         if isinstance(exc, bexc.ClientError):
             response: dict[str, Any] = getattr(exc, "response", None) or {}
             code = str(response.get("Error", {}).get("Code", ""))
@@ -171,3 +177,23 @@ def translate_s3_error(exc: BaseException, *, url: str, backend: str, op: str) -
     if isinstance(exc, PermissionError):
         return AccessDeniedError("access denied", url=url, backend=backend, op=op)
     return exc
+
+
+def _client_error_in_chain(exc: BaseException | None) -> Any:
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(getattr(exc, "response", None), dict):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+def is_invalid_range(exc: BaseException | None) -> bool:
+    """True when ``exc`` (or its cause) is S3's 416 answer to a range starting past the end."""
+    found = _client_error_in_chain(exc)
+    if found is None:
+        return False
+    response = found.response
+    return (response.get("Error", {}).get("Code") == "InvalidRange"
+            or response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 416)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Literal
 
 from pipeflow.backends._retry import ResumableStream, retry_call
-from pipeflow.backends._s3config import S3Options, translate_s3_error
+from pipeflow.backends._s3config import S3Options, is_invalid_range, translate_s3_error
 from pipeflow.backends.base import Backend, S3Location, parse_s3_url
 from pipeflow.errors import BackendError, ConfigError
 from pipeflow.items import ObjectInfo
@@ -119,7 +119,7 @@ class Boto3Backend(Backend):
         try:
             body, stop, etag = self._get(loc, url, start, end, None)
         except BackendError as exc:
-            if start and _is_invalid_range(exc.__cause__):
+            if start and is_invalid_range(exc.__cause__):
                 return io.BytesIO(b"")  # S3 answers 416 for a range starting past the end
             raise
 
@@ -127,7 +127,9 @@ class Boto3Backend(Backend):
             return self._get(loc, url, offset, end, etag)[0]
 
         return ResumableStream(reopen, start=start, size=stop, policy=self.options.retry, url=url,
-                               backend=self.name, first=body)
+                               backend=self.name, first=body,
+                               translate=lambda exc: translate_s3_error(exc, url=url, backend=self.name,
+                                                                        op="read"))
 
     def open(self, url: str, *, start: int = 0) -> IO[bytes]:
         if self.options.method == "download_fileobj":
@@ -175,10 +177,3 @@ def _etag(value: Any) -> str | None:
 def _mtime(value: Any) -> float | None:
     return value.timestamp() if hasattr(value, "timestamp") else None
 
-
-def _is_invalid_range(exc: BaseException | None) -> bool:
-    response = getattr(exc, "response", None)
-    if not isinstance(response, dict):
-        return False
-    code = response.get("Error", {}).get("Code")
-    return code == "InvalidRange" or response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 416

@@ -1,0 +1,194 @@
+"""``fsspec``: any fsspec URL (``s3://`` through s3fs, ``gs://``, ``http://``, ``memory://``...).
+
+For ``s3://`` the shared S3 options (endpoint, region, credentials, path-style) are translated
+into s3fs arguments, so ``AWS_ENDPOINT_URL`` alone is enough; ``storage_options`` adds or
+overrides filesystem arguments for any protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from pipeflow.backends._retry import ResumableStream
+from pipeflow.backends._s3config import S3Options, is_invalid_range, translate_s3_error
+from pipeflow.backends.base import Backend, scheme_of
+from pipeflow.errors import BackendError, ConfigError, InvalidURLError, ObjectNotFoundError
+from pipeflow.items import ObjectInfo
+
+__all__ = ["FsspecBackend", "FsspecOptions", "s3fs_kwargs"]
+
+
+@dataclass(frozen=True)
+class FsspecOptions(S3Options):
+    """Options of the fsspec backend (plus the shared :class:`S3Options`, used for ``s3://``).
+
+    Attributes:
+        storage_options: extra keyword arguments for the filesystem constructor.
+        block_size: read block size of opened files (None: the filesystem's default).
+    """
+
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    block_size: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.storage_options, Mapping):
+            raise ConfigError(f"storage_options must be a mapping, got {type(self.storage_options).__name__}")
+        if self.block_size is not None and (not isinstance(self.block_size, int) or self.block_size < 1):
+            raise ConfigError(f"block_size must be a positive int, got {self.block_size!r}")
+
+    def __repr__(self) -> str:  # storage_options may hold secrets: show only the names
+        names = sorted(self.storage_options)
+        return (f"{type(self).__name__}(endpoint={self.endpoint!r}, region={self.region!r}, "
+                f"profile={self.profile!r}, storage_options=<{', '.join(names)}>)")
+
+
+def s3fs_kwargs(options: S3Options) -> dict[str, Any]:
+    """s3fs.S3FileSystem arguments equivalent to the shared S3 options."""
+    kwargs: dict[str, Any] = {
+        "skip_instance_cache": True,  # one filesystem per backend and process, never shared
+        "use_listings_cache": False,  # listings must reflect the store, not a stale cache
+        "client_kwargs": {"region_name": options.resolved_region()},
+    }
+    endpoint = options.resolved_endpoint()
+    if endpoint:
+        kwargs["endpoint_url"] = endpoint
+    if options.use_path_style():
+        kwargs["config_kwargs"] = {"s3": {"addressing_style": "path"}}
+    if options.profile:
+        kwargs["profile"] = options.profile
+    if options.access_key:
+        kwargs.update(key=options.access_key, secret=options.secret_key)
+        if options.session_token:
+            kwargs["token"] = options.session_token
+    return kwargs
+
+
+class FsspecBackend(Backend):
+    """Objects through an fsspec filesystem chosen by the URL's protocol."""
+
+    name = "fsspec"
+    Options = FsspecOptions
+    options: FsspecOptions
+
+    # one filesystem per protocol, per process
+    def _make_client(self) -> dict[str, Any]:
+        return {}
+
+    def _fs(self, url: str) -> tuple[Any, str]:
+        """The filesystem for ``url`` and the path to give it."""
+        protocol = scheme_of(url) or "file"
+        cache = self._client()
+        fs = cache.get(protocol)
+        if fs is None:
+            fs = cache[protocol] = self._make_fs(protocol, url)
+        return fs, self._strip(fs, url)
+
+    def _strip(self, fs: Any, url: str) -> str:
+        return fs._strip_protocol(url)
+
+    def _make_fs(self, protocol: str, url: str) -> Any:
+        import fsspec
+
+        kwargs: dict[str, Any] = {}
+        if protocol in ("s3", "s3a"):
+            kwargs.update(s3fs_kwargs(self.options))
+        else:
+            kwargs["skip_instance_cache"] = True
+        kwargs.update(self.options.storage_options)
+        try:
+            return fsspec.filesystem(protocol, **kwargs)
+        except ValueError as exc:  # fsspec: "Protocol not known"
+            raise InvalidURLError(f"fsspec does not know the protocol {protocol!r}", url=url,
+                                  backend=self.name, op="open") from exc
+
+    def _unurl(self, fs: Any, path: str, original: str) -> str:
+        """Turn a filesystem path back into a URL of the same form as the one asked for."""
+        protocol = scheme_of(original)
+        if not protocol:
+            return path
+        return fs.unstrip_protocol(path) if protocol != "s3a" else f"s3a://{path}"
+
+    def _error(self, exc: BaseException, url: str, op: str) -> BaseException:
+        err = translate_s3_error(exc, url=url, backend=self.name, op=op)
+        if err is exc and isinstance(exc, OSError):
+            return BackendError(f"{type(exc).__name__} (errno {exc.errno})", url=url, backend=self.name,
+                                op=op)
+        return err
+
+    def list(self, url: str) -> Iterator[ObjectInfo]:
+        fs, path = self._fs(url)
+        try:
+            if url.endswith("/") or fs.isdir(path):
+                found = fs.find(path, detail=True)
+            else:
+                parent, _, base = path.rpartition("/")
+                if fs.isfile(path):
+                    found = {path: fs.info(path)}
+                else:
+                    found = fs.find(parent, prefix=base, detail=True) if parent else {}
+        except Exception as exc:
+            raise self._error(exc, url, "list") from exc
+        for p in sorted(found):
+            entry = found[p]
+            if entry.get("type", "file") != "file":
+                continue
+            yield self._object_info(fs, self._unurl(fs, p, url), entry)
+
+    def _object_info(self, fs: Any, url: str, entry: Mapping[str, Any]) -> ObjectInfo:
+        etag = entry.get("ETag") or entry.get("etag")
+        mtime = entry.get("LastModified") or entry.get("mtime") or entry.get("created")
+        if hasattr(mtime, "timestamp"):
+            mtime = mtime.timestamp()
+        return ObjectInfo(url=url, size=entry.get("size"),
+                          etag=etag.strip('"') if isinstance(etag, str) else None,
+                          mtime=float(mtime) if isinstance(mtime, (int, float)) else None)
+
+    def info(self, url: str) -> ObjectInfo:
+        fs, path = self._fs(url)
+        try:
+            entry = fs.info(path)
+        except Exception as exc:
+            raise self._error(exc, url, "info") from exc
+        if entry.get("type", "file") != "file":
+            raise ObjectNotFoundError("is a directory, not an object", url=url, backend=self.name, op="info")
+        return self._object_info(fs, url, entry)
+
+    def _open_at(self, fs: Any, path: str, url: str, offset: int) -> IO[bytes]:
+        kwargs = {"block_size": self.options.block_size} if self.options.block_size else {}
+        try:
+            fh = fs.open(path, "rb", **kwargs)
+            if offset:
+                fh.seek(offset)
+        except Exception as exc:
+            raise self._error(exc, url, "open") from exc
+        return fh
+
+    def open(self, url: str, *, start: int = 0) -> IO[bytes]:
+        fs, path = self._fs(url)
+        first = self._open_at(fs, path, url, start)
+        size = getattr(first, "size", None)
+        return ResumableStream(lambda off: self._open_at(fs, path, url, off), start=start,
+                               size=size if isinstance(size, int) else None,
+                               policy=self.options.retry, url=url, backend=self.name, first=first,
+                               translate=lambda exc: self._error(exc, url, "read"))
+
+    def read(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
+        lo = start or 0
+        if lo < 0 or (end is not None and end < 0):
+            raise ConfigError(f"read({url!r}): start/end must be non-negative (backend={self.name})")
+        fs, path = self._fs(url)
+        if end is not None and end <= lo:
+            self.info(url)
+            return b""
+        try:
+            return fs.cat_file(path, start=lo or None, end=end)
+        except Exception as exc:
+            if lo and is_invalid_range(exc):
+                return b""  # a range starting at or past the end, as with slices
+            raise self._error(exc, url, "read") from exc
+
+    def close(self) -> None:
+        self._client_obj = None
