@@ -1,0 +1,62 @@
+"""``decode()``: turn the bytes fields of samples into images, tensors, numbers, text."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from ..errors import ConfigError, DecodeError
+from ..formats.decoders import DecodeOptions, FieldDecodeError, Handler, Mode, decode_sample
+from .base import Stage
+
+__all__ = ["Decoder"]
+
+
+class Decoder(Stage[dict[str, Any]]):
+    """Decodes every ``bytes`` field of each sample dict by its extension.
+
+    See :mod:`pipeflow.formats.decoders` for the table: images become PIL images, ``uint8``
+    CHW tensors or ``uint8`` HWC arrays (``mode``); ``cls`` an int, ``txt`` a str, ``json``
+    the parsed object, ``npy`` an array, ``pt`` ``torch.load(weights_only=True)``; unknown
+    extensions stay bytes. ``__key__``/``__url__`` and non-bytes values pass through.
+
+    Args:
+        source: the input stage (yielding sample dicts, e.g. from ``group_pairs()``).
+        mode: ``"pil"``, ``"torch"`` or ``"numpy"``.
+        handlers: extension or field name -> callable ``bytes -> value`` or the name of a
+            built-in decoder (``"image"``, ``"cls"``, ``"txt"``, ``"json"``, ``"npy"``,
+            ``"pt"``, ``"bytes"``); overrides the defaults.
+        resize: ``None``, an int or ``(height, width)``: resize images with PIL (bilinear).
+        allow_pickle: decode ``pickle``/``pkl``/``pyd`` fields. Off by default because
+            unpickling untrusted data runs arbitrary code; such fields raise otherwise.
+        on_error: ``"raise"`` :class:`~pipeflow.errors.DecodeError` naming the sample key
+            and field, or ``"skip"`` the sample and count it as ``skipped``.
+    """
+
+    def __init__(self, source: Stage[Any], mode: Mode = "pil", *,
+                 handlers: Mapping[str, Handler | str] | None = None,
+                 resize: int | tuple[int, int] | None = None, allow_pickle: bool = False,
+                 on_error: Literal["raise", "skip"] = "raise") -> None:
+        super().__init__(source)
+        self.options = DecodeOptions(mode=mode, handlers=handlers or {}, resize=resize,
+                                     allow_pickle=allow_pickle)
+        if on_error not in ("raise", "skip"):
+            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.on_error = on_error
+
+    def next(self) -> dict[str, Any]:
+        while True:
+            sample = next(self.source)
+            if not isinstance(sample, Mapping):
+                raise ConfigError(f"decode() needs sample dicts (add group_pairs() before it), "
+                                  f"got {type(sample).__name__}")
+            try:
+                return decode_sample(sample, self.options)
+            except FieldDecodeError as exc:
+                if self.on_error == "skip":
+                    self.context.stats.incr(self.name, "skipped")
+                    continue
+                raise DecodeError(f"cannot decode field {exc.field_name!r} of "
+                                  f"{sample.get('__url__', '?')}: {exc.args[1]}",
+                                  stage=self.name, key=str(sample.get("__key__", ""))
+                                  ) from exc.cause

@@ -1,0 +1,137 @@
+"""``group_pairs()``: group consecutive files of one sample into a dict."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from ..errors import ConfigError, IncompleteSampleError
+from ..formats.keys import is_meta_name, split_key
+from ..items import Record
+from .base import Stage
+
+__all__ = ["Grouper"]
+
+
+def _record(item: Any) -> tuple[str, bytes, str]:
+    if isinstance(item, Record):
+        return item.name, item.data, item.url
+    if isinstance(item, tuple) and len(item) == 2:
+        return str(item[0]), item[1], str(item[0])
+    raise ConfigError("group_pairs() needs Records (from untar() or open(read=True)) or "
+                      f"(name, bytes) pairs, got {type(item).__name__}")
+
+
+def _has(sample: dict[str, Any], name: str) -> bool:
+    return any(f == name or f.startswith(name + ".") or f.endswith("." + name)
+               for f in sample if not f.startswith("__"))
+
+
+class Grouper(Stage[dict[str, Any]]):
+    """Groups consecutive records that share a sample key into one sample dict.
+
+    Keys follow WebDataset: ``dir/sample001.image.png`` has key ``dir/sample001`` and field
+    ``image.png`` (the key ends at the first dot of the base name; fields are lower-cased).
+    A sample is ``{"__key__": key, "__url__": url, field: bytes, ...}``.
+
+    * After ``untar()`` records of one archive are grouped; a sample never spans two archives.
+      ``__url__`` is the archive URL.
+    * After ``open(read=True)`` (one object per file, e.g. ``7.image`` and ``7.label``) the
+      record name is the object URL, the key is that URL without its extensions
+      (``s3://b/train/7``) and ``__url__`` is the URL of the sample's first object.
+
+    Members whose base name has no extension and WebDataset metadata members (``__meta__``)
+    cannot belong to a sample; they are passed over and counted as ``ignored``.
+
+    Args:
+        source: the input stage.
+        required: field names every sample must have. A name matches a field equal to it,
+            starting with it (``image`` matches ``image.png``) or ending with it (``png``
+            matches ``image.png``).
+        on_incomplete: ``"raise"`` :class:`~pipeflow.errors.IncompleteSampleError` or
+            ``"skip"`` the sample and count it as ``incomplete``.
+
+    Raises:
+        IncompleteSampleError: a sample repeats a field (always), or lacks a required one.
+
+    State: the upstream position before the first record not yet part of a returned sample.
+    """
+
+    def __init__(self, source: Stage[Any], *, required: Sequence[str] | None = None,
+                 on_incomplete: Literal["raise", "skip"] = "raise") -> None:
+        super().__init__(source)
+        if isinstance(required, str):
+            required = (required,)
+        if required is not None and not all(isinstance(r, str) and r for r in required):
+            raise ConfigError(f"required must be a sequence of field names, got {required!r}")
+        if on_incomplete not in ("raise", "skip"):
+            raise ConfigError(f"on_incomplete must be 'raise' or 'skip', got {on_incomplete!r}")
+        self.required = tuple(r.lower() for r in required) if required else ()
+        self.on_incomplete = on_incomplete
+        self._pending: tuple[str, bytes, str] | None = None
+        self._pending_state: dict[str, Any] | None = None
+
+    def reset(self, state: dict[str, Any] | None = None) -> None:
+        super().reset(state)
+        self._pending = None
+        self._pending_state = None
+
+    def _pull(self) -> tuple[tuple[str, bytes, str] | None, dict[str, Any] | None]:
+        if self._pending is not None:
+            rec, st = self._pending, self._pending_state
+            self._pending = self._pending_state = None
+            return rec, st
+        st = self.source.state_dict()
+        try:
+            return _record(next(self.source)), st
+        except StopIteration:
+            return None, None
+
+    def next(self) -> dict[str, Any]:
+        while True:
+            sample = self._collect()
+            if sample is None:
+                raise StopIteration
+            missing = [r for r in self.required if not _has(sample, r)]
+            if not missing:
+                return sample
+            if self.on_incomplete == "skip":
+                self.context.stats.incr(self.name, "incomplete")
+                continue
+            present = sorted(k for k in sample if not k.startswith("__"))
+            raise IncompleteSampleError(
+                f"sample lacks required field(s) {missing} (has {present}, from "
+                f"{sample['__url__']})", stage=self.name, key=sample["__key__"])
+
+    def _collect(self) -> dict[str, Any] | None:
+        sample: dict[str, Any] | None = None
+        archive = False
+        while True:
+            rec, st = self._pull()
+            if rec is None:
+                return sample
+            name, data, url = rec
+            whole_object = name == url
+            parts = None if (not whole_object and is_meta_name(name)) else split_key(name)
+            if parts is None:
+                self.context.stats.incr(self.name, "ignored")
+                continue
+            key, fieldname = parts
+            if sample is not None and (key != sample["__key__"]
+                                       or (archive and url != sample["__url__"])
+                                       or archive == whole_object):
+                self._pending, self._pending_state = rec, st
+                return sample
+            if sample is None:
+                sample = {"__key__": key, "__url__": url}
+                archive = not whole_object
+            if fieldname in sample:
+                raise IncompleteSampleError(
+                    f"duplicate field {fieldname!r} in one sample (member {name!r} of {url})",
+                    stage=self.name, key=key)
+            sample[fieldname] = data
+
+    def get_state(self) -> dict[str, Any]:
+        if self._pending is not None:
+            return {"sources": [self._pending_state]}
+        return {"sources": [self.source.state_dict()]}
