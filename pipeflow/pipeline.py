@@ -152,6 +152,33 @@ class Pipeline(torch.utils.data.IterableDataset):
     # ---- backends (issue: storage backends) ---------------------------------------------
 
     # ---- formats (issue: formats) -------------------------------------------------------
+    def untar(self, *, on_error: Literal["raise", "skip"] = "raise") -> "Pipeline":
+        """Expand opened tar shards (plain/gzip/bz2/xz) into ``Record(member, bytes, url)``."""
+        from .stages.untar import Untarrer
+        return self._then("untar", Untarrer, on_error=on_error)
+
+    def group_pairs(self, *, required: Sequence[str] | None = None,
+                    on_incomplete: Literal["raise", "skip"] = "raise") -> "Pipeline":
+        """Group records sharing a key (``a/b.image.png`` -> key ``a/b``) into sample dicts."""
+        from .stages.group import Grouper
+        return self._then("group_pairs", Grouper, required=required, on_incomplete=on_incomplete)
+
+    def decode(self, mode: Literal["pil", "torch", "numpy"] = "pil", *,
+               handlers: dict[str, Any] | None = None,
+               resize: int | tuple[int, int] | None = None, allow_pickle: bool = False,
+               on_error: Literal["raise", "skip"] = "raise") -> "Pipeline":
+        """Decode sample fields by extension (images, cls, txt, json, npy, pt; pickle opt-in)."""
+        from .stages.decode import Decoder
+        return self._then("decode", Decoder, mode, handlers=handlers, resize=resize,
+                          allow_pickle=allow_pickle, on_error=on_error)
+
+    def read_tfrecord(self, *, check_crc: bool = True, parse_example: bool = True,
+                      on_error: Literal["raise", "skip"] = "raise") -> "Pipeline":
+        """Read opened TFRecord files; parse ``tf.train.Example`` records into dicts."""
+        from .stages.tfrecord import TFRecordReader
+        return self._then("read_tfrecord", TFRecordReader, check_crc=check_crc,
+                          parse_example=parse_example, on_error=on_error)
+
 
     # ---- recipes support (issue: recipes) -----------------------------------------------
     def cache(self, directory: str, *, max_bytes: int, backend: Any = None, workers: int = 0,
@@ -245,3 +272,16 @@ def interleave(pipelines: Sequence[Pipeline], *, stop: Literal["first", "all"] =
     nodes = tuple(p._node for p in pipelines)
     _validate(Interleaver, len(nodes), (), {"stop": stop})
     return Pipeline(Node(Interleaver, (), {"stop": stop}, nodes, _label("interleave", (), {"stop": stop})))
+
+
+# ---- formats: pipe-mode source -----------------------------------------------------------------
+def tfrecord_stream(path: str, *, check_crc: bool = True, parse_example: bool = True) -> Pipeline:
+    """A pipeline over one continuous stream of TFRecords (a FIFO, as SageMaker Pipe mode
+    delivers it, a pipe or a file). ``path`` may contain ``{epoch}``, ``{rank}``, ``{worker}``.
+    """
+    from .stages.tfrecord import PerProcessTFRecordStream, TFRecordStream
+    per_process = "{rank}" in str(path) or "{worker}" in str(path)
+    cls = PerProcessTFRecordStream if per_process else TFRecordStream
+    kwargs = {"check_crc": check_crc, "parse_example": parse_example}
+    _validate(cls, 0, (path,), kwargs)
+    return Pipeline(Node(cls, (path,), kwargs, (), _label("tfrecord_stream", (path,), kwargs)))
