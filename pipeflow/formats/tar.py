@@ -50,7 +50,8 @@ _SKIPPED_NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")   # links, devices, dirs
 class TarMember(tuple):
     """``(name, data, offset)``: a regular file from the archive.
 
-    ``offset`` is the byte offset of the member's header in the uncompressed tar stream.
+    ``offset`` is the byte offset in the uncompressed tar stream of the member's first header
+    (its PAX or GNU long-name header, if it has one).
     """
 
     __slots__ = ()
@@ -303,6 +304,7 @@ def iter_tar(stream: IO[bytes], url: str = "", *, skip: int = 0) -> Iterator[Tar
     pending_pax: dict[str, bytes] = {}
     long_name: bytes | None = None
     to_skip = skip
+    entry_start: int | None = None  # first header of the current entry (extended headers too)
     while True:
         header = _read_exact(reader, BLOCK)
         if len(header) < BLOCK:
@@ -322,6 +324,8 @@ def iter_tar(stream: IO[bytes], url: str = "", *, skip: int = 0) -> Iterator[Tar
             raise _corrupt("tar header checksum mismatch (corrupt or not a tar archive)",
                            url, offset=offset)
         typeflag = header[156:157]
+        if entry_start is None:
+            entry_start = offset
         size = _number(header[124:136], "size", url, offset)
         fields = {**global_pax, **pending_pax}
         if "size" in fields:
@@ -358,6 +362,7 @@ def iter_tar(stream: IO[bytes], url: str = "", *, skip: int = 0) -> Iterator[Tar
             name = _decode_name(prefix + b"/" + raw if prefix else raw)
         pending_pax = {}
         long_name = None
+        member_offset, entry_start = entry_start, None
 
         is_regular = typeflag in _REGULAR and not (typeflag == b"\x00" and name.endswith("/"))
         if typeflag in (b"S", b"M"):
@@ -375,7 +380,6 @@ def iter_tar(stream: IO[bytes], url: str = "", *, skip: int = 0) -> Iterator[Tar
             got = len(_read_exact(reader, pad))
             if got < pad:
                 raise _corrupt("member padding is truncated", url, member=name, offset=offset)
-        member_offset = offset
         offset = data_offset + padded
         if not is_regular:
             continue  # unknown type with data (e.g. a vendor extension): skipped like tarfile

@@ -1,0 +1,168 @@
+"""The streaming tar reader: formats, compression, damage."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import tarfile
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeflow.errors import CorruptDataError
+from pipeflow.formats.keys import is_meta_name, split_key
+from pipeflow.formats.tar import iter_tar
+
+from ._formats_helpers import OneWay, make_tar
+
+MEMBERS = [
+    ("a.b.c/x.image.png", os.urandom(700)),
+    ("dir/" + "long" * 40 + ".txt", b"hello"),          # > 100 chars: PAX or GNU long name
+    ("ünï/çødé.cls", b"7"),
+    ("empty.bin", b""),
+    ("exactly512.bin", b"z" * 512),
+]
+
+
+def read(data: bytes, url: str = "mem://t", chunk: int = 1000, **kw):
+    return [(m.name, m.data) for m in iter_tar(OneWay(data, chunk), url, **kw)]
+
+
+@pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT])
+@pytest.mark.parametrize("compression", ["", "gz", "bz2", "xz"])
+def test_reads_every_format_over_non_seekable_stream(fmt, compression):
+    data = make_tar(MEMBERS, fmt=fmt, compression=compression, extras=True)
+    assert read(data, chunk=777) == MEMBERS
+
+
+def test_ustar_prefix_names():
+    name = "p" * 90 + "/" + "q" * 90 + ".txt"
+    data = make_tar([(name, b"1")], fmt=tarfile.USTAR_FORMAT)
+    assert read(data) == [(name, b"1")]
+
+
+def test_multi_member_gzip_and_trailing_zero_padding():
+    inner = make_tar(MEMBERS)
+    data = gzip.compress(inner[:10240]) + gzip.compress(inner[10240:]) + b"\0" * 100
+    assert read(data) == MEMBERS
+
+
+def test_skip_resumes_after_members():
+    data = make_tar(MEMBERS)
+    assert read(data, skip=2) == MEMBERS[2:]
+
+
+def test_member_offsets_point_at_headers():
+    data = make_tar(MEMBERS)
+    for m in iter_tar(io.BytesIO(data)):
+        tf = tarfile.open(fileobj=io.BytesIO(data[m.offset:]), mode="r|")
+        assert tf.next().name == m.name
+
+
+def test_empty_stream_is_a_typed_error():
+    with pytest.raises(CorruptDataError, match="empty archive") as err:
+        read(b"", url="s3://b/empty.tar")
+    assert err.value.key == "s3://b/empty.tar"
+
+
+def test_missing_end_of_archive_is_detected():
+    data = make_tar(MEMBERS)
+    # cut right after the last member, before the zero blocks: tarfile would accept this
+    last = list(iter_tar(io.BytesIO(data)))[-1]
+    cut = last.offset + 512 + 512
+    with pytest.raises(CorruptDataError, match="end-of-archive"):
+        read(data[:cut])
+
+
+def test_truncated_member_names_member_and_url():
+    data = make_tar([("a.txt", b"x" * 5000)])
+    with pytest.raises(CorruptDataError) as err:
+        read(data[:3000], url="s3://bucket/shard-7.tar")
+    assert "a.txt" in str(err.value) and "s3://bucket/shard-7.tar" in str(err.value)
+
+
+def test_bad_header_checksum_names_offset():
+    data = bytearray(make_tar([("a.txt", b"x"), ("b.txt", b"y")]))
+    data[1024 + 10] ^= 0xFF  # inside the second header's name
+    with pytest.raises(CorruptDataError, match="checksum") as err:
+        read(bytes(data))
+    assert "offset 1024" in str(err.value)
+
+
+def test_not_a_tar():
+    with pytest.raises(CorruptDataError):
+        read(b"<html>this is an error page, not a tar archive</html>" * 20)
+
+
+def test_truncated_and_corrupt_gzip():
+    data = make_tar(MEMBERS, compression="gz")
+    with pytest.raises(CorruptDataError, match="gzip"):
+        read(data[: len(data) // 2])
+    bad = bytearray(data)
+    bad[len(bad) // 2] ^= 0x55
+    with pytest.raises(CorruptDataError):
+        read(bytes(bad))
+    # the gzip CRC at the end is verified even though the tar ends before it
+    with pytest.raises(CorruptDataError):
+        read(data[:-4] + bytes(4 * [0xAA]))
+
+
+def test_key_split_follows_webdataset():
+    assert split_key("dir/sample001.image.png") == ("dir/sample001", "image.png")
+    assert split_key("a.b.c/x.Image.PNG") == ("a.b.c/x", "image.png")
+    assert split_key("s3://bucket/train/7.label") == ("s3://bucket/train/7", "label")
+    assert split_key("noextension") is None
+    assert split_key("dir.v2/noext") is None
+    assert is_meta_name("__index__") and is_meta_name("__meta__/x.json")
+    assert not is_meta_name("a/__x__.txt")
+
+
+# ---- properties --------------------------------------------------------------------------------
+names = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc"), blacklist_characters="\x00/"),
+                min_size=1, max_size=30)
+layouts = st.lists(st.tuples(st.lists(names, min_size=1, max_size=3).map("/".join),
+                             st.binary(max_size=1500)), min_size=1, max_size=6)
+FAST = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(layouts, st.sampled_from([tarfile.PAX_FORMAT, tarfile.GNU_FORMAT]),
+       st.sampled_from(["", "gz"]), st.integers(1, 4096))
+def test_property_roundtrip(members, fmt, compression, chunk):
+    data = make_tar(members, fmt=fmt, compression=compression)
+    assert read(data, chunk=chunk) == members
+
+
+@FAST
+@given(layouts, st.sampled_from(["", "gz"]), st.data())
+def test_property_truncation_is_loud_never_short(members, compression, data):
+    tar = make_tar(members, compression=compression)
+    # bytes after the first end-of-archive block are padding; cutting there loses nothing
+    raw = make_tar(members)
+    end = raw.rfind(b"\0" * 1024, 0, len(raw))
+    content_end = next(i for i in range(0, len(raw), 512) if raw[i:i + 512] == b"\0" * 512)
+    cut = data.draw(st.integers(0, len(tar) - 1))
+    try:
+        got = read(tar[:cut])
+    except CorruptDataError:
+        return
+    # a successful read must be complete (only padding may be missing)
+    assert got == members, (cut, end)
+    assert compression or cut >= content_end + 512
+
+
+@FAST
+@given(layouts, st.sampled_from(["", "gz"]), st.data())
+def test_property_corruption_never_untyped_or_hanging(members, compression, data):
+    tar = bytearray(make_tar(members, compression=compression))
+    for _ in range(data.draw(st.integers(1, 4))):
+        pos = data.draw(st.integers(0, len(tar) - 1))
+        tar[pos] = data.draw(st.integers(0, 255))
+    try:
+        got = read(bytes(tar))
+    except CorruptDataError:
+        return
+    # undetected damage (inside member data or padding) keeps the layout
+    assert len(got) <= len(members)
