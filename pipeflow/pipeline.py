@@ -150,6 +150,16 @@ class Pipeline(torch.utils.data.IterableDataset):
         return Pipeline(Node(Zipper, (), {}, nodes, f"zip({len(nodes)} inputs)"))
 
     # ---- backends (issue: storage backends) ---------------------------------------------
+    def fetch_batch(self, backend: str | Any = "s5cmd", *, batch_size: int = 1000,
+                    to: str | None = None, delete: bool = True,
+                    output: Literal["bytes", "path"] = "bytes", workers: int = 16,
+                    on_error: Literal["raise", "skip"] = "raise", timeout: float | None = None,
+                    options: dict[str, Any] | None = None) -> "Pipeline":
+        """Download URL items (or tuples of URLs) in background batches; yield Records or paths."""
+        from .stages.fetch_batch import BatchFetcher
+        return self._then("fetch_batch", BatchFetcher, backend, batch_size=batch_size, to=to,
+                          delete=delete, output=output, workers=workers, on_error=on_error,
+                          timeout=timeout, options=options)
 
     # ---- formats (issue: formats) -------------------------------------------------------
     def untar(self, *, on_error: Literal["raise", "skip"] = "raise") -> "Pipeline":
