@@ -47,7 +47,7 @@ import subprocess
 import sys
 import threading
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -197,9 +197,13 @@ class _Framer:
         self._buf = bytearray()
         self._remaining = 0
 
-    def feed(self, data: bytes) -> list[tuple[str, Any]]:
-        """Split ``data``; returns events ``("head", _Head)``, ``("body", bytes)``, ``("end", None)``."""
-        events: list[tuple[str, Any]] = []
+    def feed(self, data: bytes) -> Iterator[tuple[str, Any]]:
+        """Split ``data`` into events ``("head", _Head)``, ``("body", bytes)``, ``("end", None)``.
+
+        A generator: how a response body is delimited may depend on the end of the previous
+        response (which request it answered), so the caller handles each event before the
+        next is framed.
+        """
         pos, n = 0, len(data)
         while pos < n:
             state = self._state
@@ -215,15 +219,15 @@ class _Framer:
                 if end < 0:
                     if len(self._buf) > _MAX_HEAD:
                         raise ValueError("HTTP head larger than 64 KiB")
-                    break
+                    return
                 head = _Head(bytes(self._buf[: end + 4]))
                 data, pos, n = bytes(self._buf[end + 4:]), 0, len(self._buf) - end - 4
                 self._buf.clear()
-                events.append(("head", head))
+                yield (("head", head))
                 mode, length = self._body_mode(head)
                 if mode == "length":
                     if length == 0:
-                        events.append(("end", None))
+                        yield (("end", None))
                     else:
                         self._state, self._remaining = self._LENGTH, length
                 elif mode == "chunked":
@@ -232,30 +236,30 @@ class _Framer:
                     self._state = self._CLOSE
             elif state == self._LENGTH or state == self._CHUNK_DATA:
                 take = min(self._remaining, n - pos)
-                events.append(("body", data[pos:pos + take]))
+                yield (("body", data[pos:pos + take]))
                 pos += take
                 self._remaining -= take
                 if self._remaining == 0:
                     if state == self._LENGTH:
                         self._state = self._HEAD
-                        events.append(("end", None))
+                        yield (("end", None))
                     else:
                         self._state, self._remaining = self._CHUNK_CRLF, 2
             elif state == self._CHUNK_CRLF:
                 take = min(self._remaining, n - pos)
-                events.append(("body", data[pos:pos + take]))
+                yield (("body", data[pos:pos + take]))
                 pos += take
                 self._remaining -= take
                 if self._remaining == 0:
                     self._state = self._CHUNK_SIZE
             elif state == self._CLOSE:
-                events.append(("body", data[pos:]))
+                yield (("body", data[pos:]))
                 pos = n
             else:  # a line of the chunked encoding: a chunk size, or a trailer line
                 nl = data.find(b"\n", pos)
                 stop = n if nl < 0 else nl + 1
                 self._buf += data[pos:stop]
-                events.append(("body", data[pos:stop]))
+                yield (("body", data[pos:stop]))
                 pos = stop
                 if nl < 0:
                     if len(self._buf) > _MAX_HEAD:
@@ -271,8 +275,7 @@ class _Framer:
                         self._state, self._remaining = self._CHUNK_DATA, size
                 elif not line:  # the empty line that ends the trailer
                     self._state = self._HEAD
-                    events.append(("end", None))
-        return events
+                    yield (("end", None))
 
     def eof(self) -> list[tuple[str, Any]]:
         """The peer closed: a body delimited by the close ends here."""
@@ -329,18 +332,17 @@ class _Connection:
     # -- client side --
     def client_data(self, data: bytes) -> None:
         try:
-            events = self._req.feed(data)
-        except ValueError:
+            for kind, value in self._req.feed(data):
+                if kind == "head":
+                    self._request_head(value)
+                elif kind == "body":
+                    if self._forwarding_body:
+                        self._send_upstream(value)
+                else:  # end of a request
+                    self._forwarding_body = True
+        except ValueError:  # not HTTP/1.1 as we know it
             self.close()
             return
-        for kind, value in events:
-            if kind == "head":
-                self._request_head(value)
-            elif kind == "body":
-                if self._forwarding_body:
-                    self._send_upstream(value)
-            else:  # end of a request
-                self._forwarding_body = True
         self._flush_synthetic()
 
     def _request_head(self, head: _Head) -> None:
@@ -398,17 +400,15 @@ class _Connection:
 
     def upstream_data(self, data: bytes) -> None:
         try:
-            events = self._resp.feed(data)
+            self._relay(self._resp.feed(data))
         except ValueError:
             self.close()
-            return
-        self._relay(events)
 
     def upstream_eof(self) -> None:
         self._relay(self._resp.eof())
         self._enqueue(_CLOSE)
 
-    def _relay(self, events: list[tuple[str, Any]]) -> None:
+    def _relay(self, events: Iterable[tuple[str, Any]]) -> None:
         for kind, value in events:
             if kind == "head":
                 status = int(value.start.split(" ", 2)[1])
