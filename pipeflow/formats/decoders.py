@@ -160,14 +160,14 @@ def _image(data: bytes, options: DecodeOptions) -> Any:
                               "transparency" in img.info else "RGB")
         import numpy as np
 
-        array = np.asarray(img, dtype=np.uint8)
+        array = np.array(img, dtype=np.uint8)  # a writable copy
     if array.ndim == 2:
         array = array[:, :, None]
     if options.mode == "numpy":
         return array
     import torch
 
-    return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
+    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
 
 
 def _builtin(name: str, options: DecodeOptions) -> Handler:
