@@ -1,0 +1,23 @@
+"""wds-pipe-cli (article 001): tar shards streamed through a ``pipe:`` command that copies the object to
+stdout (the article's ``pipe:aws s3 cp URL -``; here ``s5cmd cat URL``, which needs no AWS CLI)."""
+
+from __future__ import annotations
+
+from ..backends import get_backend
+from ..pipeline import Pipeline
+from . import RecipeInfo
+from ._common import webdataset_chain
+
+INFO = RecipeInfo(
+    name="wds-pipe-cli", article="001", layout="wds", backend="pipe (s5cmd cat)", reads=("s3",),
+    description="tar shards through a pipe: CLI copy to stdout (s5cmd cat), shard shuffle, untar,"
+                " group, shuffle(10)",
+)
+
+
+def build(url: str, *, seed: int = 0, shuffle_buffer: int = 10,
+          command: tuple[str, ...] = ("s5cmd", "cat", "{url}")) -> Pipeline:
+    """Args: ``url`` the prefix of the ``.tar`` shards; ``seed`` the shuffle seed (combined
+    with the epoch); ``shuffle_buffer`` the sample shuffle buffer (10 in the article)."""
+    backend = get_backend("pipe", command=command, allow_pipe=True)
+    return webdataset_chain(url, backend, seed=seed, shuffle_buffer=shuffle_buffer)
