@@ -1,0 +1,55 @@
+"""Launching helper scripts under torchrun or as fresh Python processes, with hard timeouts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from pipeflow.testing import free_port
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONWARNINGS"] = "ignore::UserWarning"  # DataLoader's "3 workers on 2 cores" notice
+    env.update(extra or {})
+    return env
+
+
+def torchrun(script: str, out_dir: Path, *args: str, nproc: int = 2, timeout: float = 180.0,
+             env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``script`` under torchrun on a free loopback port; return its results.json."""
+    port = free_port()
+    cmd = [str(TORCHRUN), f"--nproc_per_node={nproc}", "--nnodes=1", "--master-addr=127.0.0.1",
+           f"--master-port={port}", str(HERE / script), str(out_dir), *args]
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(env), capture_output=True, text=True, timeout=timeout)
+    results = out_dir / "results.json"
+    if proc.returncode != 0 or not results.exists():
+        raise AssertionError(f"torchrun exited with {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\n"
+                             f"stderr:\n{proc.stderr[-8000:]}")
+    return json.loads(results.read_text())
+
+
+def torchrun_raw(script: str, out_dir: Path, *args: str, nproc: int = 2, timeout: float = 120.0,
+                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` under torchrun and return the finished process (for failure tests)."""
+    port = free_port()
+    cmd = [str(TORCHRUN), f"--nproc_per_node={nproc}", "--nnodes=1", "--master-addr=127.0.0.1",
+           f"--master-port={port}", str(HERE / script), str(out_dir), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=_env(env), capture_output=True, text=True, timeout=timeout)
+
+
+def python(script: str, *args: str, timeout: float = 120.0,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a fresh Python interpreter."""
+    cmd = [sys.executable, str(HERE / script), *args]
+    return subprocess.run(cmd, cwd=ROOT, env=_env(env), capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,65 @@
+"""Exactly once across ``torchrun --nproc_per_node=2`` x DataLoader workers {0, 2, 3}.
+
+One torchrun launch runs every configuration (shard-level, sample-level and automatic sharding,
+with and without shuffling) and gathers what each rank saw; the tests below check the census.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from . import _data
+from ._launch import torchrun
+
+pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(240)]
+
+CONFIGS = [f"{level}-{order}-w{nw}" for level in ("shard", "sample", "auto")
+           for order in ("ordered", "shuffled") for nw in (0, 2, 3)]
+
+
+@pytest.fixture(scope="module")
+def census(tmp_path_factory):
+    out = tmp_path_factory.mktemp("census")
+    results = torchrun("torchrun_census.py", out, "census")
+    assert results["world_size"] == 2
+    per_rank = results["census"]
+    for rank, part in enumerate(per_rank):
+        assert part["ok"], f"rank {rank} failed: {part['error']}\n{part['traceback']}"
+    return [part["data"] for part in per_rank]
+
+
+def _keys(batches):
+    return [key for batch in batches for key in batch]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_every_sample_exactly_once_across_ranks_and_workers(census, config):
+    expected = _data.all_keys(10)
+    per_rank = [_keys(rank_data[config]["epoch0"]) for rank_data in census]
+    counts = Counter(k for keys in per_rank for k in keys)
+    duplicated = sorted(k for k, c in counts.items() if c > 1)
+    lost = sorted(set(expected) - set(counts))
+    assert not duplicated, f"{config}: duplicated {duplicated[:10]}"
+    assert not lost, f"{config}: lost {lost[:10]}"
+    assert sorted(counts) == sorted(expected)
+    assert all(per_rank), f"{config}: a rank got nothing: {[len(k) for k in per_rank]}"
+
+
+@pytest.mark.parametrize("config", [c for c in CONFIGS if "shuffled" in c])
+def test_shuffled_order_is_a_function_of_seed_and_epoch(census, config):
+    for rank_data in census:
+        runs = rank_data[config]
+        assert runs["epoch0"] == runs["epoch0_again"], "same seed and epoch must give the same order"
+        assert _keys(runs["epoch0"]) != _keys(runs["epoch1"]), "a new epoch must reshuffle"
+        # a new epoch is still exactly once across ranks (checked on the union below)
+    union = Counter(k for rank_data in census for k in _keys(rank_data[config]["epoch1"]))
+    assert sorted(union) == sorted(_data.all_keys(10)) and set(union.values()) == {1}
+
+
+def test_unshuffled_sample_level_split_is_round_robin(census):
+    # without DataLoader workers the split is exactly item i -> rank i % world
+    expected = _data.all_keys(10)
+    for rank, rank_data in enumerate(census):
+        assert _keys(rank_data["sample-ordered-w0"]["epoch0"]) == expected[rank::2]
