@@ -4,9 +4,6 @@ previous chunk is consumed (double buffering), and every file is deleted once re
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 from ..pipeline import Pipeline
 from . import RecipeInfo
 from ._common import companions, list_with_suffix, to_sample
@@ -22,18 +19,18 @@ INFO = RecipeInfo(
 
 def build(url: str, *, samples_per_call: int = 1000, to: str | None = None) -> Pipeline:
     """Args: ``url`` the prefix; ``samples_per_call`` samples per ``s5cmd run``; ``to`` the
-    download directory (default: a directory under the system temporary directory)."""
-    to = to or os.path.join(tempfile.gettempdir(), "pipeflow-s5cmd")
+    directory that holds the downloads (default: the system temporary directory, on disk)."""
     return with_download_dir(url, samples_per_call, to)
 
 
-def with_download_dir(url: str, samples_per_call: int, to: str) -> Pipeline:
+def with_download_dir(url: str, samples_per_call: int, to: str | None) -> Pipeline:
     """The recipe with downloads under ``to`` (shared with single-s5cmd-tmpfs)."""
     return (list_with_suffix(url, ".image")
             .shard_by_rank()
-            .map(companions(FIELDS)).unbatch()
-            # one s5cmd call per 1000 samples (2000 files); the next call runs while this
-            # chunk is read; files are removed as soon as they are read
-            .fetch_batch("s5cmd", batch_size=samples_per_call * len(FIELDS), to=to)
+            .map(companions(FIELDS))              # one item per sample: (7.image, 7.label)
+            # one s5cmd run per 1000 samples; the next batch downloads while this one is read;
+            # each file is deleted as soon as it is read
+            .fetch_batch("s5cmd", batch_size=samples_per_call, to=to, delete=True)
+            .unbatch()
             .group_pairs(required=FIELDS)
             .map(to_sample(FIELDS)))

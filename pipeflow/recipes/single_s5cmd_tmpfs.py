@@ -13,7 +13,7 @@ INFO = RecipeInfo(
 )
 
 
-def build(url: str, *, samples_per_call: int = 1000, to: str = "/dev/shm/pipeflow-s5cmd") -> Pipeline:
+def build(url: str, *, samples_per_call: int = 1000, to: str = "/dev/shm") -> Pipeline:
     """Args: ``url`` the prefix; ``samples_per_call`` samples per ``s5cmd run``; ``to`` a tmpfs
     directory."""
     return with_download_dir(url, samples_per_call, to)
