@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator
 from typing import IO, Any, Literal
 
-from ..errors import ConfigError, CorruptDataError, PipeflowError
+from ..errors import BackendError, ConfigError, CorruptDataError, PipeflowError
 from ..items import Opened, Record
 from .base import Stage
 
@@ -120,8 +120,8 @@ class ExpandingStage(Stage[Any]):
             except OSError as exc:
                 url = self._url
                 self._finish_object()
-                raise CorruptDataError(f"reading failed: {type(exc).__name__}: {exc}",
-                                       stage=self.name, key=url) from exc
+                raise BackendError(f"reading failed: {type(exc).__name__}: {exc}", url=url,
+                                   op="read") from exc
             self._count += 1
             return out
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pipeflow as pf
 from pipeflow.errors import ConfigError, CorruptDataError
@@ -102,3 +104,25 @@ def test_state_is_small(shard_files):
     stage = Untarrer(ItemSource(shard_files))
     take(stage, 4)
     assert stage.state_dict() == {"sources": [{"index": 0}], "items": 4}
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.data())
+def test_property_skip_mode_never_shortens_silently(data):
+    members = [(f"k{i}.{e}", bytes([i]) * data.draw(st.integers(0, 1200))) for i in range(4) for e in "ab"]
+    raw = bytearray(make_tar(members, compression=data.draw(st.sampled_from(["", "gz"]))))
+    if data.draw(st.booleans()):
+        raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
+    else:
+        for _ in range(data.draw(st.integers(1, 3))):
+            raw[data.draw(st.integers(0, len(raw) - 1))] ^= data.draw(st.integers(1, 255))
+    good = make_tar(members[:2])
+    items = [Record("bad", bytes(raw), "bad"), Record("good", good, "good")]
+    pipe = pf.from_items(items).untar(on_error="skip")
+    got = list(pipe)
+    (counts,) = [v for k, v in pipe.stats().items() if k.startswith("untar")]
+    assert [r.name for r in got if r.url == "good"] == ["k0.a", "k0.b"]
+    n_bad = sum(1 for r in got if r.url == "bad")
+    assert counts.get("skipped_objects", 0) + counts.get("objects", 0) == 2
+    if not counts.get("skipped_objects"):
+        assert n_bad == len(members)  # undetectable damage (inside data) keeps every member
