@@ -1,0 +1,111 @@
+"""The synthetic data generator: determinism, layouts, content, shard sizes."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from pipeflow.cli import main
+from pipeflow.errors import ConfigError
+from pipeflow.formats.example import decode_example
+from pipeflow.formats.tfrecord import iter_tfrecords
+from pipeflow.testing.datagen import LAYOUTS, generate, iter_samples, sample_fields, sample_key
+
+
+def test_samples_are_deterministic_and_seed_dependent():
+    a = sample_fields("single", 3, image_size=16, seed=1)
+    assert a == sample_fields("single", 3, image_size=16, seed=1)
+    assert a != sample_fields("single", 3, image_size=16, seed=2)
+    assert a != sample_fields("single", 4, image_size=16, seed=1)
+
+
+def test_png_pair_is_rgb_image_and_class_map():
+    fields = sample_fields("wds", 0, image_size=24)
+    image = Image.open(io.BytesIO(fields["image"]))
+    label = Image.open(io.BytesIO(fields["label"]))
+    assert image.format == "PNG" and image.mode == "RGB" and image.size == (24, 24)
+    assert label.format == "PNG" and label.mode == "L" and label.size == (24, 24)
+    assert np.asarray(label).max() > 200  # 256 classes, uniformly drawn
+
+
+def test_jpeg_sample_is_about_115_kb_by_default():
+    fields = sample_fields("jpeg", 0)
+    assert Image.open(io.BytesIO(fields["jpg"])).format == "JPEG"
+    assert 95_000 < len(fields["jpg"]) < 135_000
+    assert 0 <= int(fields["cls"]) < 256
+
+
+def test_single_layout_writes_one_object_per_field(tmp_path):
+    result = generate("single", str(tmp_path), count=5, image_size=8, seed=7)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted(f"{sample_key(i)}.{f}" for i in range(5) for f in ("image", "label"))
+    assert list(result.objects) == [f"{sample_key(i)}.{f}" for i in range(5) for f in ("image", "label")]
+    for key, fields in iter_samples("single", 5, image_size=8, seed=7):
+        for name, data in fields.items():
+            assert (tmp_path / f"{key}.{name}").read_bytes() == data
+
+
+@pytest.mark.parametrize("layout", ["wds", "jpeg-shards"])
+def test_tar_shards_hold_every_sample_in_order_near_the_target_size(tmp_path, layout):
+    count = 30
+    expected = dict(iter_samples(layout, count, image_size=16))
+    per_sample = sum(len(v) for v in expected["000000"].values())
+    shard_mb = per_sample * 4 / 1e6
+    result = generate(layout, str(tmp_path), count=count, image_size=16, shard_mb=shard_mb)
+    assert len(result.objects) == 8  # ceil(30 / 4)
+    members = []
+    for name in result.objects:
+        with tarfile.open(tmp_path / name) as tar:
+            for m in tar.getmembers():
+                members.append((m.name, tar.extractfile(m).read()))
+    fields = LAYOUTS[layout].fields
+    assert members == [(f"{k}.{f}", expected[k][f]) for k in sorted(expected) for f in fields]
+
+
+def test_shards_are_byte_identical_for_the_same_seed(tmp_path):
+    generate("wds", str(tmp_path / "a"), count=6, image_size=8, shard_mb=0.001)
+    generate("wds", str(tmp_path / "b"), count=6, image_size=8, shard_mb=0.001)
+    for path in (tmp_path / "a").iterdir():
+        assert path.read_bytes() == (tmp_path / "b" / path.name).read_bytes()
+
+
+def test_tfrecord_layout_holds_examples(tmp_path):
+    result = generate("tfrecord", str(tmp_path), count=7, image_size=8, shard_mb=0.002)
+    expected = dict(iter_samples("tfrecord", 7, image_size=8))
+    got = {}
+    for name in result.objects:
+        with open(tmp_path / name, "rb") as f:
+            for payload in iter_tfrecords(f, name):
+                ex = decode_example(payload)
+                got[ex["key"][0].decode()] = {"image": ex["image"][0], "label": ex["label"][0]}
+    assert got == expected
+    assert len(result.objects) > 1
+
+
+def test_s3_target(s3, s3_bucket):
+    result = generate("jpeg", f"s3://{s3_bucket}/jpeg", count=3, image_size=8)
+    client = s3.client()
+    keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=s3_bucket)["Contents"])
+    assert keys == sorted(f"jpeg/{n}" for n in result.objects)
+    body = client.get_object(Bucket=s3_bucket, Key="jpeg/000001.jpg")["Body"].read()
+    assert body == sample_fields("jpeg", 1, image_size=8)["jpg"]
+
+
+def test_invalid_options(tmp_path):
+    with pytest.raises(ConfigError, match="layout"):
+        generate("parquet", str(tmp_path))
+    with pytest.raises(ConfigError):
+        generate("wds", str(tmp_path), shard_mb=0)
+    with pytest.raises(ConfigError):
+        generate("wds", "gs://bucket/x")
+
+
+def test_make_data_cli(tmp_path, capsys):
+    assert main(["make-data", "jpeg-shards", str(tmp_path), "--count", "4", "--image-size", "8",
+                 "--shard-mb", "0.0001", "--quiet"]) == 0
+    assert "wrote 4 samples" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["00000.tar", "00001.tar", "00002.tar", "00003.tar"]

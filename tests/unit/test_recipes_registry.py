@@ -1,0 +1,95 @@
+"""The recipe registry: names, metadata, option checking, close-match suggestions, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import pipeflow.recipes as recipes
+from pipeflow.cli import main
+from pipeflow.errors import ConfigError
+from pipeflow.recipes import RecipeInfo, UnknownRecipeError
+from pipeflow.testing.datagen import LAYOUTS
+
+EXPECTED = {
+    "single-boto3", "single-ffm", "single-s5cmd", "single-s5cmd-tmpfs",
+    "wds-pipe-cli", "wds-boto3", "wds-s3fs", "wds-s3-plugin", "wds-ffm",
+    "torchdata-iopath", "torchdata-fsspec", "torchdata-file", "torchdata-s3fileloader",
+    "s3connector-map", "s3connector-shards", "fsspec-random", "mountpoint", "mountpoint-cache",
+    "tfrecord-ffm", "tfrecord-pipe", "tfrecord-s3",
+}
+
+
+def test_every_recipe_of_the_issue_is_registered():
+    assert set(recipes.names()) == EXPECTED
+    infos = recipes.list()
+    assert {i.name for i in infos} == EXPECTED
+    assert [(i.article, i.name) for i in infos] == sorted((i.article, i.name) for i in infos)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_metadata_is_complete(name):
+    info = recipes.get(name)
+    assert isinstance(info, RecipeInfo)
+    assert info.name == name
+    assert info.article in {"000", "001", "002", "003"}
+    assert info.layout in LAYOUTS
+    assert LAYOUTS[info.layout].article == info.article
+    assert info.description and info.backend
+    assert set(info.reads) <= {"s3", "local"} and info.reads
+
+
+def test_002_recipes_offer_the_article_preprocessing():
+    for info in recipes.list():
+        if info.article == "002":
+            assert info.options.get("preprocess") is False
+            assert info.batch_size == 128
+            assert info.yields_batches({"preprocess": True})
+            assert not info.yields_batches()
+
+
+def test_unknown_name_suggests_close_matches():
+    with pytest.raises(UnknownRecipeError) as exc:
+        recipes.load("wds-bot03", url="s3://b/x/")
+    assert "wds-boto3" in str(exc.value)
+    assert isinstance(exc.value, ConfigError)
+    with pytest.raises(UnknownRecipeError):
+        recipes.get("nothing-like-it")
+
+
+def test_unknown_option_is_rejected_with_a_hint():
+    with pytest.raises(ConfigError) as exc:
+        recipes.load("tfrecord-ffm", url="/data", seeed=3)
+    assert "seed" in str(exc.value)
+
+
+def test_url_kind_is_checked():
+    with pytest.raises(ConfigError, match="mounted"):
+        recipes.load("wds-ffm", url="s3://bucket/wds/")
+    with pytest.raises(ConfigError, match="s3://"):
+        recipes.load("wds-boto3", url="/data/wds")
+
+
+def test_cli_lists_recipes(capsys):
+    assert main(["recipes"]) == 0
+    text = capsys.readouterr().out
+    for name in EXPECTED:
+        assert name in text
+    assert main(["recipes", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["name"] for r in rows} == EXPECTED
+
+
+def test_cli_run_reports_unknown_recipe(capsys):
+    assert main(["run", "no-such-recipe", "--url", "s3://b/p/"]) == 2
+    assert "no recipe named" in capsys.readouterr().err
+
+
+def test_run_option_parsing():
+    from pipeflow._cli.run import parse_options
+
+    assert parse_options(["seed=3", "to=/dev/shm", "cycle=False", "shuffle-buffer=0"]) == {
+        "seed": 3, "to": "/dev/shm", "cycle": False, "shuffle_buffer": 0}
+    with pytest.raises(ConfigError):
+        parse_options(["novalue"])
