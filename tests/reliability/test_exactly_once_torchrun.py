@@ -11,23 +11,17 @@ from collections import Counter
 import pytest
 
 from . import _data
-from ._launch import torchrun
+from .conftest import suite
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(360)]
 
 CONFIGS = [f"{level}-{order}-w{nw}" for level in ("shard", "sample", "auto")
            for order in ("ordered", "shuffled") for nw in (0, 2, 3)]
 
 
 @pytest.fixture(scope="module")
-def census(tmp_path_factory):
-    out = tmp_path_factory.mktemp("census")
-    results = torchrun("torchrun_census.py", out, "census")
-    assert results["world_size"] == 2
-    per_rank = results["census"]
-    for rank, part in enumerate(per_rank):
-        assert part["ok"], f"rank {rank} failed: {part['error']}\n{part['traceback']}"
-    return [part["data"] for part in per_rank]
+def census(torchrun_results):
+    return suite(torchrun_results, "census")
 
 
 def _keys(batches):

@@ -12,6 +12,7 @@ import os
 import sys
 import traceback
 
+import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
@@ -65,7 +66,60 @@ def suite_census(rank: int) -> dict[str, object]:
     return out
 
 
-SUITES = {"census": suite_census}
+def ddp_epoch(loader: DataLoader, model: torch.nn.Module) -> list[list[str]]:
+    """A DDP training epoch: one gradient all_reduce per batch, as real training does."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    seen = []
+    for batch in loader:
+        keys = list(batch)
+        loss = model(torch.ones(len(keys), 1)).sum()
+        opt.zero_grad()
+        loss.backward()  # DDP's all_reduce: hangs if the ranks disagree on the batch count
+        opt.step()
+        seen.append(keys)
+    return seen
+
+
+def suite_equalize(rank: int) -> dict[str, object]:
+    """Uneven data: equalize() makes every rank run the same number of DDP steps."""
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
+    out: dict[str, object] = {}
+    for num_shards in (10, 4):  # 4 shards < 2 ranks x 3 workers
+        shards = list(_data.shard_sizes(num_shards))
+        total = len(_data.all_keys(num_shards))
+        for mode in ("drop", "pad"):
+            for nw in WORKERS:
+                pipe = (pf.from_items(shards).shuffle(len(shards), seed=5).map(_data.expand).unbatch()
+                        .shuffle(16, seed=5).shard_by_rank().equalize(total=total, mode=mode)
+                        .map(_data.key_of).batch(3))
+                pipe.set_epoch(0)
+                out[f"sample-{num_shards}-{mode}-w{nw}"] = ddp_epoch(
+                    DataLoader(pipe, batch_size=None, num_workers=nw), model)
+    # the total read from the source: from_items over samples, no total= needed
+    for nw in WORKERS:
+        pipe = (pf.from_items(_data.all_keys(4)).shuffle(8, seed=1).shard_by_rank().equalize()
+                .batch(2))
+        out[f"inferred-4-drop-w{nw}"] = ddp_epoch(DataLoader(pipe, batch_size=None, num_workers=nw), model)
+    # a DataLoader batch_size instead of batch(): still the same number of steps per rank
+    pipe = (pf.from_items(_data.all_keys(10)).shard_by_rank().equalize(mode="pad"))
+    out["dataloader-batching-pad-w3"] = ddp_epoch(
+        DataLoader(pipe, batch_size=4, num_workers=3, collate_fn=list), model)
+    return out
+
+
+def suite_empty_shard(rank: int) -> dict[str, object]:
+    """Shard-level sharding of 4 shards over 2 ranks x 3 workers: some workers get none."""
+    shards = list(_data.shard_sizes(4))
+    pipe = (pf.from_items(shards).shard_by_rank().map(_data.expand).unbatch().equalize(per_shard=5)
+            .map(_data.key_of).batch(5))
+    try:
+        batches = [list(b) for b in DataLoader(pipe, batch_size=None, num_workers=3)]
+    except Exception as exc:
+        return {"raised": type(exc).__name__, "message": str(exc)}
+    return {"raised": None, "batches": batches}
+
+
+SUITES = {"census": suite_census, "equalize": suite_equalize, "empty_shard": suite_empty_shard}
 
 
 def main() -> int:
