@@ -159,3 +159,7 @@ class CommandError(BackendError):
 def _rebuild_command_error(cls, message, url, backend, op, command, returncode, stderr):
     return cls(message, url=url, backend=backend, op=op, command=command, returncode=returncode,
                stderr=stderr)
+
+
+class EmptyShardError(ConfigError):
+    """A rank x DataLoader worker shard received no items, so it cannot yield its equal share."""

@@ -203,6 +203,17 @@ class Pipeline(torch.utils.data.IterableDataset):
         return self._then("cache", Cacher, directory, max_bytes=max_bytes, backend=backend,
                           workers=workers, on_error=on_error, backend_options=backend_options)
 
+    def equalize(self, *, total: int | None = None, per_shard: int | None = None,
+                 mode: Literal["drop", "pad"] = "drop") -> "Pipeline":
+        """Make every rank x DataLoader worker yield the same number of items (no DDP hang).
+
+        ``total`` is the item count before sharding (read from a ``from_items`` source when
+        omitted); each shard yields ``floor(total / shards)`` (``"drop"``) or the ceiling
+        (``"pad"``, short shards wrap around). ``per_shard`` sets the count directly.
+        """
+        from .stages.equalize import Equalizer
+        return self._then("equalize", Equalizer, total=total, per_shard=per_shard, mode=mode)
+
     # ---- running ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch used to reseed shuffles on the next iteration (like DistributedSampler)."""
