@@ -1,0 +1,45 @@
+"""`pipeflow demo` end to end with tiny sizes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import pipeflow.recipes as recipes
+from pipeflow.cli import main
+
+pytestmark = pytest.mark.s3
+
+
+def _demo(tmp_path, *extra: str) -> dict:
+    out = tmp_path / "out"
+    code = main(["demo", "--out", str(out), "--count", "16", "--image-size", "8", "--shards", "3",
+                 "--steps", "3", "--report-every", "1", "--num-workers", "1", "--timeout", "90", *extra])
+    results = json.loads((out / "results.json").read_text())
+    assert (out / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (out / "results.txt").exists()
+    return {"code": code, "rows": results["rows"]}
+
+
+def test_demo_runs_recipes_and_writes_table_and_chart(tmp_path, capsys):
+    result = _demo(tmp_path, "--recipes", "tfrecord-pipe", "tfrecord-ffm", "wds-ffm")
+    assert result["code"] == 0
+    rows = result["rows"]
+    assert {r["recipe"] for r in rows} == {"tfrecord-pipe", "tfrecord-ffm", "wds-ffm"}
+    assert {r["recipe"]: r["status"] for r in rows} == {r["recipe"]: "ok" for r in rows}
+    ok = rows
+    assert [r["samples_per_s"] for r in ok] == sorted((r["samples_per_s"] for r in ok), reverse=True)
+    for row in ok:
+        assert row["steps"] == 3 and row["samples"] == 12
+    out = capsys.readouterr().out
+    assert "samples/s" in out and "tfrecord-pipe" in out
+
+
+@pytest.mark.slow
+def test_full_demo_every_recipe_succeeds(tmp_path):
+    result = _demo(tmp_path)
+    rows = result["rows"]
+    assert {r["recipe"] for r in rows} == set(recipes.names())
+    failed = {r["recipe"]: r["status"] for r in rows if r["status"] != "ok"}
+    assert failed == {}
