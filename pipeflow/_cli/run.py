@@ -56,6 +56,10 @@ def run(args: argparse.Namespace) -> int:
     except PipeflowError as exc:
         print(f"pipeflow run: {exc}", file=sys.stderr)
         return 2
+    if {**info.options, **options}.get("cycle") and args.steps is None:
+        print(f"pipeflow run: {args.recipe} cycles over its shards forever, as in the article; "
+              "pass --steps N or -o cycle=False", file=sys.stderr)
+        return 2
     batch_size = None if info.yields_batches(options) else args.batch_size
 
     def report(step: int, seconds: float) -> None:
