@@ -175,7 +175,8 @@ class S3TorchConnectorBackend(Backend):
     # ---- reading ---------------------------------------------------------------------------
     def _ranged(self, loc: S3Location, url: str, start: int, end: int | None) -> IO[bytes]:
         try:
-            chunks = self._client()._get_object_stream(loc.bucket, loc.key, start or None, end)
+            chunks = self._client()._get_object_stream(
+                loc.bucket, loc.key, start if (start or end is not None) else None, end)
         except Exception as exc:
             if not self._is_sdk_error(exc):
                 raise
