@@ -150,6 +150,17 @@ class Pipeline(torch.utils.data.IterableDataset):
         return Pipeline(Node(Zipper, (), {}, nodes, f"zip({len(nodes)} inputs)"))
 
     # ---- backends (issue: storage backends) ---------------------------------------------
+    def open(self, backend: str | Any = None, *, workers: int = 0, read: bool = False,
+             on_error: Literal["raise", "skip"] = "raise", **options: Any) -> Pipeline:
+        """Open URL / ``ObjectInfo`` items as ``Opened(url, stream)`` (``Record`` with ``read=True``).
+
+        ``backend`` is a name (``"boto3"``, ``"s3torchconnector"``, ...) or None to choose by URL
+        scheme; ``workers=N`` keeps N requests in flight on threads, results in order.
+        """
+        from .stages.open import Opener
+        return self._then("open", Opener, backend, workers=workers, read=read, on_error=on_error,
+                          **options)
+
     def fetch_batch(self, backend: str | Any = "s5cmd", *, batch_size: int = 1000,
                     to: str | None = None, delete: bool = True,
                     output: Literal["bytes", "path"] = "bytes", workers: int = 16,
@@ -306,3 +317,25 @@ def tfrecord_stream(path: str, *, check_crc: bool = True, parse_example: bool = 
     kwargs = {"check_crc": check_crc, "parse_example": parse_example}
     _validate(cls, 0, (path,), kwargs)
     return Pipeline(Node(cls, (path,), kwargs, (), _label("tfrecord_stream", (path,), kwargs)))
+
+
+# ---- backends: listing source ------------------------------------------------------------------
+def list_objects(url: str, *, pattern: str | None = None, backend: str | Any = None,
+                 manifest: str | None = None, **options: Any) -> Pipeline:
+    """A pipeline over the objects under ``url`` (``ObjectInfo`` items, sorted by URL).
+
+    The store is listed once, here (or read from ``manifest``, written on first use), never
+    again in each DataLoader worker. See :mod:`pipeflow.stages.listing`.
+    """
+    import os as _os
+
+    from .stages.listing import ListObjects, list_now, write_manifest
+    kwargs: dict[str, Any] = {"pattern": pattern, "backend": backend, "manifest": manifest,
+                              "options": options}
+    if manifest is None:
+        kwargs["objects"] = tuple(list_now(url, pattern=pattern, backend=backend, **options))
+    elif not _os.path.exists(manifest):
+        write_manifest(manifest, url, pattern, list_now(url, pattern=pattern, backend=backend, **options))
+    _validate(ListObjects, 0, (url,), kwargs)
+    shown = {k: v for k, v in (("pattern", pattern), ("backend", backend), ("manifest", manifest)) if v}
+    return Pipeline(Node(ListObjects, (url,), kwargs, (), _label("list_objects", (url,), shown)))
