@@ -1,0 +1,332 @@
+"""Runs one benchmark case in a fresh child process and measures it from the outside.
+
+Every case (pipeflow or a peer, one configuration) runs in its own interpreter, so imports,
+memory and worker processes of one case never affect the next. The parent samples the child's
+whole process tree with psutil (CPU time, RSS, and PSS, which counts memory shared by forked
+DataLoader workers once) only between the child's ``START`` and ``END`` markers; the child
+reports samples, times and the request counts it reads from the delay proxy.
+
+A case's factory is ``"module:function"``; ``function(**kwargs)`` returns an iterable of
+batches, or ``(iterable, count)`` where ``count(batch)`` is the number of samples in a batch.
+
+    python -m benchmarks.harness '<case as JSON>'      # the child side
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+PROXY_ENV = "PIPEFLOW_BENCH_PROXY"
+
+
+@dataclass
+class Case:
+    """One measurement.
+
+    Attributes:
+        scenario: ``"s1"`` ... ``"s5"``.
+        group: the comparison group inside the scenario (same data, same latency), e.g.
+            ``"png pairs, T=20 ms"``; ratios are computed within a group.
+        library: what is measured (``"pipeflow"``, ``"boto3 map-style"``, ...).
+        factory: ``"module:function"`` building the iterable of batches.
+        kwargs: arguments of the factory (JSON-serialisable).
+        workers: DataLoader workers (or worker threads/processes), for the tables.
+        bytes_per_sample: stored bytes of one sample, for MB/s.
+        max_samples: stop an epoch after this many samples.
+        max_seconds: stop an epoch after this long.
+        epochs: epochs to run (each is measured separately).
+        python: the interpreter (another venv for the DataPipes peer).
+        env: extra environment variables.
+        extra: free-form labels copied into the result (shard size, decode, ...).
+    """
+
+    scenario: str
+    group: str
+    library: str
+    factory: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    workers: int = 0
+    bytes_per_sample: float = 0.0
+    max_samples: int = 10**9
+    max_seconds: float = 30.0
+    epochs: int = 1
+    python: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ---- child side ---------------------------------------------------------------------------------
+def count_batch(batch: Any) -> int:
+    """Samples in a batch: a collated dict / tuple of columns, a list of samples or a tensor."""
+    if isinstance(batch, dict):
+        return count_batch(next(iter(batch.values()))) if batch else 0
+    if isinstance(batch, tuple):
+        return count_batch(batch[0]) if batch else 0
+    if isinstance(batch, list):
+        return len(batch)
+    shape = getattr(batch, "shape", None)
+    if shape is not None and len(shape) > 0:
+        return int(shape[0])
+    return 1
+
+
+def _proxy_stats() -> dict[str, Any]:
+    url = os.environ.get(PROXY_ENV)
+    if not url:
+        return {}
+    with urllib.request.urlopen(url + "/__proxy__/stats", timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, int]:
+    if not after:
+        return {}
+    a, b = after.get("requests", {}), before.get("requests", {})
+    out = {m: a.get(m, 0) - b.get(m, 0) for m in set(a) | set(b)}
+    out["LIST"] = after.get("lists", 0) - before.get("lists", 0)
+    out["GET_OBJECT"] = out.get("GET", 0) - out["LIST"]
+    return {k: v for k, v in sorted(out.items()) if v}
+
+
+def _load(factory: str) -> Callable[..., Any]:
+    module, _, name = factory.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def child_main(spec: dict[str, Any]) -> None:
+    case = Case(**spec)
+    made = _load(case.factory)(**case.kwargs)
+    iterable, count = (made if isinstance(made, tuple) else (made, count_batch))
+    epochs = []
+    print("START", flush=True)
+    for epoch in range(case.epochs):
+        if hasattr(iterable, "set_epoch"):
+            iterable.set_epoch(epoch)
+        before = _proxy_stats()
+        t0 = time.perf_counter()
+        it = iter(iterable)
+        n = first_n = 0
+        t_first = t_last = None
+        for batch in it:
+            now = time.perf_counter()
+            n += count(batch)
+            if t_first is None:
+                t_first, first_n = now, n
+            t_last = now
+            if n >= case.max_samples or now - t0 >= case.max_seconds:
+                break
+        del it  # shut DataLoader workers down before the next epoch
+        after = _proxy_stats()
+        steady = (t_last - t_first) if t_first is not None and t_last is not None else 0.0
+        total = (t_last - t0) if t_last is not None else time.perf_counter() - t0
+        epochs.append({
+            "epoch": epoch, "samples": n, "seconds": round(total, 4),
+            "first_batch_s": round(t_first - t0, 4) if t_first is not None else None,
+            # the whole epoch, start-up included (it is also reported alone as first_batch_s)
+            "samples_per_s": round(n / total, 2) if total > 0 else 0.0,
+            "steady_samples_per_s": round((n - first_n) / steady, 2) if steady > 0 else None,
+            "requests": _delta(after, before),
+        })
+    print("END", flush=True)
+    print("RESULT " + json.dumps({"epochs": epochs}), flush=True)
+    _close(iterable)
+
+
+def _close(obj: Any) -> None:
+    closer = getattr(obj, "close", None)
+    if callable(closer):
+        try:
+            closer()
+        except Exception:
+            pass
+
+
+# ---- parent side --------------------------------------------------------------------------------
+def _pss_kb(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+class _Monitor:
+    """Samples CPU time and memory of a process tree while a window is open."""
+
+    def __init__(self, pid: int, interval: float = 0.1) -> None:
+        import psutil
+
+        self.psutil = psutil
+        self.root = psutil.Process(pid)
+        self.interval = interval
+        self.active = False
+        self.cpu_s = 0.0
+        self.window_s = 0.0
+        self.peak_rss = 0
+        self.peak_pss = 0
+        self.peak_procs = 0
+        self.seen: dict[int, Any] = {}
+        self._last: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._t_open = 0.0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def open(self) -> None:
+        self._sample(count=False)
+        self._t_open = time.perf_counter()
+        self.active = True
+
+    def close(self) -> None:
+        if self.active:
+            self._sample(count=True)
+            self.window_s = time.perf_counter() - self._t_open
+        self.active = False
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def procs(self) -> list[Any]:
+        try:
+            return [self.root, *self.root.children(recursive=True)]
+        except self.psutil.Error:
+            return []
+
+    def _sample(self, count: bool, pss: bool = False) -> None:
+        rss = pss_total = 0
+        procs = self.procs()
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                used = t.user + t.system
+                if count and p.pid in self._last:
+                    self.cpu_s += max(0.0, used - self._last[p.pid])
+                elif count:  # a process born inside the window: all of its time counts
+                    self.cpu_s += used
+                self._last[p.pid] = used
+                rss += p.memory_info().rss
+                self.seen[p.pid] = p
+                if pss:
+                    pss_total += (_pss_kb(p.pid) or 0) * 1024
+            except self.psutil.Error:
+                continue
+        if count:
+            self.peak_rss = max(self.peak_rss, rss)
+            self.peak_pss = max(self.peak_pss, pss_total)
+            self.peak_procs = max(self.peak_procs, len(procs))
+
+    def _loop(self) -> None:
+        tick = 0
+        while not self._stop.wait(self.interval):
+            if self.active:
+                tick += 1
+                self._sample(count=True, pss=tick % 5 == 1)
+
+
+def run_case(case: Case, *, proxy_url: str | None = None, env: dict[str, str] | None = None,
+             timeout: float | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run ``case`` in a child process; returns its result row (``error`` set if it failed)."""
+    child_env = dict(os.environ)
+    child_env.update(env or {})
+    child_env.update(case.env)
+    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")]))
+    child_env.setdefault("PYTHONWARNINGS", "ignore")
+    if proxy_url:
+        child_env[PROXY_ENV] = proxy_url
+    python = case.python or sys.executable
+    spec = json.dumps(dataclasses.asdict(case))
+    row: dict[str, Any] = {
+        "scenario": case.scenario, "group": case.group, "library": case.library, "workers": case.workers,
+        **case.extra,
+    }
+    timeout = timeout or (case.max_seconds * case.epochs + 180)
+    proc = subprocess.Popen([python, "-m", "benchmarks.harness", spec], cwd=str(ROOT), env=child_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    monitor = _Monitor(proc.pid)
+    monitor.start()
+    result: dict[str, Any] = {}
+    stderr: list[str] = []
+    err_thread = threading.Thread(target=lambda: stderr.extend(proc.stderr or []), daemon=True)
+    err_thread.start()
+    deadline = time.monotonic() + timeout
+    timer = threading.Timer(timeout, lambda: _kill_tree(monitor, proc))
+    timer.start()
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            if line == "START":
+                monitor.open()
+            elif line == "END":
+                monitor.close()
+            elif line.startswith("RESULT "):
+                result = json.loads(line[len("RESULT "):])
+        proc.wait()
+    finally:
+        timer.cancel()
+        monitor.close()
+        monitor.stop()
+        _kill_tree(monitor, proc)  # leftovers (a peer's background s5cmd, say)
+        err_thread.join(timeout=5)
+    if not result:
+        why = "timed out" if time.monotonic() >= deadline else f"exit code {proc.returncode}"
+        row["error"] = f"{why}: " + "".join(stderr)[-3000:].strip()
+        log(f"  ! {case.library} ({case.group}): {row['error'][-1200:]}")
+        return row
+    epochs = result["epochs"]
+    first = epochs[0]
+    row.update({
+        "samples": first["samples"],
+        "samples_per_s": first["samples_per_s"],
+        "steady_samples_per_s": first["steady_samples_per_s"],
+        "mb_per_s": round(first["samples_per_s"] * case.bytes_per_sample / 1e6, 2),
+        "first_batch_s": first["first_batch_s"],
+        "cpu_pct": round(100.0 * monitor.cpu_s / monitor.window_s, 1) if monitor.window_s else None,
+        "peak_rss_mb": round(monitor.peak_rss / 2**20, 1),
+        "peak_pss_mb": round(monitor.peak_pss / 2**20, 1) if monitor.peak_pss else None,
+        "processes": monitor.peak_procs,
+        "requests": first["requests"],
+        "epochs": epochs,
+    })
+    log(f"  {case.library:<34} {case.group:<28} {row['samples_per_s']:>9.1f} samples/s "
+        f"cpu {row['cpu_pct']}% first batch {row['first_batch_s']} s requests {row['requests']}")
+    return row
+
+
+def _kill_tree(monitor: _Monitor, proc: subprocess.Popen[str]) -> None:
+    for p in list(monitor.seen.values())[::-1]:
+        try:
+            if p.pid != proc.pid and p.is_running():
+                p.kill()
+        except monitor.psutil.Error:
+            pass
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def run_cases(cases: Iterable[Case], **kwargs: Any) -> list[dict[str, Any]]:
+    return [run_case(c, **kwargs) for c in cases]
+
+
+if __name__ == "__main__":
+    child_main(json.loads(sys.argv[1]))
