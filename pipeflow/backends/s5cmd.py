@@ -372,9 +372,12 @@ class S5cmdBackend(Backend):
         Returns at once; the returned handle's :meth:`S5cmdBatch.wait` reports per file.
         The command file is written in ``workdir`` and removed when the batch ends.
 
+        URLs that cannot go into a command file (not ``s3://bucket/key``; a newline, carriage
+        return or NUL in the key) are not downloaded: ``wait()`` reports a ``ConfigError`` /
+        ``InvalidURLError`` for them, so one odd key does not fail its whole batch.
+
         Raises:
-            ConfigError: a URL or path contains a newline, carriage return or NUL.
-            InvalidURLError: a URL is not ``s3://bucket/key``.
+            ConfigError: a destination is not an absolute path.
         """
         return S5cmdBatch(self, pairs, workdir=workdir)
 
@@ -385,18 +388,31 @@ class S5cmdBatch:
     def __init__(self, backend: S5cmdBackend, pairs: Sequence[tuple[str, str]], *, workdir: str) -> None:
         self.backend = backend
         self.pairs = list(pairs)
+        #: files that cannot be in a command file at all, with the reason (reported by wait())
+        self._invalid: dict[str, BaseException] = {}
         lines = []
         flags = "".join(f"{flag} " for flag in backend._transfer_flags())
         for url, dest in self.pairs:
-            loc = parse_s3_url(url, backend=backend.name, op="fetch")
-            if not loc.key:
-                raise InvalidURLError("the URL names a bucket, not an object", url=url,
-                                      backend=backend.name, op="fetch")
             if not os.path.isabs(dest):
                 raise ConfigError(f"batch destination must be an absolute path, got {dest!r}")
-            # the source always starts with "s3://" and the destination with "/": neither can
-            # be read as an option, whatever the key looks like
-            lines.append(f"cp --raw {flags}{quote_run_arg(loc.url)} {quote_run_arg(dest)}\n")
+            try:
+                loc = parse_s3_url(url, backend=backend.name, op="fetch")
+                if not loc.key:
+                    raise InvalidURLError("the URL names a bucket, not an object", url=url,
+                                          backend=backend.name, op="fetch")
+                # the source always starts with "s3://" and the destination with "/": neither
+                # can be read as an option, whatever the key looks like
+                lines.append(f"cp --raw {flags}{quote_run_arg(loc.url)} {quote_run_arg(dest)}\n")
+            except ConfigError as exc:  # InvalidURLError included
+                # kept without its traceback: its frames would keep the caller alive
+                self._invalid[dest] = exc.with_traceback(None)
+        self._results: dict[str, BaseException | None] | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._cmdfile = ""
+        self._stdout: IO[bytes] | None = None
+        self._stderr: IO[bytes] | None = None
+        if not lines:
+            return
         fd, self._cmdfile = tempfile.mkstemp(prefix="s5cmd-run-", suffix=".txt", dir=workdir)
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             f.writelines(lines)
@@ -405,20 +421,19 @@ class S5cmdBatch:
             self._proc, self._stderr = spawn(backend.command("run", self._cmdfile),
                                              env=backend.environment(), stdout=self._stdout)
         except BaseException:
-            self._stdout.close()
-            self._remove_cmdfile()
+            self._close_files()
             raise
-        self._results: dict[str, BaseException | None] | None = None
 
     def _remove_cmdfile(self) -> None:
-        try:
-            os.unlink(self._cmdfile)
-        except FileNotFoundError:
-            pass
+        if self._cmdfile:
+            try:
+                os.unlink(self._cmdfile)
+            except FileNotFoundError:
+                pass
 
     def done(self) -> bool:
-        """True when the s5cmd process has exited."""
-        return self._proc.poll() is not None
+        """True when the s5cmd process has exited (or there was nothing to run)."""
+        return self._proc is None or self._proc.poll() is not None
 
     def wait(self, timeout: float | None = None) -> dict[str, BaseException | None]:
         """Wait for the batch and return ``{local path: None or the error for that file}``.
@@ -428,53 +443,62 @@ class S5cmdBatch:
         """
         if self._results is not None:
             return self._results
-        try:
-            status = self._proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.cancel()
-            raise BackendError(f"s5cmd run did not finish within {timeout} s",
-                               url=self.pairs[0][0] if self.pairs else "", backend="s5cmd",
-                               op="fetch") from None
+        status = 0
+        if self._proc is not None:
+            try:
+                status = self._proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.cancel()
+                raise BackendError(f"s5cmd run did not finish within {timeout} s",
+                                   url=self.pairs[0][0] if self.pairs else "", backend="s5cmd",
+                                   op="fetch") from None
         self._results = self._collect(status)
         self._close_files()
         return self._results
 
     def _collect(self, status: int) -> dict[str, BaseException | None]:
-        self._stdout.seek(0)
         done: set[str] = set()
-        for line in self._stdout.read().decode("utf-8", "surrogateescape").splitlines():
-            if line.startswith("{"):
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if record.get("success") and "destination" in record:
-                    done.add(str(record["destination"]))
-        failures = _errors_in(read_tail(self._stderr, 1 << 22))
+        failures: list[dict[str, Any]] = []
+        if self._stdout is not None and self._stderr is not None:
+            self._stdout.seek(0)
+            for line in self._stdout.read().decode("utf-8", "surrogateescape").splitlines():
+                if line.startswith("{"):
+                    try:
+                        record = json.loads(line)
+                    except ValueError:
+                        continue
+                    if record.get("success") and "destination" in record:
+                        done.add(str(record["destination"]))
+            failures = _errors_in(read_tail(self._stderr, 1 << 22))
         results: dict[str, BaseException | None] = {}
         for url, dest in self.pairs:
-            if dest in done and os.path.exists(dest):
+            if dest in self._invalid:
+                results[dest] = self._invalid[dest]
+            elif dest in done and os.path.exists(dest):
                 results[dest] = None
-                continue
-            record = next((r for r in failures if str(r.get("command", "")).endswith(" " + dest)), None)
-            if record is not None:
-                results[dest] = classify_error(str(record["error"]), url=url, op="fetch")
             else:
-                tail = read_tail(self._stderr)
-                results[dest] = BackendError(
-                    f"s5cmd run (exit status {status}) did not download the object"
-                    + (f": {tail[-500:]}" if tail else ""), url=url, backend="s5cmd", op="fetch")
+                record = next((r for r in failures if str(r.get("command", "")).endswith(" " + dest)),
+                              None)
+                if record is not None:
+                    results[dest] = classify_error(str(record["error"]), url=url, op="fetch")
+                else:
+                    tail = read_tail(self._stderr) if self._stderr is not None else ""
+                    results[dest] = BackendError(
+                        f"s5cmd run (exit status {status}) did not download the object"
+                        + (f": {tail[-500:]}" if tail else ""), url=url, backend="s5cmd", op="fetch")
         return results
 
     def _close_files(self) -> None:
         for f in (self._stdout, self._stderr):
-            try:
-                f.close()
-            except OSError:
-                pass
+            if f is not None:
+                try:
+                    f.close()
+                except OSError:
+                    pass
         self._remove_cmdfile()
 
     def cancel(self) -> None:
         """Kill the download (if running), reap it and remove the command file. Idempotent."""
-        kill_process(self._proc)
+        if self._proc is not None:
+            kill_process(self._proc)
         self._close_files()

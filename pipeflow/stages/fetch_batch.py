@@ -333,7 +333,7 @@ class BatchFetcher(Stage[Any]):
             try:
                 batch.handle = self._start_download(pairs, directory)
             except Exception as exc:  # surfaced when the consumer reaches this batch
-                batch.error = exc
+                batch.error = exc.with_traceback(None)
             else:
                 with self._res.lock:
                     self._res.handles.append(batch.handle)
@@ -347,11 +347,16 @@ class BatchFetcher(Stage[Any]):
         assert backend is not None
         return ThreadPoolBatch(backend, pairs, workers=self._workers)
 
-    def _finish_batch(self, batch: _Batch) -> None:
+    def _forget(self, batch: _Batch) -> None:
+        """Stop tracking a finished download; the finalizer must not keep its results alive."""
         if batch.handle is not None and self._res is not None:
             with self._res.lock:
                 if batch.handle in self._res.handles:
                     self._res.handles.remove(batch.handle)
+
+    def _finish_batch(self, batch: _Batch) -> None:
+        self._forget(batch)
+        if batch.handle is not None:
             batch.handle.cancel()
         if self._delete:
             shutil.rmtree(batch.directory, ignore_errors=True)
@@ -374,6 +379,7 @@ class BatchFetcher(Stage[Any]):
                 if batch.error is not None:
                     raise batch.error
                 batch.results = batch.handle.wait(self._timeout) if batch.handle is not None else {}
+                self._forget(batch)
                 self._fill()  # batch k is ready: start k+1 while it is consumed
             if batch.pos >= len(batch.samples):
                 self._finish_batch(self._batches.popleft())
