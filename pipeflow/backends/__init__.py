@@ -15,6 +15,7 @@ from .registry import (
     get_backend,
     known_backends,
     register_backend,
+    unregister_backend,
 )
 
 __all__ = [
@@ -30,4 +31,5 @@ __all__ = [
     "parse_s3_url",
     "register_backend",
     "scheme_of",
+    "unregister_backend",
 ]

@@ -46,6 +46,9 @@ TRANSIENT_CODES = frozenset({
 
 _jitter = random.Random()
 
+#: read size used by ``read()`` without a size
+_READ_ALL_CHUNK = 4 << 20
+
 
 @dataclass(frozen=True)
 class RetryPolicy:
@@ -268,10 +271,11 @@ class ResumableStream(io.BufferedIOBase):
 
     # ---- machinery ------------------------------------------------------------------------
     def _read_all(self) -> bytes:
+        # bounded reads, so a failure loses at most one chunk and the resume starts from
+        # the bytes already delivered (a single read() would return nothing on failure)
         chunks: list[bytes] = []
         while True:
-            # one big read when the body is healthy; after a failure, continue from the offset
-            chunk = self._attempt(lambda raw: raw.read())
+            chunk = self._attempt(lambda raw: raw.read(_READ_ALL_CHUNK))
             if not chunk:
                 return b"".join(chunks)
             chunks.append(chunk)

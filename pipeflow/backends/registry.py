@@ -26,6 +26,7 @@ __all__ = [
     "get_backend",
     "known_backends",
     "register_backend",
+    "unregister_backend",
 ]
 
 
@@ -80,6 +81,15 @@ def register_backend(name: str, target: str, *, package: str | None = None, extr
         _classes.pop(name, None)
         for scheme in spec.schemes:
             _scheme_default[scheme] = name
+
+
+def unregister_backend(name: str) -> None:
+    """Remove a registered backend (and its scheme defaults). Unknown names are ignored."""
+    with _lock:
+        _specs.pop(name, None)
+        _classes.pop(name, None)
+        for scheme in [s for s, n in _scheme_default.items() if n == name]:
+            del _scheme_default[scheme]
 
 
 def known_backends() -> list[str]:

@@ -1,0 +1,158 @@
+"""The backend registry: names, URL schemes, lazy imports, install hints, options."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+
+import pytest
+
+from pipeflow.backends import (
+    Backend,
+    backend_for_url,
+    get_backend,
+    known_backends,
+    register_backend,
+    unregister_backend,
+)
+from pipeflow.backends._s3config import S3Options, error_for_status, resolve_endpoint
+from pipeflow.backends.base import parse_s3_url, scheme_of
+from pipeflow.backends.local import LocalBackend
+from pipeflow.errors import (
+    AccessDeniedError,
+    ConfigError,
+    InvalidURLError,
+    MissingDependencyError,
+    ObjectNotFoundError,
+    UnknownBackendError,
+)
+
+ALL = ["boto3", "fsspec", "iopath", "local", "pipe", "s3fs", "s3torchconnector", "s5cmd"]
+
+
+def test_builtin_backends_are_registered() -> None:
+    assert set(ALL) <= set(known_backends())
+    assert known_backends() == sorted(known_backends())
+
+
+def test_unknown_backend_lists_the_known_ones() -> None:
+    with pytest.raises(UnknownBackendError) as info:
+        get_backend("nosuch")
+    assert isinstance(info.value, ValueError)
+    for name in ALL:
+        assert name in str(info.value)
+
+
+@pytest.mark.parametrize(("url", "expected"), [
+    ("s3://bucket/key", "boto3"), ("S3://bucket/key", "boto3"), ("/data/x.tar", "local"),
+    ("relative/x.tar", "local"), ("file:///data/x.tar", "local"), ("gs://bucket/x", "fsspec"),
+    ("memory://x", "fsspec"),
+])
+def test_default_backend_by_scheme(url: str, expected: str) -> None:
+    assert backend_for_url(url) == expected
+
+
+def test_scheme_parsing() -> None:
+    assert scheme_of("C:\\data\\x") == ""
+    assert scheme_of("s3a://b/k") == "s3a"
+    assert parse_s3_url("s3://b/some key/ü").key == "some key/ü"
+    with pytest.raises(InvalidURLError):
+        parse_s3_url("s3:///key")
+    with pytest.raises(InvalidURLError):
+        parse_s3_url("/local/path")
+
+
+def test_import_pipeflow_imports_no_sdk() -> None:
+    code = ("import sys, pipeflow, pipeflow.backends, pipeflow.testing; "
+            "import pipeflow.stages.open, pipeflow.stages.listing; "
+            "bad = [m for m in ('boto3', 'botocore', 's3fs', 'fsspec', 'iopath', 's3torchconnector', "
+            "'aiobotocore', 'moto') if m in sys.modules]; print(bad); assert not bad")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_missing_sdk_gives_the_pip_line() -> None:
+    register_backend("fake-sdk", "pipeflow_tests_fake_backend_module:Thing",
+                     package="pipeflow_tests_fake_backend_module", extra="fake")
+    try:
+        with pytest.raises(MissingDependencyError) as info:
+            get_backend("fake-sdk")
+    finally:
+        unregister_backend("fake-sdk")
+    assert isinstance(info.value, ImportError)
+    assert "pip install 'pipeflow[fake]'" in str(info.value)
+
+
+def test_register_a_third_party_backend() -> None:
+    register_backend("mylocal", "pipeflow.backends.local:LocalBackend", schemes=("mine",), replace=True)
+    try:
+        assert isinstance(get_backend("mylocal"), LocalBackend)
+        assert backend_for_url("mine://x") == "mylocal"
+        with pytest.raises(ConfigError):
+            register_backend("mylocal", "pipeflow.backends.boto3:Boto3Backend")
+    finally:
+        unregister_backend("mylocal")
+    assert "mylocal" not in known_backends() and backend_for_url("mine://x") == "fsspec"
+    with pytest.raises(ConfigError):
+        register_backend("broken", "no-colon")
+
+
+def test_options_are_validated_and_listed() -> None:
+    with pytest.raises(ConfigError) as info:
+        get_backend("local", no_such_option=1)
+    assert "buffer_size" in str(info.value)
+    with pytest.raises(ConfigError):
+        get_backend("boto3", endpoint="not-a-url")
+    with pytest.raises(ConfigError):
+        get_backend("boto3", method="carrier-pigeon")
+    with pytest.raises(ConfigError):
+        S3Options(access_key="AKIA")  # without the secret
+
+
+def test_a_ready_backend_passes_through() -> None:
+    be = get_backend("local")
+    assert get_backend(be) is be
+    with pytest.raises(ConfigError):
+        get_backend(be, buffer_size=1)
+
+
+def test_credentials_never_show() -> None:
+    be = get_backend("boto3", access_key="AKIAEXAMPLE", secret_key="very-secret-value",
+                     session_token="tok-secret")
+    text = repr(be) + repr(be.options)
+    for secret in ("very-secret-value", "tok-secret", "AKIAEXAMPLE"):
+        assert secret not in text
+    fs = get_backend("fsspec", storage_options={"secret": "hush-hush"})
+    assert "hush-hush" not in repr(fs)
+
+
+def test_backends_pickle_with_options(monkeypatch) -> None:
+    be = get_backend("boto3", endpoint="http://127.0.0.1:1", region="eu-west-1")
+    clone = pickle.loads(pickle.dumps(be))
+    assert isinstance(clone, Backend) and clone.options == be.options
+
+
+def test_endpoint_resolution(monkeypatch) -> None:
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000/")
+    assert resolve_endpoint() == "http://127.0.0.1:9000"
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9001")
+    assert resolve_endpoint() == "http://127.0.0.1:9001"
+    assert resolve_endpoint("http://h:1") == "http://h:1"
+    assert S3Options().use_path_style()
+    assert not S3Options(path_style=False).use_path_style()
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3")
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    assert resolve_endpoint() is None and not S3Options().use_path_style()
+
+
+@pytest.mark.parametrize(("status", "code", "cls"), [
+    (404, "NoSuchKey", ObjectNotFoundError), (404, "", ObjectNotFoundError),
+    (403, "AccessDenied", AccessDeniedError), (400, "InvalidBucketName", InvalidURLError),
+])
+def test_error_codes_map_to_types(status: int, code: str, cls: type) -> None:
+    err = error_for_status(status, code, url="s3://b/k", backend="x", op="open")
+    assert type(err) is cls
+    assert err.url == "s3://b/k" and "backend=x" in str(err)
+    assert pickle.loads(pickle.dumps(err)).url == "s3://b/k"

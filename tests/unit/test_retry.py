@@ -1,0 +1,250 @@
+"""Retry classification, backoff and mid-body resumption, against a real flaky HTTP server."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import io
+import random
+import threading
+from collections.abc import Iterator
+
+import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
+
+from pipeflow.backends._retry import ResumableStream, RetryPolicy, is_transient, retry_call
+from pipeflow.errors import ConfigError, ObjectNotFoundError, RetryExhaustedError
+
+FAST = RetryPolicy(max_attempts=4, base_delay=0.001, max_delay=0.002, max_resumes=50)
+
+
+def _client_error(code: str, status: int) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": "whatever text"},
+                        "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+
+
+# ---- classification -----------------------------------------------------------------------------
+@pytest.mark.parametrize("exc", [
+    ConnectionResetError(), TimeoutError(), http.client.IncompleteRead(b"x", 10),
+    _client_error("SlowDown", 503), _client_error("InternalError", 500), _client_error("Throttling", 400),
+    _client_error("TooManyRequestsException", 429), _client_error("Whatever", 502),
+    EndpointConnectionError(endpoint_url="http://x"), ReadTimeoutError(endpoint_url="http://x"),
+])
+def test_transient(exc: BaseException) -> None:
+    assert is_transient(exc)
+
+
+@pytest.mark.parametrize("exc", [
+    _client_error("NoSuchKey", 404), _client_error("AccessDenied", 403), ValueError("x"),
+    ObjectNotFoundError("gone", url="s3://b/k"), KeyError("k"),
+])
+def test_permanent(exc: BaseException) -> None:
+    assert not is_transient(exc)
+
+
+def test_classification_follows_the_cause_chain() -> None:
+    try:
+        try:
+            raise ConnectionResetError("peer reset")
+        except ConnectionResetError as inner:
+            raise OSError("wrapped by an SDK") from inner
+    except OSError as outer:
+        assert is_transient(outer)
+
+
+def test_message_text_is_never_used() -> None:
+    assert not is_transient(ValueError("SlowDown: 503 connection reset by peer, read timeout"))
+
+
+# ---- policy and retry_call ----------------------------------------------------------------------
+def test_policy_validation() -> None:
+    with pytest.raises(ConfigError):
+        RetryPolicy(max_attempts=0)
+    with pytest.raises(ConfigError):
+        RetryPolicy(base_delay=-1)
+
+
+def test_backoff_is_full_jitter_and_capped() -> None:
+    policy = RetryPolicy(base_delay=0.1, max_delay=1.0)
+    for attempt in range(12):
+        cap = min(1.0, 0.1 * 2 ** attempt)
+        delays = [policy.backoff(attempt) for _ in range(50)]
+        assert all(0.0 <= d <= cap for d in delays)
+        assert len(set(delays)) > 1  # jittered, not a fixed schedule
+
+
+def test_retry_call_recovers_from_transient_failures() -> None:
+    calls, sleeps = [], []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise _client_error("SlowDown", 503)
+        return "ok"
+
+    assert retry_call(flaky, policy=FAST, sleep=sleeps.append) == "ok"
+    assert len(calls) == 3 and len(sleeps) == 2
+
+
+def test_retry_call_gives_up_with_a_typed_error() -> None:
+    calls = []
+
+    def always() -> None:
+        calls.append(1)
+        raise ConnectionResetError("reset")
+
+    with pytest.raises(RetryExhaustedError) as info:
+        retry_call(always, policy=FAST, url="s3://b/k", backend="boto3", op="open", sleep=lambda s: None)
+    assert len(calls) == FAST.max_attempts
+    assert isinstance(info.value.__cause__, ConnectionResetError)
+    assert info.value.url == "s3://b/k" and info.value.backend == "boto3"
+
+
+def test_retry_call_does_not_retry_permanent_errors() -> None:
+    calls = []
+
+    def missing() -> None:
+        calls.append(1)
+        raise _client_error("NoSuchKey", 404)
+
+    with pytest.raises(ClientError):
+        retry_call(missing, policy=FAST, sleep=lambda s: None)
+    assert len(calls) == 1
+
+
+# ---- resumable streams: a fake flaky body --------------------------------------------------------
+class _Breaking(io.RawIOBase):
+    """Delivers data from ``offset`` and breaks after ``budget`` bytes."""
+
+    def __init__(self, data: bytes, offset: int, budget: int) -> None:
+        self._data, self._pos, self._budget = data, offset, budget
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:  # type: ignore[override]
+        if self._budget <= 0 and self._pos < len(self._data):
+            raise ConnectionResetError("connection reset mid-body")
+        n = min(len(buf), len(self._data) - self._pos, max(self._budget, 0))
+        buf[:n] = self._data[self._pos : self._pos + n]
+        self._pos += n
+        self._budget -= n
+        return n
+
+
+def test_resumable_stream_resumes_from_the_delivered_offset() -> None:
+    data = random.Random(0).randbytes(100_000)
+    offsets: list[int] = []
+
+    def opener(offset: int) -> io.RawIOBase:
+        offsets.append(offset)
+        return _Breaking(data, offset, 7_000)
+
+    stream = ResumableStream(opener, size=len(data), policy=FAST, sleep=lambda s: None)
+    got = b"".join(iter(lambda: stream.read(3_000), b""))
+    assert got == data
+    assert offsets[0] == 0 and offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+    assert all(b - a == 7_000 for a, b in zip(offsets, offsets[1:], strict=False))
+    assert stream.resumes == len(offsets) - 1
+
+
+def test_resumable_stream_read_all_and_start_offset() -> None:
+    data = random.Random(1).randbytes(50_000)
+    stream = ResumableStream(lambda off: _Breaking(data, off, 9_999), start=123, size=len(data),
+                             policy=FAST, sleep=lambda s: None)
+    assert stream.read() == data[123:]
+    assert stream.tell() == len(data)
+
+
+def test_resumable_stream_budget_is_bounded() -> None:
+    data = b"x" * 1000
+    stream = ResumableStream(lambda off: _Breaking(data, off, 0), size=len(data), url="s3://b/k",
+                             backend="fake", policy=FAST, sleep=lambda s: None)
+    with pytest.raises(RetryExhaustedError) as info:
+        stream.read()
+    assert info.value.url == "s3://b/k" and info.value.op == "read"
+
+
+def test_resumable_stream_passes_permanent_errors_through_translated() -> None:
+    def opener(offset: int) -> io.RawIOBase:
+        raise KeyError("gone")
+
+    stream = ResumableStream(opener, policy=FAST, sleep=lambda s: None,
+                             translate=lambda exc: ObjectNotFoundError("gone", url="u", backend="fake"))
+    with pytest.raises(ObjectNotFoundError):
+        stream.read(10)
+
+
+# ---- resumable streams: a real HTTP server that drops connections ---------------------------------
+class _FlakyHandler(http.server.BaseHTTPRequestHandler):
+    data = b""
+    cut_after = 0  # bytes sent before the connection is dropped
+    drops_left = 0
+    requests: list[int] = []
+
+    def log_message(self, *args) -> None:  # keep test output clean
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server naming
+        cls = type(self)
+        rng = self.headers.get("Range", "bytes=0-")
+        start = int(rng.split("=")[1].split("-")[0])
+        cls.requests.append(start)
+        body = cls.data[start:]
+        self.send_response(206 if start else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if cls.drops_left > 0:
+            cls.drops_left -= 1
+            self.wfile.write(body[: cls.cut_after])
+            self.wfile.flush()
+            self.close_connection = True
+            return  # the client sees the body end early: IncompleteRead
+        self.wfile.write(body)
+
+
+@pytest.fixture
+def flaky_server() -> Iterator[tuple[type[_FlakyHandler], int]]:
+    handler = type("Handler", (_FlakyHandler,), {"requests": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield handler, server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def _http_opener(port: int):
+    def opener(offset: int):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("GET", "/obj", headers={"Range": f"bytes={offset}-"})
+        return conn.getresponse()
+    return opener
+
+
+def test_http_body_cut_off_is_resumed_with_ranged_gets(flaky_server) -> None:
+    handler, port = flaky_server
+    handler.data = random.Random(2).randbytes(300_000)
+    handler.cut_after = 64_000
+    handler.drops_left = 3
+    stream = ResumableStream(_http_opener(port), size=len(handler.data), policy=FAST,
+                             url="http://x/obj", backend="http")
+    assert stream.read() == handler.data
+    assert stream.resumes == 3
+    # each retry asked only for the bytes not yet delivered
+    assert handler.requests == [0, 64_000, 128_000, 192_000]
+    stream.close()
+
+
+def test_http_persistent_failure_exhausts_the_budget(flaky_server) -> None:
+    handler, port = flaky_server
+    handler.data = b"y" * 10_000
+    handler.cut_after = 0
+    handler.drops_left = 10**6
+    stream = ResumableStream(_http_opener(port), size=len(handler.data), policy=FAST)
+    with pytest.raises(RetryExhaustedError):
+        stream.read()
+    assert len(handler.requests) == FAST.max_attempts
