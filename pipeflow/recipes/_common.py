@@ -32,12 +32,8 @@ def _has_suffix(suffix: str, item: Any) -> bool:
 
 def list_with_suffix(url: str, suffix: str, *, backend: Any = None) -> Pipeline:
     """The objects under ``url`` whose name ends with ``suffix``, sorted by URL."""
-    import pipeflow as pf
+    from ..pipeline import list_objects
 
-    try:
-        list_objects = pf.list_objects  # type: ignore[attr-defined]
-    except AttributeError as exc:  # pragma: no cover - only while the backends issue is open
-        raise ConfigError("this recipe needs pipeflow.list_objects (storage backends)") from exc
     root = url if url.endswith("/") else url + "/"
     return list_objects(root, backend=backend).filter(functools.partial(_has_suffix, suffix))
 
