@@ -1,0 +1,42 @@
+"""``pipeflow serve``: run a local S3-compatible server until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import threading
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=int, default=None, help="TCP port on 127.0.0.1 (default: a free one)")
+    parser.add_argument("--bucket", action="append", default=[], metavar="NAME",
+                        help="create this bucket at start (repeatable)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..testing import local_s3
+
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        with local_s3(port=args.port, buckets=args.bucket, export_env=False) as server:
+            print("# a local S3-compatible server (moto) is running; in another shell:")
+            for key, value in server.env().items():
+                print(f"export {key}={shlex.quote(value)}")
+            for bucket in args.bucket:
+                print(f"# bucket: s3://{bucket}/")
+            print("# press Ctrl-C to stop", flush=True)
+            try:
+                while not stop.wait(0.5):
+                    if server.process is not None and server.process.poll() is not None:
+                        print(f"# the server exited with code {server.process.returncode}")
+                        return 1
+            except KeyboardInterrupt:
+                pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    print("# stopped")
+    return 0
