@@ -11,9 +11,11 @@ from __future__ import annotations
 __all__ = [
     "AccessDeniedError",
     "BackendError",
+    "CommandError",
     "ConfigError",
     "CorruptDataError",
     "DecodeError",
+    "EmptyShardError",
     "IncompleteSampleError",
     "InvalidURLError",
     "MissingDependencyError",
