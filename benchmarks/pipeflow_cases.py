@@ -1,0 +1,166 @@
+"""pipeflow's side of every scenario: the pipelines the benchmark runs, as a user would write them.
+
+Each ``make_*`` returns what :mod:`benchmarks.harness` iterates (a ``DataLoader`` over a
+pipeline, or the pipeline itself). Decoding uses the same function as the peers
+(:func:`benchmarks.peers._common.decode_sample`) so the work per sample is identical.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from typing import Any
+
+import pipeflow as pf
+from benchmarks.peers import _common
+
+
+def _companions(fields: tuple[str, ...], first_url: str) -> list[str]:
+    stem = first_url.rsplit(".", 1)[0]
+    return [f"{stem}.{f}" for f in fields]
+
+
+def _sample(fields: tuple[str, ...], sample: dict[str, Any]) -> dict[str, Any]:
+    return {f: sample[f] for f in fields}
+
+
+def single_objects(
+    prefix: str,
+    count: int,
+    fields: list[str],
+    *,
+    backend: str,
+    inflight: int,
+    decode: bool = False,
+    seed: int = 0,
+) -> pf.Pipeline:
+    """Random access to one-object-per-field samples: a permutation of the sample keys, split by
+    rank and worker, ``inflight`` GETs in flight per DataLoader worker, one GET per object."""
+    base = prefix.rstrip("/")
+    first = [f"{base}/{i:06d}.{fields[0]}" for i in range(count)]
+    pipeline = (
+        pf.from_items(first)
+        .shuffle(1 << 20, seed=seed)
+        .shard_by_rank()
+        .map(functools.partial(_companions, tuple(fields)))
+        .unbatch()
+        .open(backend, read=True, workers=inflight)
+        .group_pairs()
+        .map(functools.partial(_sample, tuple(fields)))
+    )
+    return pipeline.map(_common.decode_sample) if decode else pipeline
+
+
+def make_single(
+    prefix: str,
+    count: int,
+    fields: list[str],
+    workers: int,
+    *,
+    backend: str = "boto3",
+    inflight: int = 32,
+    batch_size: int = 4,
+    decode: bool = False,
+) -> Any:
+    pipeline = single_objects(prefix, count, fields, backend=backend, inflight=inflight, decode=decode)
+    return _common.loader(pipeline, workers=workers, batch_size=batch_size)
+
+
+def tar_shards(shards: list[str], *, backend: str, decode: bool = False) -> pf.Pipeline:
+    """Sequential reads of tar shards: the shard list split by rank and worker, one streaming
+    GET per shard, members grouped into samples."""
+    pipeline = pf.from_items(shards).shard_by_rank().open(backend).untar().group_pairs()
+    pipeline = pipeline.map(_strip)
+    return pipeline.map(_common.decode_sample) if decode else pipeline
+
+
+def _strip(sample: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in sample.items() if not k.startswith("__")}
+
+
+def make_shards(
+    shards: list[str], workers: int, *, backend: str = "boto3", batch_size: int = 4, decode: bool = False
+) -> Any:
+    return _common.loader(
+        tar_shards(shards, backend=backend, decode=decode), workers=workers, batch_size=batch_size
+    )
+
+
+def make_cached(
+    prefix: str,
+    count: int,
+    fields: list[str],
+    workers: int,
+    *,
+    cache_dir: str | None,
+    backend: str = "boto3",
+    inflight: int = 32,
+    batch_size: int = 4,
+) -> Any:
+    """The random-access pipeline, through ``cache()`` when ``cache_dir`` is set (the local-disk
+    reference passes a directory as ``prefix`` and ``backend="local"``)."""
+    base = prefix.rstrip("/")
+    first = [f"{base}/{i:06d}.{fields[0]}" for i in range(count)]
+    pipeline = (
+        pf.from_items(first)
+        .shuffle(1 << 20, seed=0)
+        .shard_by_rank()
+        .map(functools.partial(_companions, tuple(fields)))
+        .unbatch()
+    )
+    if cache_dir:
+        pipeline = pipeline.cache(cache_dir, max_bytes=8 << 30, backend=backend, workers=inflight)
+    else:
+        pipeline = pipeline.open(backend, read=True, workers=inflight)
+    pipeline = pipeline.group_pairs().map(functools.partial(_sample, tuple(fields)))
+    return _common.loader(pipeline, workers=workers, batch_size=batch_size)
+
+
+# ---- scenario 4: decode-bound, data in memory ---------------------------------------------------
+def _in_memory(layout: str, count: int, image_size: int) -> list[bytes]:
+    from pipeflow.testing.datagen import sample_fields
+
+    field = "jpg" if layout.startswith("jpeg") else "image"
+    distinct = min(count, 8)  # generating 1024 px PNGs is slow; repeat a few distinct ones
+    blobs = [sample_fields(layout, i, image_size=image_size)[field] for i in range(distinct)]
+    return [blobs[i % distinct] for i in range(count)]
+
+
+def _decode_shape(data: bytes) -> tuple[int, ...]:
+    # returns the shape only, so process workers do not ship decoded pixels back (neither side does)
+    return tuple(_common.decode_image(data).shape)
+
+
+class _Bare:
+    """The reference: the same decode on a bare thread or process pool, no pipeline."""
+
+    def __init__(self, blobs: list[bytes], workers: int, method: str, batch_size: int) -> None:
+        self.blobs, self.workers, self.method, self.batch_size = blobs, workers, method, batch_size
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        pool_cls = ThreadPoolExecutor if self.method == "thread" else ProcessPoolExecutor
+        with pool_cls(self.workers) as pool:
+            batch: list[Any] = []
+            for shape in pool.map(_decode_shape, self.blobs, chunksize=1):
+                batch.append(shape)
+                if len(batch) == self.batch_size:
+                    yield batch
+                    batch = []
+            if batch:
+                yield batch
+
+
+def make_decode(
+    layout: str, count: int, image_size: int, workers: int, *, method: str, batch_size: int = 4
+) -> Any:
+    """``method``: ``"thread"``/``"process"`` (pipeflow ``map``), ``"bare-thread"`` / ``"bare-process"``."""
+    blobs = _in_memory(layout, count, image_size)
+    if method.startswith("bare-"):
+        return _Bare(blobs, workers, method[5:], batch_size)
+    return pf.from_items(blobs).map(_decode_shape, workers=workers, method=method).batch(batch_size)
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -1,0 +1,359 @@
+"""Turns a benchmark result (``results.json``) into a Markdown report and PNG plots.
+
+    python -m benchmarks.report results.json [--out DIR]
+
+Ratios are pipeflow / peer within one comparison group (same data, same server, same latency,
+same run); absolute numbers on a shared 2-core machine move from run to run, ratios much less.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+PIPEFLOW = "pipeflow"
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def _groups(rows: list[dict[str, Any]], scenario: str) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        if r["scenario"] == scenario:
+            out[r["group"]].append(r)
+    return out
+
+
+def _ok(r: dict[str, Any]) -> bool:
+    return "error" not in r and bool(r.get("samples_per_s"))
+
+
+def _pipeflow(group: list[dict[str, Any]], workers: int | None = None) -> dict[str, Any] | None:
+    for r in group:
+        if r["library"] == PIPEFLOW and _ok(r) and (workers is None or r["workers"] == workers):
+            return r
+    return None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if not a or not b:
+        return None
+    return round(a / b, 2)
+
+
+def _req(r: dict[str, Any], method: str) -> Any:
+    return (r.get("requests") or {}).get(method, 0) if _ok(r) else None
+
+
+def _table(group: list[dict[str, Any]]) -> list[str]:
+    pf = _pipeflow(group)
+    lines = [
+        "| library | workers | samples/s | MB/s | CPU % | peak PSS MB | first batch s | GET | HEAD | "
+        "pipeflow / this |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in sorted(group, key=lambda r: (r["library"] != PIPEFLOW, -(r.get("samples_per_s") or 0))):
+        if not _ok(r):
+            lines.append(
+                f"| {r['library']} | {r['workers']} | failed: {r.get('error', 'no samples')[:80]!s} "
+                "| | | | | | | |"
+            )
+            continue
+        ratio = _ratio(pf and pf["samples_per_s"], r["samples_per_s"]) if r is not pf else None
+        lines.append(
+            f"| {r['library']} | {r['workers']} | {_fmt(r['samples_per_s'])} | {_fmt(r.get('mb_per_s'))} | "
+            f"{_fmt(r.get('cpu_pct'))} | {_fmt(r.get('peak_pss_mb'), 0)} | "
+            f"{_fmt(r.get('first_batch_s'), 2)} | "
+            f"{_req(r, 'GET_OBJECT')} | {_req(r, 'HEAD')} | {_fmt(ratio, 2) if ratio else ''} |"
+        )
+    return lines
+
+
+def summarize(result: dict[str, Any]) -> dict[str, Any]:
+    """The headline ratios (the targets of the benchmark issue), computed from the rows."""
+    rows = result["rows"]
+    summary: dict[str, Any] = {"s1": {}, "s2": {}, "s3": {}, "s4": {}}
+    for name, group in _groups(rows, "s1").items():
+        pf = _pipeflow(group)
+        peers = [r for r in group if _ok(r) and not r["library"].startswith(PIPEFLOW)]
+        if not pf or not peers:
+            continue
+        best = max(peers, key=lambda r: r["samples_per_s"])
+        same = [r for r in peers if r["workers"] == pf["workers"]]
+        ceiling = result["ceilings"].get(f"s1 {name}", {}).get("gets_per_s")
+        per_sample = pf.get("objects_per_sample", 2)
+        t = pf.get("latency_ms") or 0
+        inflight = pf["workers"] * 32
+        summary["s1"][name] = {
+            "pipeflow_samples_per_s": pf["samples_per_s"],
+            "server_ceiling_samples_per_s": round(ceiling / per_sample, 1) if ceiling else None,
+            "fraction_of_server_ceiling": _ratio(pf["samples_per_s"] * per_sample, ceiling),
+            "latency_bound_samples_per_s": round(inflight / (t / 1000) / per_sample, 1) if t else None,
+            "best_peer": f"{best['library']} ({best['workers']} workers)",
+            "vs_best_peer_any_workers": _ratio(pf["samples_per_s"], best["samples_per_s"]),
+            "vs_each_peer_same_workers": {
+                r["library"]: _ratio(pf["samples_per_s"], r["samples_per_s"]) for r in same
+            },
+            "cpu_vs_best_peer": _ratio(pf.get("cpu_pct"), best.get("cpu_pct")),
+            "memory_vs_best_peer": _ratio(pf.get("peak_pss_mb"), best.get("peak_pss_mb")),
+            "first_batch_s": pf.get("first_batch_s"),
+            "head_requests": _req(pf, "HEAD"),
+        }
+    for name, group in _groups(rows, "s2").items():
+        pf = _pipeflow(group)
+        peers = [
+            r
+            for r in group
+            if _ok(r) and not r["library"].startswith(PIPEFLOW) and "bare" not in r["library"]
+        ]
+        if not pf or not peers:
+            continue
+        best = max(peers, key=lambda r: r["samples_per_s"])
+        entry = {
+            "pipeflow_samples_per_s": pf["samples_per_s"],
+            "pipeflow_mb_per_s": pf.get("mb_per_s"),
+            "best_peer": best["library"],
+            "vs_best_peer": _ratio(pf["samples_per_s"], best["samples_per_s"]),
+            "first_batch_s": pf.get("first_batch_s"),
+        }
+        bare = next((r for r in group if "bare" in r["library"] and _ok(r)), None)
+        if bare:
+            entry["vs_bare_decode_loop"] = _ratio(pf["samples_per_s"], bare["samples_per_s"])
+        stream = result["ceilings"].get(f"s2 stream {pf.get('shard_mb'):g} MB shard", {}).get("mb_per_s")
+        if stream and not pf.get("decode"):
+            entry["fraction_of_raw_stream"] = _ratio(pf.get("mb_per_s"), stream)
+        summary["s2"][name] = entry
+    for name, group in _groups(rows, "s3").items():
+        by = {r["library"]: r for r in group if _ok(r)}
+        cached, local = by.get("pipeflow + cache()"), by.get("pipeflow, local disk")
+        if cached:
+            summary["s3"][name] = {
+                "gets_per_epoch_with_cache": [e["requests"].get("GET_OBJECT", 0) for e in cached["epochs"]],
+                "gets_per_epoch_without_cache": [
+                    e["requests"].get("GET_OBJECT", 0)
+                    for e in by.get("pipeflow, no cache", {}).get("epochs", [])
+                ],
+                "epoch2_vs_local_disk": _ratio(
+                    cached["epochs"][1]["samples_per_s"], local["epochs"][1]["samples_per_s"]
+                )
+                if local and len(cached["epochs"]) > 1
+                else None,
+            }
+    for name, group in _groups(rows, "s4").items():
+        pf, bare = _pipeflow(group), next((r for r in group if r["library"] != PIPEFLOW and _ok(r)), None)
+        if pf and bare:
+            summary["s4"][name] = {
+                "pipeflow_samples_per_s": pf["samples_per_s"],
+                "bare_samples_per_s": bare["samples_per_s"],
+                "overhead_pct": round(100 * (1 - pf["samples_per_s"] / bare["samples_per_s"]), 1),
+            }
+    return summary
+
+
+def markdown(result: dict[str, Any]) -> str:
+    m = result["machine"]
+    lines = [
+        f"# pipeflow benchmark ({result['mode']})",
+        "",
+        f"{result['date']}, {m['cpu_affinity']} cores, {m['memory_gb']} GiB, Python {m['python']}, "
+        f"server: {result['server']}, delay proxy T = {result['latency_ms']:g} ms unless a group says "
+        f"otherwise; run time {result['duration_s']:.0f} s.",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()) + ".",
+        "",
+        "samples/s covers the whole epoch (or the time budget) including start-up; first batch is "
+        "the start-up alone. CPU % is the CPU time of the client's process tree over wall time "
+        "(100 % = one core; the server and the proxy are not included). PSS counts pages shared "
+        "by forked workers once. GET counts object GETs at the proxy (LISTs excluded).",
+        "",
+        "## Ceilings measured in this run",
+        "",
+        "| what | figure |",
+        "|---|---|",
+    ]
+    for name, c in result["ceilings"].items():
+        figure = (
+            f"{c['gets_per_s']:,.0f} GET/s ({c['threads']} threads, presigned URLs, keep-alive)"
+            if "gets_per_s" in c
+            else f"{c['mb_per_s']:,.0f} MB/s (one streaming GET)"
+        )
+        lines.append(f"| {name} | {figure} |")
+    titles = {
+        "s1": "1. Small objects, random access",
+        "s2": "2. Tar shards, sequential",
+        "s3": "3. Epochs with and without cache()",
+        "s4": "4. Decode-bound (data in memory)",
+    }
+    for scen, title in titles.items():
+        groups = _groups(result["rows"], scen)
+        if not groups:
+            continue
+        lines += ["", f"## {title}", ""]
+        for name, group in groups.items():
+            lines += [f"### {name}", ""] + _table(group) + [""]
+            if scen == "s3":
+                lines += [
+                    "| library | epoch | samples/s | GET | first batch s |",
+                    "|---|---:|---:|---:|---:|",
+                ]
+                for r in group:
+                    for e in r.get("epochs", []):
+                        lines.append(
+                            f"| {r['library']} | {e['epoch'] + 1} | {_fmt(e['samples_per_s'])} | "
+                            f"{e['requests'].get('GET_OBJECT', 0)} | {_fmt(e['first_batch_s'], 2)} |"
+                        )
+                lines.append("")
+    if result.get("overhead"):
+        lines += [
+            "",
+            "## 5. Per-stage overhead vs torchdata.nodes",
+            "",
+            "| chain | items | pipeflow items/s | torchdata.nodes items/s | ratio |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for r in result["overhead"]:
+            lines.append(
+                f"| {r['chain']} | {r['items']:,} | {r['pipeflow_items_per_s']:,} | "
+                f"{r['torchdata_nodes_items_per_s']:,} | {r['ratio']:.2f} |"
+            )
+    lines += ["", "## Headline ratios", "", "```json", json.dumps(summarize(result), indent=1), "```"]
+    if result.get("notes"):
+        lines += ["", "Notes: " + "; ".join(result["notes"])]
+    return "\n".join(lines) + "\n"
+
+
+def plots(result: dict[str, Any], out: Path) -> list[Path]:
+    """throughput_by_scenario.png, throughput_vs_shard_size.png, epochs_cache.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    rows = [r for r in result["rows"] if _ok(r)]
+    # 1: throughput by scenario group, one bar per library (best worker count)
+    groups: dict[str, dict[str, float]] = defaultdict(dict)
+    for r in rows:
+        if r["scenario"] in ("s1", "s2", "s4"):
+            label = f"S{r['scenario'][1]} {r['group']}"
+            groups[label][r["library"]] = max(groups[label].get(r["library"], 0), r["samples_per_s"])
+    if groups:
+        fig, axes = plt.subplots(
+            len(groups),
+            1,
+            figsize=(9, 1.0 + 0.32 * sum(len(g) for g in groups.values()) + 0.5 * len(groups)),
+            squeeze=False,
+        )
+        for ax, (label, libs) in zip(axes[:, 0], groups.items()):
+            names = sorted(libs, key=lambda k: libs[k])
+            colors = ["tab:orange" if n.startswith(PIPEFLOW) else "tab:blue" for n in names]
+            ax.barh(names, [libs[n] for n in names], color=colors)
+            ax.set_title(label, fontsize=9, loc="left")
+            ax.tick_params(labelsize=7)
+            ax.set_xscale("log")
+        axes[-1, 0].set_xlabel("samples/s (log scale, best worker count)")
+        fig.suptitle(
+            f"pipeflow vs peers, {result['server']}, T={result['latency_ms']:g} ms, {result['date']}",
+            fontsize=9,
+        )
+        fig.tight_layout()
+        path = out / "throughput_by_scenario.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    # 2: throughput vs shard size (no decode)
+    series: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r in rows:
+        if r["scenario"] == "s2" and not r.get("decode") and "shard_mb" in r:
+            series[r["library"]].append((r["shard_mb"], r.get("mb_per_s") or 0))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for lib, pts in sorted(series.items()):
+        pts.sort()
+        ax.plot(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            marker="o",
+            label=lib,
+            linewidth=2.5 if lib == PIPEFLOW else 1.2,
+        )
+    stream = [
+        (float(k.split()[2]), v["mb_per_s"])
+        for k, v in result["ceilings"].items()
+        if k.startswith("s2 stream")
+    ]
+    if stream:
+        stream.sort()
+        ax.plot([p[0] for p in stream], [p[1] for p in stream], "k--", label="raw streaming GET")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("shard size (MB)")
+    ax.set_ylabel("MB/s")
+    ax.set_title(f"Tar shards, sequential, no decode (T={result['latency_ms']:g} ms)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "throughput_vs_shard_size.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+    # 3: epochs with / without cache
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in rows:
+        if r["scenario"] == "s3":
+            eps = r.get("epochs", [])
+            ax.plot(
+                [e["epoch"] + 1 for e in eps],
+                [e["samples_per_s"] for e in eps],
+                marker="o",
+                label=r["library"],
+            )
+            for e in eps:
+                ax.annotate(
+                    f"{e['requests'].get('GET_OBJECT', 0)} GET",
+                    (e["epoch"] + 1, e["samples_per_s"]),
+                    fontsize=7,
+                    textcoords="offset points",
+                    xytext=(4, 4),
+                )
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("samples/s")
+    ax.set_title("Several epochs with and without cache() (GETs per epoch annotated)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "epochs_cache.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+    return written
+
+
+def write(result: dict[str, Any], out: Path) -> dict[str, Path]:
+    """Write results.json, results.md and the plots into ``out``; returns the paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    result = dict(result, summary=summarize(result))
+    paths = {"json": out / "results.json", "markdown": out / "results.md"}
+    paths["json"].write_text(json.dumps(result, indent=2))
+    paths["markdown"].write_text(markdown(result))
+    for p in plots(result, out):
+        paths[p.stem] = p
+    return paths
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", type=Path)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    result = json.loads(args.results.read_text())
+    for name, path in write(result, args.out or args.results.parent).items():
+        print(f"{name}: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,645 @@
+"""The five scenarios of the benchmark: data, cases, ceilings, one run.
+
+Everything is measured in one run, on the same data, against the same server, with a delay
+proxy (:mod:`pipeflow.testing.proxy`) in front of it that adds ``latency_ms`` before every
+response and counts requests. Each case runs in its own process (:mod:`benchmarks.harness`).
+
+1. Small objects, random access: one object per field (PNG pairs, ~115 KB JPEGs) at T=0 and
+   T=latency; pipeflow with many requests in flight vs each peer at several worker counts;
+   the server's raw GET ceiling and the latency bound (requests in flight / T).
+2. Tar shards, sequential, several shard sizes, with and without decode; the raw streaming GET
+   ceiling.
+3. Several epochs with and without ``cache()``: GETs per epoch and epoch-2 throughput vs the
+   same pipeline on local disk.
+4. Decode-bound, data in memory: pipeflow ``map`` on threads and on processes vs a bare pool
+   with the same worker count.
+5. Per-stage overhead vs torchdata.nodes (:mod:`benchmarks.overhead`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import http.client
+import json
+import os
+import platform
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from benchmarks.harness import Case, run_case
+
+BUCKET = "pipeflow-bench"
+PNG_FIELDS = ["image", "label"]
+JPEG_FIELDS = ["cls", "jpg"]
+
+
+@dataclass
+class Sizes:
+    """How much data and which variations a run covers."""
+
+    s1_count: int
+    s1_png_size: int
+    s1_layouts: tuple[str, ...]
+    s1_latencies_both: bool  # also run T=0
+    s1_peer_workers: tuple[int, ...]  # worker counts tried for the main peers
+    s2_shard_mb: tuple[float, ...]
+    s2_total_mb: float
+    s2_decode_at: float  # the shard size also run with decode
+    s2_jpeg_size: int
+    s3_count: int
+    s3_epochs: int
+    s4_count: int
+    s4_png_count: int
+    s4_png_size: int
+    s5_items: int
+    s5_repeats: int
+    max_seconds: float
+
+
+FULL = Sizes(
+    s1_count=800,
+    s1_png_size=128,
+    s1_layouts=("single", "jpeg"),
+    s1_latencies_both=True,
+    s1_peer_workers=(2, 8, 16),
+    s2_shard_mb=(4, 16, 64, 256),
+    s2_total_mb=512,
+    s2_decode_at=64,
+    s2_jpeg_size=360,
+    s3_count=400,
+    s3_epochs=3,
+    s4_count=400,
+    s4_png_count=40,
+    s4_png_size=1024,
+    s5_items=100_000,
+    s5_repeats=5,
+    max_seconds=40,
+)
+QUICK = Sizes(
+    s1_count=300,
+    s1_png_size=128,
+    s1_layouts=("single",),
+    s1_latencies_both=False,
+    s1_peer_workers=(2, 8),
+    s2_shard_mb=(4, 16),
+    s2_total_mb=32,
+    s2_decode_at=16,
+    s2_jpeg_size=360,
+    s3_count=150,
+    s3_epochs=2,
+    s4_count=120,
+    s4_png_count=12,
+    s4_png_size=1024,
+    s5_items=20_000,
+    s5_repeats=3,
+    max_seconds=8,
+)
+#: for the smoke test: every peer once, seconds per case
+TINY = Sizes(
+    s1_count=16,
+    s1_png_size=32,
+    s1_layouts=("single",),
+    s1_latencies_both=False,
+    s1_peer_workers=(2,),
+    s2_shard_mb=(0.05,),
+    s2_total_mb=0.1,
+    s2_decode_at=0.05,
+    s2_jpeg_size=32,
+    s3_count=8,
+    s3_epochs=2,
+    s4_count=8,
+    s4_png_count=2,
+    s4_png_size=64,
+    s5_items=2000,
+    s5_repeats=1,
+    max_seconds=3,
+)
+
+
+@dataclass
+class BenchConfig:
+    """Options of one run (the ``pipeflow bench`` flags)."""
+
+    out: Path
+    sizes: Sizes = field(default_factory=lambda: QUICK)
+    mode: str = "quick"
+    latency_ms: float = 20.0
+    server: str = "moto"
+    workdir: Path | None = None
+    datapipes: bool = True
+    scenarios: tuple[str, ...] = ("s1", "s2", "s3", "s4", "s5")
+
+
+# ---- server, proxies, data ----------------------------------------------------------------------
+@contextlib.contextmanager
+def _server(spec: str) -> Iterator[str]:
+    if spec == "moto":
+        from pipeflow.testing import local_s3
+
+        with local_s3() as s3:
+            yield s3.endpoint
+        return
+    if not spec.startswith("http://"):
+        raise ValueError(f"--server must be 'moto' or an http:// endpoint URL, got {spec!r}")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+    old = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "S3_ENDPOINT_URL")}
+    os.environ["AWS_ENDPOINT_URL"] = os.environ["S3_ENDPOINT_URL"] = spec
+    try:
+        yield spec
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _client(endpoint: str) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+        config=Config(s3={"addressing_style": "path"}, max_pool_connections=64),
+    )
+
+
+def _make_bucket(endpoint: str) -> None:
+    client = _client(endpoint)
+    with contextlib.suppress(
+        client.exceptions.BucketAlreadyOwnedByYou, client.exceptions.BucketAlreadyExists
+    ):
+        client.create_bucket(Bucket=BUCKET)
+
+
+def _generate(layout: str, url: str, **kwargs: Any) -> Any:
+    from pipeflow.testing.datagen import generate
+
+    return generate(layout, url, **kwargs)
+
+
+# ---- ceilings -----------------------------------------------------------------------------------
+def raw_get_ceiling(
+    endpoint: str, keys: list[str], *, threads: int = 32, seconds: float = 4.0
+) -> dict[str, float]:
+    """GETs/s of a light client (presigned URLs, keep-alive ``http.client``, ``threads`` in flight)."""
+    client = _client(endpoint)
+    urls = [
+        client.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": k}, ExpiresIn=3600)
+        for k in keys
+    ]
+    host = urlsplit(endpoint)
+    counts = [0] * threads
+    nbytes = [0] * threads
+    deadline = time.perf_counter() + seconds
+
+    def worker(i: int) -> None:
+        conn = http.client.HTTPConnection(host.hostname, host.port, timeout=30)
+        j = i
+        while time.perf_counter() < deadline:
+            u = urlsplit(urls[j % len(urls)])
+            conn.request("GET", f"{u.path}?{u.query}")
+            resp = conn.getresponse()
+            nbytes[i] += len(resp.read())
+            if resp.status != 200:
+                raise RuntimeError(f"GET {u.path}: HTTP {resp.status}")
+            counts[i] += 1
+            j += threads
+        conn.close()
+
+    t0 = time.perf_counter()
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    return {
+        "gets_per_s": round(sum(counts) / elapsed, 1),
+        "mb_per_s": round(sum(nbytes) / elapsed / 1e6, 2),
+        "threads": threads,
+    }
+
+
+def raw_stream_ceiling(endpoint: str, key: str, *, streams: int = 1, repeats: int = 2) -> dict[str, float]:
+    """MB/s of plain streaming GETs of one object to nowhere (best of ``repeats``)."""
+    client = _client(endpoint)
+    url = urlsplit(
+        client.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": key}, ExpiresIn=3600)
+    )
+    best = 0.0
+
+    def one(total: list[int]) -> None:
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+        conn.request("GET", f"{url.path}?{url.query}")
+        resp = conn.getresponse()
+        while chunk := resp.read(1 << 20):
+            total.append(len(chunk))
+        conn.close()
+
+    for _ in range(repeats):
+        total: list[int] = []
+        t0 = time.perf_counter()
+        pool = [threading.Thread(target=one, args=(total,)) for _ in range(streams)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        best = max(best, sum(total) / (time.perf_counter() - t0) / 1e6)
+    return {"mb_per_s": round(best, 1), "streams": streams}
+
+
+def _s1_case(group: str, budget: dict[str, Any], library: str, factory: str, kwargs: dict[str, Any],
+             workers: int, **options: Any) -> Case:
+    return Case("s1", group, library, factory, kwargs, workers, **{**budget, **options})
+
+
+# ---- the run ------------------------------------------------------------------------------------
+class _Runner:
+    def __init__(self, cfg: BenchConfig, log: Callable[[str], None]) -> None:
+        self.cfg = cfg
+        self.sz = cfg.sizes
+        self.log = log
+        self.rows: list[dict[str, Any]] = []
+        self.ceilings: dict[str, Any] = {}
+        self.datasets: dict[str, Any] = {}
+        self.datapipes_python: str | None = None
+        self.notes: list[str] = []
+
+    def case(self, proxy: Any, case: Case) -> dict[str, Any]:
+        env = {"AWS_ENDPOINT_URL": proxy.url, "S3_ENDPOINT_URL": proxy.url}
+        row = run_case(case, proxy_url=proxy.url, env=env, log=self.log)
+        row["latency_ms"] = proxy.delay_ms
+        self.rows.append(row)
+        return row
+
+    # -- scenario 1 --
+    def s1(self, proxies: dict[float, Any], server: str) -> None:
+        sz = self.sz
+        for layout in sz.s1_layouts:
+            fields = PNG_FIELDS if layout == "single" else JPEG_FIELDS
+            prefix = f"s3://{BUCKET}/s1-{layout}/"
+            size = sz.s1_png_size if layout == "single" else None
+            ds = _generate(layout, prefix, count=sz.s1_count, image_size=size)
+            name = "PNG pairs" if layout == "single" else "JPEG ~115 KB"
+            bps = ds.nbytes / ds.count
+            self.datasets[f"s1-{layout}"] = {
+                "count": ds.count,
+                "bytes_per_sample": round(bps),
+                "objects": len(ds.objects),
+                "image_size": ds.image_size,
+            }
+            keys = [f"s1-{layout}/{o}" for o in ds.objects]
+            for t, proxy in proxies.items():
+                self.ceilings[f"s1 {name}, T={t:g} ms"] = raw_get_ceiling(
+                    proxy.url, keys, seconds=min(4.0, sz.max_seconds)
+                )
+                group = f"{name}, T={t:g} ms"
+                common = {"prefix": prefix, "count": ds.count, "fields": fields}
+                budget = {
+                    "bytes_per_sample": bps,
+                    "max_seconds": sz.max_seconds,
+                    "extra": {"objects_per_sample": len(fields)},
+                }
+                mk = functools.partial(_s1_case, group, budget)
+                cases = [
+                    mk(
+                        "pipeflow",
+                        "benchmarks.pipeflow_cases:make_single",
+                        {**common, "workers": 2, "backend": "s3torchconnector", "inflight": 32},
+                        2,
+                    )
+                ]
+                cases.append(
+                    mk(
+                        "pipeflow (boto3 backend)",
+                        "benchmarks.pipeflow_cases:make_single",
+                        {**common, "workers": 2, "backend": "boto3", "inflight": 32},
+                        2,
+                    )
+                )
+                for w in sz.s1_peer_workers:
+                    cases.append(
+                        mk(
+                            "S3MapDataset",
+                            "benchmarks.peers.s3torch:make_map",
+                            {"prefix": prefix, "n_fields": len(fields), "workers": w},
+                            w,
+                        )
+                    )
+                    cases.append(
+                        mk("boto3 map-style", "benchmarks.peers.boto3_map:make", {**common, "workers": w}, w)
+                    )
+                    cases.append(
+                        mk(
+                            "fsspec random access",
+                            "benchmarks.peers.fsspec_random:make",
+                            {**common, "workers": w},
+                            w,
+                        )
+                    )
+                cases.append(
+                    mk("s5cmd sampler", "benchmarks.peers.s5cmd_sampler:make", {**common, "workers": 2}, 2)
+                )
+                if self.datapipes_python:
+                    cases.append(
+                        mk(
+                            "DataPipes FSSpecFileOpener",
+                            "benchmarks.peers.datapipes:make_single",
+                            {**common, "workers": 2},
+                            2,
+                            python=self.datapipes_python,
+                        )
+                    )
+                for c in cases:
+                    # samples enough for the budget at the ceiling, not more (the tail is slow peers)
+                    c.max_samples = ds.count
+                    self.case(proxy, c)
+
+    # -- scenario 2 --
+    def s2(self, proxy: Any) -> None:
+        sz = self.sz
+        count = max(4, int(sz.s2_total_mb * 1e6 / 116_000)) if sz.s2_jpeg_size == 360 else 16
+        for mb in sz.s2_shard_mb:
+            prefix = f"s3://{BUCKET}/s2-{mb:g}mb/"
+            ds = _generate("jpeg-shards", prefix, count=count, image_size=sz.s2_jpeg_size, shard_mb=mb)
+            bps = ds.nbytes / ds.count
+            self.datasets[f"s2-{mb:g}mb"] = {
+                "count": ds.count,
+                "shards": len(ds.objects),
+                "bytes_per_sample": round(bps),
+            }
+            shards = ds.urls()
+            biggest = f"s2-{mb:g}mb/{ds.objects[0]}"
+            self.ceilings[f"s2 stream {mb:g} MB shard"] = raw_stream_ceiling(proxy.url, biggest)
+            for decode in (False, True):
+                if decode and mb != sz.s2_decode_at:
+                    continue
+                group = f"{mb:g} MB shards{', decode' if decode else ''}"
+                extra = {"shard_mb": mb, "decode": decode}
+                kw = {"bytes_per_sample": bps, "max_seconds": sz.max_seconds, "extra": extra}
+                cases = [
+                    Case(
+                        "s2",
+                        group,
+                        "pipeflow",
+                        "benchmarks.pipeflow_cases:make_shards",
+                        {"shards": shards, "workers": 2, "backend": "s3torchconnector", "decode": decode},
+                        2,
+                        **kw,
+                    ),
+                    Case(
+                        "s2",
+                        group,
+                        "S3IterableDataset",
+                        "benchmarks.peers.s3torch:make_iterable",
+                        {"prefix": prefix, "workers": 2, "decode": decode},
+                        2,
+                        **kw,
+                    ),
+                    Case(
+                        "s2",
+                        group,
+                        "webdataset + boto3 url_opener",
+                        "benchmarks.peers.webdataset_peers:make",
+                        {"shards": shards, "opener": "boto3", "workers": 2, "decode": decode},
+                        2,
+                        **kw,
+                    ),
+                    Case(
+                        "s2",
+                        group,
+                        "webdataset pipe:s5cmd",
+                        "benchmarks.peers.webdataset_peers:make",
+                        {"shards": shards, "opener": "pipe", "workers": 2, "decode": decode},
+                        2,
+                        **kw,
+                    ),
+                ]
+                if not decode:
+                    cases.append(
+                        Case(
+                            "s2",
+                            group,
+                            "pipeflow (boto3 backend)",
+                            "benchmarks.pipeflow_cases:make_shards",
+                            {"shards": shards, "workers": 2, "backend": "boto3"},
+                            2,
+                            **kw,
+                        )
+                    )
+                    cases.append(
+                        Case(
+                            "s2",
+                            group,
+                            "webdataset + s3fs url_opener",
+                            "benchmarks.peers.webdataset_peers:make",
+                            {"shards": shards, "opener": "s3fs", "workers": 2},
+                            2,
+                            **kw,
+                        )
+                    )
+                    if self.datapipes_python:
+                        cases.append(
+                            Case(
+                                "s2",
+                                group,
+                                "DataPipes FSSpecFileOpener",
+                                "benchmarks.peers.datapipes:make_shards",
+                                {"shards": shards, "workers": 2},
+                                2,
+                                python=self.datapipes_python,
+                                **kw,
+                            )
+                        )
+                for c in cases:
+                    self.case(proxy, c)
+                if decode:
+                    # the bare decode loop over the same samples, in memory, same worker count
+                    self.case(
+                        proxy,
+                        Case(
+                            "s2",
+                            group,
+                            "bare decode loop (in memory)",
+                            "benchmarks.pipeflow_cases:make_decode",
+                            {
+                                "layout": "jpeg",
+                                "count": min(count, 400),
+                                "image_size": sz.s2_jpeg_size,
+                                "workers": 2,
+                                "method": "bare-process",
+                            },
+                            2,
+                            **kw,
+                        ),
+                    )
+
+    # -- scenario 3 --
+    def s3(self, proxy: Any, workdir: Path) -> None:
+        sz = self.sz
+        prefix = f"s3://{BUCKET}/s3-jpeg/"
+        size = sz.s2_jpeg_size
+        ds = _generate("jpeg", prefix, count=sz.s3_count, image_size=size)
+        local = workdir / "s3-jpeg"
+        shutil.rmtree(local, ignore_errors=True)
+        _generate("jpeg", str(local), count=sz.s3_count, image_size=size)
+        bps = ds.nbytes / ds.count
+        self.datasets["s3-jpeg"] = {"count": ds.count, "bytes_per_sample": round(bps)}
+        cache_dir = workdir / "s3-cache"
+        shutil.rmtree(cache_dir, ignore_errors=True)
+        common = {"count": ds.count, "fields": JPEG_FIELDS, "workers": 2, "backend": "s3torchconnector"}
+        kw = {"bytes_per_sample": bps, "max_seconds": sz.max_seconds * 2, "epochs": sz.s3_epochs}
+        group = f"JPEG ~115 KB, {sz.s3_epochs} epochs"
+        for lib, kwargs in (
+            ("pipeflow + cache()", {**common, "prefix": prefix, "cache_dir": str(cache_dir)}),
+            ("pipeflow, no cache", {**common, "prefix": prefix, "cache_dir": None}),
+            ("pipeflow, local disk", {**common, "prefix": str(local), "cache_dir": None, "backend": "local"}),
+        ):
+            self.case(proxy, Case("s3", group, lib, "benchmarks.pipeflow_cases:make_cached", kwargs, 2, **kw))
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+    # -- scenario 4 --
+    def s4(self, proxy: Any) -> None:
+        sz = self.sz
+        for layout, count, size, name in (
+            ("jpeg", sz.s4_count, sz.s2_jpeg_size, "JPEG"),
+            ("single", sz.s4_png_count, sz.s4_png_size, f"PNG {sz.s4_png_size} px"),
+        ):
+            for method in ("thread", "process"):
+                group = f"{name}, {method} workers"
+                for lib, m in (("pipeflow", method), ("bare decode loop", f"bare-{method}")):
+                    self.case(
+                        proxy,
+                        Case(
+                            "s4",
+                            group,
+                            lib,
+                            "benchmarks.pipeflow_cases:make_decode",
+                            {"layout": layout, "count": count, "image_size": size, "workers": 2, "method": m},
+                            2,
+                            max_seconds=self.sz.max_seconds,
+                        ),
+                    )
+
+    # -- scenario 5 --
+    def s5(self) -> list[dict[str, Any]]:
+        try:
+            from benchmarks import overhead
+        except ImportError:
+            self.notes.append("scenario 5 skipped: benchmarks/overhead.py is missing")
+            return []
+        return overhead.run(items=self.sz.s5_items, repeats=self.sz.s5_repeats)
+
+
+def machine() -> dict[str, Any]:
+    import psutil
+
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_affinity": len(os.sched_getaffinity(0)),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "processor": platform.processor() or platform.machine(),
+    }
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in (
+        "pipeflow",
+        "torch",
+        "torchdata",
+        "boto3",
+        "s3fs",
+        "s3torchconnector",
+        "webdataset",
+        "moto",
+        "s5cmd",
+    ):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Run the scenarios of ``cfg``; returns everything the report needs."""
+    from pipeflow.testing.proxy import ProxyProcess
+
+    runner = _Runner(cfg, log)
+    workdir = Path(cfg.workdir or tempfile.mkdtemp(prefix="pipeflow-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    if cfg.datapipes and {"s1", "s2"} & set(cfg.scenarios):
+        try:
+            from benchmarks.peers.datapipes import ensure_venv
+
+            venv = Path(
+                os.environ.get(
+                    "PIPEFLOW_BENCH_DATAPIPES_VENV", Path.home() / ".cache" / "pipeflow" / "datapipes-venv"
+                )
+            )
+            runner.datapipes_python = ensure_venv(venv, log=log)
+        except Exception as exc:  # the peer is reported missing, the run goes on
+            runner.notes.append(f"DataPipes peer skipped: {exc}")
+            log(f"! DataPipes peer skipped: {exc}")
+    overhead_rows: list[dict[str, Any]] = []
+    with _server(cfg.server) as endpoint:
+        _make_bucket(endpoint)
+        server_name = "moto (python -m moto.server)" if cfg.server == "moto" else cfg.server
+        latencies = [cfg.latency_ms] + ([0.0] if cfg.sizes.s1_latencies_both and cfg.latency_ms else [])
+        with contextlib.ExitStack() as stack:
+            proxies = {t: stack.enter_context(ProxyProcess(endpoint, delay_ms=t)) for t in latencies}
+            main = proxies[cfg.latency_ms]
+            steps = [
+                ("s1", lambda: runner.s1(proxies, server_name)),
+                ("s2", lambda: runner.s2(main)),
+                ("s3", lambda: runner.s3(main, workdir)),
+                ("s4", lambda: runner.s4(main)),
+            ]
+            for name, step in steps:
+                if name in cfg.scenarios:
+                    log(f"== scenario {name[1:]}")
+                    step()
+        if "s5" in cfg.scenarios:
+            log("== scenario 5 (per-stage overhead vs torchdata.nodes)")
+            overhead_rows = runner.s5()
+    if cfg.workdir is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "duration_s": round(time.time() - started, 1),
+        "mode": cfg.mode,
+        "latency_ms": cfg.latency_ms,
+        "server": server_name,
+        "machine": machine(),
+        "versions": _versions(),
+        "datasets": runner.datasets,
+        "ceilings": runner.ceilings,
+        "rows": runner.rows,
+        "overhead": overhead_rows,
+        "notes": runner.notes,
+    }
+
+
+def save(result: dict[str, Any], out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    path.write_text(json.dumps(result, indent=2, sort_keys=False))
+    return path

@@ -1,0 +1,91 @@
+"""``pipeflow bench``: pipeflow and the peers in one run, same data, same server, a delay proxy.
+
+Writes ``results.json``, ``results.md`` (tables with the pipeflow/peer ratios) and three PNG
+plots into ``--out``. The benchmark code lives in the repository's ``benchmarks/`` directory
+(not in the wheel); run this from a clone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+__all__ = ["add_arguments", "run"]
+
+SCENARIOS = ("s1", "s2", "s3", "s4", "s5")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quick", action="store_true", help="small data and short budgets: a few minutes on 2 cores"
+    )
+    parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)  # the smoke test
+    parser.add_argument("--out", default="pipeflow-bench", help="output directory (default ./pipeflow-bench)")
+    parser.add_argument(
+        "--latency-ms",
+        type=float,
+        default=20.0,
+        metavar="T",
+        help="delay the proxy adds before every response (default 20; S3 measures 15-30)",
+    )
+    parser.add_argument(
+        "--server",
+        default="moto",
+        metavar="moto|URL",
+        help="'moto' (default: started on 127.0.0.1) or the http:// endpoint of a running "
+        "S3-compatible server (credentials from the environment)",
+    )
+    parser.add_argument(
+        "--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS), help="run only these scenarios"
+    )
+    parser.add_argument(
+        "--no-datapipes",
+        action="store_true",
+        help="skip the torchdata 0.9 DataPipes peer (it needs its own small venv)",
+    )
+    parser.add_argument("--workdir", default=None, help="keep local data and caches here")
+
+
+def _import_benchmarks() -> None:
+    try:
+        import benchmarks.scenarios  # noqa: F401
+
+        return
+    except ImportError:
+        pass
+    root = Path(__file__).resolve().parents[2]
+    if (root / "benchmarks" / "scenarios.py").exists():
+        sys.path.insert(0, str(root))
+        return
+    raise SystemExit(
+        "pipeflow bench needs the benchmarks/ directory of a pipeflow clone "
+        "(git clone ...; pip install -e '.[bench]')"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    _import_benchmarks()
+    from benchmarks import report, scenarios
+
+    if args.latency_ms < 0:
+        raise SystemExit("--latency-ms must be >= 0")
+    mode = "tiny" if args.tiny else "quick" if args.quick else "full"
+    sizes = {"tiny": scenarios.TINY, "quick": scenarios.QUICK, "full": scenarios.FULL}[mode]
+    cfg = scenarios.BenchConfig(
+        out=Path(args.out),
+        sizes=sizes,
+        mode=mode,
+        latency_ms=args.latency_ms,
+        server=args.server,
+        workdir=Path(args.workdir) if args.workdir else None,
+        datapipes=not args.no_datapipes,
+        scenarios=tuple(args.scenarios),
+    )
+    result = scenarios.run(cfg, log=lambda line: print(line, flush=True))
+    paths = report.write(result, cfg.out)
+    failed = [r for r in result["rows"] if "error" in r]
+    print(f"\nwrote {', '.join(str(p) for p in paths.values())}")
+    if failed:
+        print(f"{len(failed)} case(s) failed: " + ", ".join(f"{r['library']} ({r['group']})" for r in failed))
+    return 1 if failed else 0
