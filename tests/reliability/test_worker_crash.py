@@ -1,0 +1,98 @@
+"""A worker process killed with SIGKILL mid-epoch: a clear error, no hang, no orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+from torch.utils.data import DataLoader
+
+import pipeflow as pf
+from pipeflow.errors import WorkerCrashedError
+
+from . import _data
+
+pytestmark = [pytest.mark.timeout(90), pytest.mark.filterwarnings("ignore:This DataLoader will create")]
+
+
+def _descendants() -> dict[int, psutil.Process]:
+    return {p.pid: p for p in psutil.Process().children(recursive=True)}
+
+
+def _infrastructure(procs) -> set[int]:
+    # multiprocessing's forkserver and resource tracker are shared and long-lived by design
+    # (the forkserver's children, the workers, share its command line: tell them by parent)
+    me = os.getpid()
+    out = set()
+    for pid, proc in procs.items():
+        try:
+            cmd, parent = " ".join(proc.cmdline()), proc.ppid()
+        except psutil.Error:
+            continue
+        if parent == me and ("forkserver" in cmd or "resource_tracker" in cmd or "moto.server" in cmd):
+            out.add(pid)
+    return out
+
+
+def _settled(before: set[int], timeout: float = 15.0) -> set[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        now = _descendants()
+        extra = set(now) - before - _infrastructure(now)
+        extra = {pid for pid in extra if now[pid].status() != psutil.STATUS_ZOMBIE}
+        if not extra or time.monotonic() > deadline:
+            return extra
+        time.sleep(0.1)
+
+
+def _samples(n_shards: int = 8) -> pf.Pipeline:
+    return pf.from_items(list(_data.shard_sizes(n_shards))).map(_data.expand).unbatch()
+
+
+@pytest.mark.parametrize("num_workers", [1, 3])
+def test_sigkill_of_a_dataloader_worker_is_a_clear_error(num_workers):
+    before = set(_descendants())
+    loader = DataLoader(_samples().map(_data.slow_key), batch_size=None, num_workers=num_workers)
+    it = iter(loader)
+    next(it)
+    workers = [pid for pid in set(_descendants()) - before]
+    assert workers
+    os.kill(workers[0], signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=r"DataLoader worker .* (exited|killed)"):
+        for _ in it:
+            pass
+    del it, loader
+    assert _settled(before) == set()
+
+
+def test_sigkill_of_a_map_process_worker_raises_worker_crashed_error():
+    before = set(_descendants())
+    it = iter(_samples().map(_data.slow_key, workers=2, method="process"))
+    next(it)
+    now = _descendants()
+    workers = [pid for pid in set(now) - before - _infrastructure(now)]
+    assert workers, "no process worker found"
+    os.kill(workers[0], signal.SIGKILL)
+    with pytest.raises(WorkerCrashedError, match="died"):
+        for _ in it:
+            pass
+    it.close()
+    assert _settled(before) == set()
+
+
+def test_sigkill_of_a_map_process_worker_inside_prefetch_and_dataloader_free_iteration():
+    before = set(_descendants())
+    pipe = _samples().shuffle(8).map(_data.slow_key, workers=2, method="process").prefetch(4).batch(3)
+    it = iter(pipe)
+    next(it)
+    now = _descendants()
+    workers = [pid for pid in set(now) - before - _infrastructure(now)]
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    with pytest.raises(WorkerCrashedError):
+        for _ in it:
+            pass
+    assert _settled(before) == set()
