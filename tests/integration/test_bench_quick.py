@@ -1,0 +1,55 @@
+"""Smoke test of ``pipeflow bench``: a tiny run produces the JSON, Markdown and plots with every peer.
+
+No timing assertions: only that every case ran and every output is there.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeflow.cli import main
+
+pytestmark = [pytest.mark.slow, pytest.mark.s3]
+
+PEERS = {
+    "boto3 map-style",
+    "s5cmd sampler",
+    "S3MapDataset",
+    "fsspec random access",
+    "DataPipes FSSpecFileOpener",
+    "S3IterableDataset",
+    "webdataset + boto3 url_opener",
+    "webdataset + s3fs url_opener",
+    "webdataset pipe:s5cmd",
+}
+
+
+@pytest.mark.timeout(900)
+def test_tiny_bench_writes_every_output_with_every_peer(tmp_path):
+    out = tmp_path / "bench"
+    code = main(
+        ["bench", "--tiny", "--out", str(out), "--latency-ms", "5", "--workdir", str(tmp_path / "work")]
+    )
+    result = json.loads((out / "results.json").read_text())
+    failed = [(r["library"], r["group"], r.get("error", "")[-300:]) for r in result["rows"] if "error" in r]
+    assert failed == [] and code == 0
+    libraries = {r["library"] for r in result["rows"]}
+    assert PEERS <= libraries and "pipeflow" in libraries
+    assert {r["scenario"] for r in result["rows"]} == {"s1", "s2", "s3", "s4"}
+    assert result["overhead"], "scenario 5 (benchmarks/overhead.py) produced no rows"
+    assert result["latency_ms"] == 5 and result["server"].startswith("moto")
+    for r in result["rows"]:
+        assert r["samples"] > 0 and r["cpu_pct"] is not None and r["peak_rss_mb"] > 0
+    # requests were counted at the proxy: every one-object-per-field case fetched its objects
+    for r in result["rows"]:
+        if r["scenario"] == "s1":
+            assert r["requests"].get("GET_OBJECT", 0) >= r["samples"] * 2
+    markdown = (out / "results.md").read_text()
+    for name in PEERS | {"pipeflow"}:
+        assert name in markdown
+    assert "pipeflow / this" in markdown and "Ceilings measured in this run" in markdown
+    for png in ("throughput_by_scenario.png", "throughput_vs_shard_size.png", "epochs_cache.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert set(result["summary"]) == {"s1", "s2", "s3", "s4"}

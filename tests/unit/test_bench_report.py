@@ -1,0 +1,106 @@
+"""The benchmark report on a hand-made result (no server, no timing)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks import report  # noqa: E402
+from benchmarks.harness import count_batch  # noqa: E402
+
+
+def _row(scenario, group, library, sps, workers=2, **extra):
+    return {
+        "scenario": scenario,
+        "group": group,
+        "library": library,
+        "workers": workers,
+        "samples": 100,
+        "samples_per_s": sps,
+        "mb_per_s": sps * 0.1,
+        "cpu_pct": 50.0,
+        "peak_rss_mb": 300.0,
+        "peak_pss_mb": 200.0,
+        "first_batch_s": 0.3,
+        "requests": {"GET_OBJECT": 200},
+        "epochs": [{"epoch": 0, "samples_per_s": sps, "requests": {"GET_OBJECT": 200}, "first_batch_s": 0.3}],
+        **extra,
+    }
+
+
+@pytest.fixture
+def result():
+    g1 = "PNG pairs, T=20 ms"
+    return {
+        "date": "2026-01-01 00:00 UTC",
+        "duration_s": 1.0,
+        "mode": "quick",
+        "latency_ms": 20.0,
+        "server": "moto",
+        "machine": {"cpu_affinity": 2, "memory_gb": 24.0, "python": "3.11.7"},
+        "versions": {"torch": "2.13.0"},
+        "datasets": {},
+        "notes": [],
+        "ceilings": {
+            f"s1 {g1}": {"gets_per_s": 160.0, "threads": 32},
+            "s2 stream 4 MB shard": {"mb_per_s": 300.0, "streams": 1},
+        },
+        "rows": [
+            _row("s1", g1, "pipeflow", 72.0, objects_per_sample=2, latency_ms=20.0),
+            _row("s1", g1, "S3MapDataset", 36.0),
+            _row("s1", g1, "S3MapDataset", 70.0, workers=8),
+            _row("s1", g1, "boto3 map-style", 15.0),
+            {"scenario": "s1", "group": g1, "library": "fsspec random access", "workers": 2, "error": "boom"},
+            _row("s2", "4 MB shards", "pipeflow", 800.0, shard_mb=4, decode=False),
+            _row("s2", "4 MB shards", "S3IterableDataset", 400.0, shard_mb=4, decode=False),
+            _row("s3", "JPEG, 2 epochs", "pipeflow + cache()", 100.0),
+            _row("s4", "JPEG, thread workers", "pipeflow", 95.0),
+            _row("s4", "JPEG, thread workers", "bare decode loop", 100.0),
+        ],
+        "overhead": [
+            {
+                "chain": "inline",
+                "items": 10,
+                "pipeflow_items_per_s": 2,
+                "torchdata_nodes_items_per_s": 1,
+                "ratio": 2.0,
+            }
+        ],
+    }
+
+
+def test_summary_ratios(result):
+    s = report.summarize(result)
+    s1 = s["s1"]["PNG pairs, T=20 ms"]
+    assert s1["vs_best_peer_any_workers"] == pytest.approx(72 / 70, abs=0.01)
+    assert s1["best_peer"] == "S3MapDataset (8 workers)"
+    assert s1["vs_each_peer_same_workers"] == {"S3MapDataset": 2.0, "boto3 map-style": 4.8}
+    assert s1["fraction_of_server_ceiling"] == 0.9
+    assert s1["latency_bound_samples_per_s"] == 1600.0  # 64 in flight / 20 ms / 2 objects
+    assert s["s2"]["4 MB shards"]["vs_best_peer"] == 2.0
+    assert s["s2"]["4 MB shards"]["fraction_of_raw_stream"] == pytest.approx(80 / 300, abs=0.01)
+    assert s["s4"]["JPEG, thread workers"]["overhead_pct"] == 5.0
+
+
+def test_write_produces_markdown_json_and_plots(result, tmp_path):
+    paths = report.write(result, tmp_path)
+    md = paths["markdown"].read_text()
+    assert "| S3MapDataset | 8 | 70.0 |" in md and "| 1.03 |" in md
+    assert "failed: boom" in md and "## 5. Per-stage overhead" in md
+    assert json.loads(paths["json"].read_text())["summary"]["s1"]
+    for name in ("throughput_by_scenario", "throughput_vs_shard_size", "epochs_cache"):
+        assert paths[name].read_bytes()[:4] == b"\x89PNG"
+
+
+def test_count_batch_shapes():
+    import torch
+
+    assert count_batch({"jpg": [b"a", b"b", b"c"], "cls": [1, 2, 3]}) == 3
+    assert count_batch({"jpg": torch.zeros(4, 3, 2, 2)}) == 4
+    assert count_batch([{"a": 1}, {"a": 2}]) == 2
+    assert count_batch((torch.zeros(5, 2), torch.zeros(5))) == 5
