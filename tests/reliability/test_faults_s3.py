@@ -1,0 +1,220 @@
+"""Faults against the real local S3 server, through the fault-injecting proxy.
+
+Every S3 backend reads tar shards while the proxy answers a share of requests with 503 SlowDown
+or 500, resets connections in the middle of bodies or stalls responses. Each epoch must end with
+every sample delivered once and byte-identical, or, past the retry budget, with a typed error
+within a bounded time. The server itself is killed and restarted mid-epoch. Never a hang.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+import pipeflow as pf
+from pipeflow.backends._retry import RetryPolicy
+from pipeflow.errors import BackendError, PipeflowError
+from pipeflow.testing import local_s3
+from pipeflow.testing.proxy import DelayProxy, Faults
+
+from . import _data
+
+pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]
+
+BACKENDS = ["boto3", "s3fs", "s3torchconnector", "s5cmd"]
+NUM_SHARDS, PER_SHARD = 6, 8
+#: patient enough for a 30% fault rate, fast enough for CI
+POLICY = RetryPolicy(max_attempts=8, base_delay=0.02, max_delay=0.2, max_resumes=50)
+
+FAULTS = {
+    "503-slowdown": Faults(error_rate=0.3, error_status=503, seed=1),
+    "500-internal": Faults(error_rate=0.3, error_status=500, seed=2),
+    "reset-mid-body": Faults(reset_rate=0.3, reset_after=1500, seed=3),
+    "slow-responses": Faults(stall_rate=0.3, stall_s=0.4, seed=4),
+    "everything": Faults(error_rate=0.15, reset_rate=0.15, reset_after=700, stall_rate=0.1,
+                         stall_s=0.3, seed=5),
+}
+
+INJECTED: Counter[str] = Counter()
+
+
+@pytest.fixture(scope="module")
+def shards(s3):
+    bucket = s3.make_bucket("reliability-faults")
+    return s3.put_many(bucket, _data.tar_dataset(NUM_SHARDS, PER_SHARD))
+
+
+def _expected():
+    return sorted(f"s{i:02d}-{j:03d}" for i in range(NUM_SHARDS) for j in range(PER_SHARD))
+
+
+def _pipeline(urls, backend, endpoint, **extra):
+    return (pf.from_items(urls).shuffle(4, seed=1)
+            .open(backend, workers=2, endpoint=endpoint, retry=POLICY, **extra)
+            .untar().group_pairs(required=("bin", "cls")).map(_data.check_sample))
+
+
+def _faults_seen(proxy) -> int:
+    stats = proxy.stats()
+    faults = stats.get("faults", {})
+    return sum(faults.values()) if isinstance(faults, dict) else int(faults or 0)
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_epoch_is_exact_despite_faults(s3, shards, backend, fault):
+    with DelayProxy(s3.endpoint, delay_ms=0, faults=FAULTS[fault]) as proxy:
+        keys = list(_pipeline(shards, backend, proxy.url))
+        injected = _faults_seen(proxy)
+    INJECTED[fault] += injected
+    counts = Counter(keys)
+    assert [k for k, c in counts.items() if c > 1] == [], "duplicated samples"
+    assert sorted(counts) == _expected(), "lost samples"
+    assert injected > 0, f"the proxy injected no fault: {proxy.stats()}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("status", [503, 500])
+def test_past_the_retry_budget_a_typed_error_within_bounded_time(s3, shards, backend, status):
+    budget = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, max_resumes=3)
+    with DelayProxy(s3.endpoint, delay_ms=0, faults=Faults(error_rate=1.0, error_status=status)) as proxy:
+        pipe = pf.from_items(shards).open(backend, endpoint=proxy.url, retry=budget).untar()
+        started = time.monotonic()
+        with pytest.raises(PipeflowError) as info:
+            list(pipe)
+        elapsed = time.monotonic() - started
+        INJECTED[f"budget-{status}"] += _faults_seen(proxy)
+    assert isinstance(info.value, BackendError), f"{type(info.value).__name__}: {info.value}"
+    assert shards[0] in str(info.value), "the error names the object"
+    assert elapsed < 60, f"{backend} took {elapsed:.0f}s to give up"
+
+
+class _Relay:
+    """A plain TCP relay from 127.0.0.1:port to another port: the "restarted server" answers on
+    the old port with all its data already in place (moto keeps objects in memory only)."""
+
+    def __init__(self, port: int, target: int) -> None:
+        import socket
+
+        self._target = target
+        self._listener = socket.create_server(("127.0.0.1", port), reuse_port=False)
+        self._socks: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        import socket
+
+        while not self._stop.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self._target))
+            self._socks += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(2)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._listener.close()
+        for s in self._socks:
+            s.close()
+        self._thread.join(5)
+
+
+def _restart_server_after(first_item: threading.Event, port: int, holder: dict, objects: dict):
+    first_item.wait(30)
+    old = holder["server"]
+    old.process.kill()  # abrupt: connections die mid-flight, then the port refuses connections
+    old.process.wait(10)
+    holder["killed"].set()
+    ctx = local_s3(export_env=False)
+    server = ctx.__enter__()
+    server.make_bucket("restart")
+    for key, data in objects.items():
+        server.put("restart", key, data)
+    holder["ctx2"], holder["relay"] = ctx, _Relay(port, server.port)
+    holder["restarted"].set()
+    # stay alive: the server dies with the thread that started it (PR_SET_PDEATHSIG is per
+    # thread, see test_local_s3_started_from_a_thread_outlives_it)
+    holder["done"].wait(120)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["boto3", "s5cmd"])
+def test_server_killed_and_restarted_mid_epoch(backend, monkeypatch):
+    from pipeflow.testing import free_port
+
+    objects = _data.tar_dataset(NUM_SHARDS, PER_SHARD)
+    port = free_port()
+    patient = RetryPolicy(max_attempts=40, base_delay=0.2, max_delay=1.0, max_resumes=40)
+    with local_s3(port=port, export_env=False) as server:
+        server.make_bucket("restart")
+        urls = server.put_many("restart", objects)
+        for key, value in server.env().items():
+            monkeypatch.setenv(key, value)
+        holder = {"server": server, "restarted": threading.Event(), "done": threading.Event(),
+                  "killed": threading.Event()}
+        first_item = threading.Event()
+        restarter = threading.Thread(target=_restart_server_after,
+                                     args=(first_item, port, holder, objects), daemon=True)
+        restarter.start()
+        keys = []
+        try:
+            pipe = (pf.from_items(urls).open(backend, endpoint=server.endpoint, retry=patient)
+                    .untar().group_pairs().map(_data.check_sample))
+            for i, key in enumerate(pipe):
+                keys.append(key)
+                if i == PER_SHARD + 2:  # inside the second shard
+                    first_item.set()
+                    # carry on at once: the next requests meet a dead server, then a fresh one
+                    assert holder["killed"].wait(30)
+                    assert not holder["restarted"].is_set()
+        finally:
+            if "relay" in holder:
+                holder["relay"].close()
+            if "ctx2" in holder:
+                holder["ctx2"].__exit__(None, None, None)
+            holder["done"].set()
+            restarter.join(60)
+    assert holder["restarted"].is_set()
+    INJECTED["server-restart"] += 1
+    assert sorted(keys) == _expected()
+    assert len(keys) == len(set(keys))
+
+
+@pytest.mark.xfail(strict=True, reason="BUG (pipeflow/testing/s3server.py, _die_with_parent): "
+                   "PR_SET_PDEATHSIG fires when the starting THREAD exits, killing the server")
+def test_local_s3_started_from_a_thread_outlives_it():
+    import urllib.request
+
+    box = {}
+    ctx = local_s3(export_env=False)
+    starter = threading.Thread(target=lambda: box.setdefault("server", ctx.__enter__()))
+    starter.start()
+    starter.join(60)
+    try:
+        time.sleep(0.5)
+        assert box["server"].process.poll() is None, "the server died with the thread that started it"
+        urllib.request.urlopen(box["server"].endpoint + "/moto-api/", timeout=5).close()
+    finally:
+        ctx.__exit__(None, None, None)
