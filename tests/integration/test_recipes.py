@@ -69,7 +69,11 @@ def test_recipe_yields_every_sample_with_its_bytes(name, datasets, tmp_path):
 def test_recipe_through_dataloader_workers(name, datasets, tmp_path):
     info = recipes.get(name)
     pipeline = recipes.load(name, url=datasets[info.layout]["s3"], **_options(info, tmp_path))
-    loader = torch.utils.data.DataLoader(pipeline, batch_size=None, num_workers=2)
+    # The AWS CRT behind s3torchconnector is not fork-safe once the parent has used it (as
+    # earlier tests in this session do): its workers must start with forkserver or spawn.
+    context = "forkserver" if info.backend == "s3torchconnector" else None
+    loader = torch.utils.data.DataLoader(pipeline, batch_size=None, num_workers=2,
+                                         multiprocessing_context=context)
     _check(list(loader), info.layout)
 
 
