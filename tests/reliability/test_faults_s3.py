@@ -16,7 +16,7 @@ import pytest
 
 import pipeflow as pf
 from pipeflow.backends._retry import RetryPolicy
-from pipeflow.errors import BackendError, PipeflowError
+from pipeflow.errors import BackendError, CorruptDataError, PipeflowError
 from pipeflow.testing import local_s3
 from pipeflow.testing.proxy import DelayProxy, Faults
 
@@ -63,8 +63,21 @@ def _faults_seen(proxy) -> int:
     return sum(faults.values()) if isinstance(faults, dict) else int(faults or 0)
 
 
-@pytest.mark.parametrize("fault", sorted(FAULTS))
-@pytest.mark.parametrize("backend", BACKENDS)
+_S5CMD_TRUNCATION = pytest.mark.xfail(
+    strict=True, raises=CorruptDataError,
+    reason="BUG (pipeflow/backends/s5cmd.py, S5cmdBackend.open): when the connection is reset "
+           "mid-body, 's5cmd cat' ends the stream early without an error and the truncated body "
+           "reaches untar (CorruptDataError) instead of being retried/resumed")
+
+
+def _fault_cases():
+    for backend in BACKENDS:
+        for fault in sorted(FAULTS):
+            bad = backend == "s5cmd" and fault in ("reset-mid-body", "everything")
+            yield pytest.param(backend, fault, marks=[_S5CMD_TRUNCATION] if bad else [])
+
+
+@pytest.mark.parametrize("backend,fault", list(_fault_cases()))
 def test_epoch_is_exact_despite_faults(s3, shards, backend, fault):
     with DelayProxy(s3.endpoint, delay_ms=0, faults=FAULTS[fault]) as proxy:
         keys = list(_pipeline(shards, backend, proxy.url))
@@ -76,8 +89,26 @@ def test_epoch_is_exact_despite_faults(s3, shards, backend, fault):
     assert injected > 0, f"the proxy injected no fault: {proxy.stats()}"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("status", [503, 500])
+_UNBOUNDED = {
+    "s3torchconnector": "BUG (pipeflow/backends/s3torchconnector.py): the CRT client retries on its "
+                        "own (crt_max_attempts=10, its own backoff) under pipeflow's RetryPolicy: "
+                        "with max_attempts=3 it still takes ~90 s to give up",
+    "s3fs": "BUG (pipeflow/backends/fsspec.py / s3fs.py): s3fs and aiobotocore retry 503 SlowDown "
+            "themselves under pipeflow's RetryPolicy: giving up takes over 120 s",
+}
+
+
+def _budget_cases():
+    for status in (503, 500):
+        for backend in BACKENDS:
+            marks = []
+            if backend == "s3torchconnector" or (backend == "s3fs" and status == 503):
+                # run=False: each would burn 90-120 s of CI; remove the mark to reproduce
+                marks = [pytest.mark.xfail(strict=True, run=False, reason=_UNBOUNDED[backend])]
+            yield pytest.param(status, backend, marks=marks)
+
+
+@pytest.mark.parametrize("status,backend", list(_budget_cases()))
 def test_past_the_retry_budget_a_typed_error_within_bounded_time(s3, shards, backend, status):
     budget = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, max_resumes=3)
     with DelayProxy(s3.endpoint, delay_ms=0, faults=Faults(error_rate=1.0, error_status=status)) as proxy:
