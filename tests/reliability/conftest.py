@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from ._launch import torchrun
@@ -30,3 +32,13 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if str(item.fspath).startswith(here):
             item.add_marker(pytest.mark.filterwarnings("ignore:This DataLoader will create"))
+
+
+#: figures for the closing summary: samples checked, faults injected, bad inputs tried, ...
+FIGURES: Counter[str] = Counter()
+
+
+def pytest_terminal_summary(terminalreporter):
+    if FIGURES:
+        parts = ", ".join(f"{k} {v}" for k, v in sorted(FIGURES.items()))
+        terminalreporter.write_line(f"pipeflow reliability figures: {parts}")

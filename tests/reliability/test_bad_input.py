@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import io
-import os
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ from pipeflow import errors
 from pipeflow.recipes import UnknownRecipeError
 
 from . import _data
+from .conftest import FIGURES
 
 GOOD = _data.make_tar(["a", "b", "c"])
 
@@ -29,8 +29,6 @@ ARCHIVES = {
     "duplicated-member": (_data.make_tar(["a", "a"]), errors.IncompleteSampleError, "a"),
 }
 
-TRIED: list[str] = []
-
 
 def _write(tmp_path: Path, name: str, data: bytes) -> str:
     path = tmp_path / f"{name}.tar"
@@ -42,7 +40,7 @@ def _write(tmp_path: Path, name: str, data: bytes) -> str:
 def test_bad_archive_is_a_typed_error_naming_the_shard(tmp_path, name):
     data, kind, text = ARCHIVES[name]
     url = _write(tmp_path, name, data)
-    TRIED.append(name)
+    FIGURES["bad inputs tried"] += 1
     pipe = pf.from_items([url]).open().untar().group_pairs(required=("bin", "cls"))
     with pytest.raises(kind) as info:
         list(pipe)
@@ -70,7 +68,7 @@ def test_bad_archive_among_good_ones_is_a_counted_skip(tmp_path, name):
 
 
 def test_undecodable_image_names_the_sample(tmp_path):
-    TRIED.append("undecodable-image")
+    FIGURES["bad inputs tried"] += 1
     from PIL import Image
 
     ok = io.BytesIO()
@@ -85,7 +83,7 @@ def test_undecodable_image_names_the_sample(tmp_path):
 
 
 def test_empty_object_reads_as_empty_bytes_not_an_error(tmp_path):
-    TRIED.append("empty-object")
+    FIGURES["bad inputs tried"] += 1
     path = tmp_path / "empty.bin"
     path.write_bytes(b"")
     (rec,) = list(pf.from_items([str(path)]).open(read=True))
@@ -102,7 +100,7 @@ def test_empty_object_reads_as_empty_bytes_not_an_error(tmp_path):
     (None, errors.ConfigError),
 ])
 def test_invalid_urls_and_schemes(url, kind):
-    TRIED.append(f"url:{url!r}")
+    FIGURES["bad inputs tried"] += 1
     with pytest.raises(kind) as info:
         list(pf.from_items([url]).open())
     if isinstance(url, str) and url:
@@ -110,7 +108,7 @@ def test_invalid_urls_and_schemes(url, kind):
 
 
 def test_missing_s3_object_and_bucket_name_the_url(s3_bucket, s3):
-    TRIED.extend(["s3-missing-object", "s3-missing-bucket"])
+    FIGURES["bad inputs tried"] += 2
     for url in (f"s3://{s3_bucket}/no/such.tar", "s3://no-such-bucket-pipeflow/x.tar"):
         with pytest.raises(errors.ObjectNotFoundError, match=url):
             list(pf.from_items([url]).open("boto3").untar())
@@ -137,7 +135,7 @@ def test_missing_s3_object_and_bucket_name_the_url(s3_bucket, s3):
     lambda: pf.from_items("not-a-list"),
 ], ids=lambda f: "")
 def test_wrong_options_fail_where_the_pipeline_is_written(make):
-    TRIED.append("option")
+    FIGURES["bad inputs tried"] += 1
     with pytest.raises(errors.ConfigError):
         make()
 
@@ -148,7 +146,7 @@ def test_unknown_backend_lists_the_known_ones():
 
 
 def test_unknown_recipe_name_is_a_typed_error_with_suggestions():
-    TRIED.append("recipe")
+    FIGURES["bad inputs tried"] += 1
     import pipeflow.recipes as recipes
 
     name = recipes.names()[0]
@@ -157,7 +155,3 @@ def test_unknown_recipe_name_is_a_typed_error_with_suggestions():
     assert isinstance(info.value, errors.ConfigError)
     assert name in str(info.value), "the message suggests the close match"
 
-
-def test_report_inputs_tried():
-    # not a check: prints the figure for the final report (-s to see it)
-    print(f"\nbad inputs tried: {len(TRIED)}; pid {os.getpid()}")

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from . import _data
-from .conftest import suite
+from .conftest import FIGURES, suite
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(360)]
 
@@ -32,6 +32,7 @@ def test_every_rank_runs_the_same_number_of_steps_and_samples(equalized):
         samples = [sum(map(len, rank_data[config])) for rank_data in equalized]
         assert len(set(steps)) == 1 and steps[0] > 0, (config, steps)
         assert len(set(samples)) == 1, (config, samples)
+        FIGURES["samples checked"] += sum(samples)
 
 
 @pytest.mark.parametrize("num_shards", [10, 4])

@@ -11,7 +11,7 @@ from collections import Counter
 import pytest
 
 from . import _data
-from .conftest import suite
+from .conftest import FIGURES, suite
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(360)]
 
@@ -38,6 +38,7 @@ def test_every_sample_exactly_once_across_ranks_and_workers(census, config):
     assert not duplicated, f"{config}: duplicated {duplicated[:10]}"
     assert not lost, f"{config}: lost {lost[:10]}"
     assert sorted(counts) == sorted(expected)
+    FIGURES["samples checked"] += sum(counts.values())
     assert all(per_rank), f"{config}: a rank got nothing: {[len(k) for k in per_rank]}"
 
 

@@ -21,6 +21,7 @@ from pipeflow.testing import local_s3
 from pipeflow.testing.proxy import DelayProxy, Faults
 
 from . import _data
+from .conftest import FIGURES
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]
 
@@ -83,6 +84,8 @@ def test_epoch_is_exact_despite_faults(s3, shards, backend, fault):
         keys = list(_pipeline(shards, backend, proxy.url))
         injected = _faults_seen(proxy)
     INJECTED[fault] += injected
+    FIGURES["faults injected"] += injected
+    FIGURES["samples checked"] += len(keys)
     counts = Counter(keys)
     assert [k for k, c in counts.items() if c > 1] == [], "duplicated samples"
     assert sorted(counts) == _expected(), "lost samples"
@@ -118,6 +121,7 @@ def test_past_the_retry_budget_a_typed_error_within_bounded_time(s3, shards, bac
             list(pipe)
         elapsed = time.monotonic() - started
         INJECTED[f"budget-{status}"] += _faults_seen(proxy)
+        FIGURES["faults injected"] += _faults_seen(proxy)
     assert isinstance(info.value, BackendError), f"{type(info.value).__name__}: {info.value}"
     assert shards[0] in str(info.value), "the error names the object"
     assert elapsed < 60, f"{backend} took {elapsed:.0f}s to give up"
@@ -229,6 +233,8 @@ def test_server_killed_and_restarted_mid_epoch(backend, monkeypatch):
             restarter.join(60)
     assert holder["restarted"].is_set()
     INJECTED["server-restart"] += 1
+    FIGURES["faults injected"] += 1
+    FIGURES["samples checked"] += len(keys)
     assert sorted(keys) == _expected()
     assert len(keys) == len(set(keys))
 

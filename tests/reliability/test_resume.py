@@ -17,6 +17,7 @@ import pytest
 
 from . import _data
 from ._launch import python
+from .conftest import FIGURES
 from .resume_worker import CONFIGS, NUM_SHARDS
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -66,6 +67,8 @@ def test_before_plus_after_is_exactly_the_epoch(resumed, name):
         assert not [k for k, c in counts.items() if c > 1], f"duplicates: {where}"
         assert set(counts) == set(full), f"lost: {sorted(set(full) - set(counts))[:5]}: {where}"
         assert head + tail == full, f"order differs from the uninterrupted epoch: {where}"
+        FIGURES["samples checked"] += len(head) + len(tail)
+        FIGURES["resumes in a fresh process"] += 1
 
 
 def test_states_are_small(resumed):
