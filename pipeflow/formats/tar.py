@@ -37,6 +37,7 @@ __all__ = ["BLOCK", "TarMember", "iter_tar", "open_decompressed"]
 BLOCK = 512
 _CHUNK = 1 << 20          # read size for decompression and large members
 _MAX_READ = 1 << 26       # never ask a stream for more than this at once (file.read(n) preallocates n)
+_READAHEAD = 1 << 18      # plain streams are read at least this much at a time
 _MAX_SIZE = 1 << 44       # a member larger than 16 TiB is a corrupt size field
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -192,19 +193,36 @@ def open_decompressed(stream: IO[bytes], url: str = "") -> tuple[Any, str]:
 
 
 class _Prefixed:
-    """A stream with some already-read bytes pushed back in front of it."""
+    """A plain stream read in large blocks, with already-read bytes pushed back in front.
+
+    Tar members are read as header, data and padding: three small reads per member. On a
+    network stream each read is a trip through the SDK and the retry layer, so reads smaller
+    than ``_READAHEAD`` are served from one large block instead.
+    """
 
     def __init__(self, raw: IO[bytes], head: bytes) -> None:
         self._raw = raw
-        self._head = head
+        self._buf = bytearray(head)
+        self._pos = 0
 
     def read(self, n: int) -> bytes:
-        if self._head:
-            head, self._head = self._head[:n], self._head[n:]
-            if len(head) == n:
-                return head
-            return head + self._raw.read(n - len(head))
-        return self._raw.read(n)
+        available = len(self._buf) - self._pos
+        if available >= n:
+            start = self._pos
+            self._pos += n
+            return bytes(self._buf[start:self._pos])
+        parts = [bytes(self._buf[self._pos:])] if available else []
+        self._buf = bytearray()
+        self._pos = 0
+        want = n - available
+        if want >= _READAHEAD:  # large members go straight through, without a copy
+            parts.append(_read_exact(self._raw, want))
+            return b"".join(parts)
+        block = _read_exact(self._raw, _READAHEAD)
+        take = block[:want]
+        parts.append(take)
+        self._buf = bytearray(block[len(take):])
+        return b"".join(parts)
 
 
 def _read_exact(stream: Any, n: int) -> bytes:
