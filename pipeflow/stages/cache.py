@@ -232,6 +232,15 @@ class Cacher(Mapper):
                     backend = self._backends[key] = get_backend(name, url=url, **self._backend_options)
         return backend
 
+    def _inline(self, item: Any) -> tuple[bool, Any]:
+        # hits are a local file read: serve them in the consumer's thread, no pool round trip
+        url = _url_of(item)
+        data = self.cache.get(url)
+        if data is None:
+            return False, None
+        self.context.stats.incr(self.name, "cache_hits")
+        return True, Record(url, data, url)
+
     def _fetch(self, item: Any) -> Record:
         url = _url_of(item)
         data = self.cache.get(url)

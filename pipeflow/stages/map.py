@@ -127,6 +127,11 @@ class Mapper(Stage[Any]):
             pool.shutdown(wait=False)
 
     # ---- work -----------------------------------------------------------------------------
+    def _inline(self, item: Any) -> tuple[bool, Any]:
+        """A hook for subclasses: ``(True, result)`` when an item is cheap enough to finish in
+        the consumer's thread (a cache hit), else ``(False, None)`` to send it to the pool."""
+        return False, None
+
     def _apply(self, item: Any) -> tuple[bool, Any]:
         try:
             return True, self._fn(item)
@@ -161,7 +166,13 @@ class Mapper(Stage[Any]):
             if seq in self._skip:
                 self._skip.discard(seq)
                 continue
-            self._pending.append(_Task(seq, snapshot, item, pool.submit(self._fn, item)))
+            done, value = self._inline(item)
+            if done:
+                future: Future[Any] = Future()
+                future.set_result(value)
+            else:
+                future = pool.submit(self._fn, item)
+            self._pending.append(_Task(seq, snapshot, item, future))
 
     def next(self) -> Any:
         if self._pool is None:
