@@ -35,17 +35,33 @@ class Node:
         return self.label or self.stage.__name__
 
 
+#: option names whose values are never shown (explain(), reprs, stage names in errors and stats)
+_SECRET_WORDS = ("secret", "token", "password", "passwd", "access_key", "credential", "key_id")
+
+
+def _is_secret(name: str) -> bool:
+    lowered = name.lower()
+    return any(word in lowered for word in _SECRET_WORDS)
+
+
+def _redact(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: ("***" if isinstance(k, str) and _is_secret(k) else _redact(v)) for k, v in value.items()}
+    return value
+
+
 def _fmt(value: Any) -> str:
     if callable(value) and hasattr(value, "__qualname__"):
         return value.__qualname__
     if isinstance(value, (list, tuple)) and len(value) > 4:
         return f"[{len(value)} items]"
-    text = repr(value)
+    text = repr(_redact(value))
     return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _label(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    parts = [_fmt(a) for a in args] + [f"{k}={_fmt(v)}" for k, v in kwargs.items()]
+    parts = [_fmt(a) for a in args]
+    parts += [f"{k}={'***' if _is_secret(k) else _fmt(v)}" for k, v in kwargs.items()]
     return f"{name}({', '.join(parts)})"
 
 
@@ -165,7 +181,7 @@ class Pipeline(torch.utils.data.IterableDataset):
                     to: str | None = None, delete: bool = True,
                     output: Literal["bytes", "path"] = "bytes", workers: int = 16,
                     on_error: Literal["raise", "skip"] = "raise", timeout: float | None = None,
-                    options: dict[str, Any] | None = None) -> "Pipeline":
+                    options: dict[str, Any] | None = None) -> Pipeline:
         """Download URL items (or tuples of URLs) in background batches; yield Records or paths."""
         from .stages.fetch_batch import BatchFetcher
         return self._then("fetch_batch", BatchFetcher, backend, batch_size=batch_size, to=to,
@@ -173,13 +189,13 @@ class Pipeline(torch.utils.data.IterableDataset):
                           timeout=timeout, options=options)
 
     # ---- formats (issue: formats) -------------------------------------------------------
-    def untar(self, *, on_error: Literal["raise", "skip"] = "raise") -> "Pipeline":
+    def untar(self, *, on_error: Literal["raise", "skip"] = "raise") -> Pipeline:
         """Expand opened tar shards (plain/gzip/bz2/xz) into ``Record(member, bytes, url)``."""
         from .stages.untar import Untarrer
         return self._then("untar", Untarrer, on_error=on_error)
 
     def group_pairs(self, *, required: Sequence[str] | None = None,
-                    on_incomplete: Literal["raise", "skip"] = "raise") -> "Pipeline":
+                    on_incomplete: Literal["raise", "skip"] = "raise") -> Pipeline:
         """Group records sharing a key (``a/b.image.png`` -> key ``a/b``) into sample dicts."""
         from .stages.group import Grouper
         return self._then("group_pairs", Grouper, required=required, on_incomplete=on_incomplete)
@@ -187,14 +203,14 @@ class Pipeline(torch.utils.data.IterableDataset):
     def decode(self, mode: Literal["pil", "torch", "numpy"] = "pil", *,
                handlers: dict[str, Any] | None = None,
                resize: int | tuple[int, int] | None = None, allow_pickle: bool = False,
-               on_error: Literal["raise", "skip"] = "raise") -> "Pipeline":
+               on_error: Literal["raise", "skip"] = "raise") -> Pipeline:
         """Decode sample fields by extension (images, cls, txt, json, npy, pt; pickle opt-in)."""
         from .stages.decode import Decoder
         return self._then("decode", Decoder, mode, handlers=handlers, resize=resize,
                           allow_pickle=allow_pickle, on_error=on_error)
 
     def read_tfrecord(self, *, check_crc: bool = True, parse_example: bool = True,
-                      on_error: Literal["raise", "skip"] = "raise") -> "Pipeline":
+                      on_error: Literal["raise", "skip"] = "raise") -> Pipeline:
         """Read opened TFRecord files; parse ``tf.train.Example`` records into dicts."""
         from .stages.tfrecord import TFRecordReader
         return self._then("read_tfrecord", TFRecordReader, check_crc=check_crc,
@@ -204,7 +220,7 @@ class Pipeline(torch.utils.data.IterableDataset):
     # ---- recipes support (issue: recipes) -----------------------------------------------
     def cache(self, directory: str, *, max_bytes: int, backend: Any = None, workers: int = 0,
               on_error: Literal["raise", "skip"] = "raise",
-              backend_options: dict[str, Any] | None = None) -> "Pipeline":
+              backend_options: dict[str, Any] | None = None) -> Pipeline:
         """Read URLs through a local disk cache (LRU, shared by worker processes) into Records.
 
         Items are URLs; the output is ``Record(url, data, url)`` as with ``open(read=True)``.
@@ -215,7 +231,7 @@ class Pipeline(torch.utils.data.IterableDataset):
                           workers=workers, on_error=on_error, backend_options=backend_options)
 
     def equalize(self, *, total: int | None = None, per_shard: int | None = None,
-                 mode: Literal["drop", "pad"] = "drop") -> "Pipeline":
+                 mode: Literal["drop", "pad"] = "drop") -> Pipeline:
         """Make every rank x DataLoader worker yield the same number of items (no DDP hang).
 
         ``total`` is the item count before sharding (read from a ``from_items`` source when

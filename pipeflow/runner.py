@@ -13,6 +13,7 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from .context import RunContext
+from .errors import ConfigError
 from .stages.base import Stage
 from .stages.shard import Sharder
 
@@ -59,6 +60,12 @@ def _build(node: Node, ctx: RunContext, auto: bool) -> tuple[Stage[Any], bool]:
         sharder.name = f"auto_shard({stage.name})"
         return sharder, True
     return stage, sharded
+
+
+def _fingerprint(stage: Stage[Any]) -> str:
+    """The graph's shape by stage class (options left out, so they may change on resume)."""
+    inner = ",".join(_fingerprint(s) for s in stage.sources)
+    return f"{type(stage).__name__}({inner})" if inner else type(stage).__name__
 
 
 class PipelineIterator:
@@ -111,12 +118,40 @@ class PipelineIterator:
         if skipped:
             log.warning("pipeflow: epoch %d ended with skipped items: %s", self._ctx.epoch, skipped)
 
+    def _shard(self) -> list[int]:
+        ctx = self._ctx
+        return [ctx.rank, ctx.world_size, ctx.worker_id, ctx.num_workers]
+
     def state_dict(self) -> dict[str, Any]:
-        """The position after the last item returned: small and JSON/pickle friendly."""
-        return {"epoch": self._ctx.epoch, "done": self._done, "stages": self._root.state_dict()}
+        """The position after the last item returned: small and JSON/pickle friendly.
+
+        Besides the stages' positions it records which shard (rank, world size, DataLoader
+        worker, worker count) saved it and the shape of the stage graph, so a state is never
+        silently applied to another shard or another pipeline.
+        """
+        return {"epoch": self._ctx.epoch, "done": self._done, "shard": self._shard(),
+                "graph": _fingerprint(self._root), "stages": self._root.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from ``state`` at the next item (call before iterating, or at any point)."""
+        """Resume from ``state`` at the next item (call before iterating, or at any point).
+
+        Raises:
+            ConfigError: the state was saved by another shard (different rank, world size,
+                DataLoader worker or worker count) or by a pipeline of another shape.
+        """
+        saved_shard = state.get("shard")
+        if saved_shard is not None and list(saved_shard) != self._shard():
+            r, w, wid, nw = saved_shard
+            cr, cw, cwid, cnw = self._shard()
+            raise ConfigError(
+                f"this state was saved by rank {r} of {w} (DataLoader worker {wid} of {nw}) and cannot "
+                f"resume rank {cr} of {cw} (worker {cwid} of {cnw}): the shard a state belongs to "
+                f"must not change between save and load")
+        saved_graph = state.get("graph")
+        if saved_graph is not None and saved_graph != _fingerprint(self._root):
+            raise ConfigError(
+                f"this state belongs to a pipeline of another shape: saved {saved_graph}, "
+                f"loading into {_fingerprint(self._root)}")
         self._ctx.epoch = int(state["epoch"])
         self._done = bool(state.get("done", False))
         self._root.load_state_dict(state["stages"])

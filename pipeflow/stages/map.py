@@ -171,7 +171,12 @@ class Mapper(Stage[Any]):
                 future: Future[Any] = Future()
                 future.set_result(value)
             else:
-                future = pool.submit(self._fn, item)
+                try:
+                    future = pool.submit(self._fn, item)
+                except BrokenProcessPool as exc:  # a worker died before this item was queued
+                    raise WorkerCrashedError(
+                        f"a worker process of {self.name} died (killed, out of memory or crashed); "
+                        f"could not submit {describe_item(item)}") from exc
             self._pending.append(_Task(seq, snapshot, item, future))
 
     def next(self) -> Any:

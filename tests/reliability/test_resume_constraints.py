@@ -46,9 +46,6 @@ def test_same_rank_and_world_size_resumes(monkeypatch):
     assert [k for b in it for k in b] == full[8:]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="BUG (runner.PipelineIterator): a state saved as shard 0 of 2 loads silently "
-                          "as shard 0 of 3 and resumes the wrong items")
 @pytest.mark.parametrize("rank,world", [(0, 3), (1, 2)])
 def test_resuming_as_another_shard_is_refused(monkeypatch, rank, world):
     state = _state_as(monkeypatch, 0, 2)
@@ -64,9 +61,6 @@ def test_resuming_as_another_shard_is_refused(monkeypatch, rank, world):
     raise AssertionError(f"resumed a state saved as rank 0 of 2 as rank {rank} of {world}")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="BUG (runner.PipelineIterator): loading a state of a different pipeline raises "
-                          "a bare KeyError instead of a ConfigError naming the mismatch")
 def test_loading_a_state_of_another_pipeline_is_a_config_error():
     it = iter(pf.from_items(range(20)).batch(3))
     next(it)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from concurrent.futures.process import BrokenProcessPool
 
 import psutil
 import pytest
@@ -69,10 +68,6 @@ def test_sigkill_of_a_dataloader_worker_is_a_clear_error(num_workers):
     assert _settled(before) == set()
 
 
-@pytest.mark.xfail(strict=True, raises=BrokenProcessPool,
-                   reason="BUG (pipeflow/stages/map.py, Mapper._fill): once the pool is marked broken, "
-                          "pool.submit() raises concurrent.futures' BrokenProcessPool directly, which "
-                          "is never translated into WorkerCrashedError")
 def test_sigkill_of_a_map_process_worker_raises_worker_crashed_error():
     before = set(_descendants())
     it = iter(_samples().map(_data.slow_key, workers=2, method="process"))
