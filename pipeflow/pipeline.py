@@ -203,11 +203,13 @@ class Pipeline(torch.utils.data.IterableDataset):
     def decode(self, mode: Literal["pil", "torch", "numpy"] = "pil", *,
                handlers: dict[str, Any] | None = None,
                resize: int | tuple[int, int] | None = None, allow_pickle: bool = False,
-               on_error: Literal["raise", "skip"] = "raise") -> Pipeline:
-        """Decode sample fields by extension (images, cls, txt, json, npy, pt; pickle opt-in)."""
+               on_error: Literal["raise", "skip"] = "raise", workers: int = 0,
+               method: Literal["thread", "process"] = "thread") -> Pipeline:
+        """Decode sample fields by extension (images, cls, txt, json, npy, pt; pickle opt-in),
+        inline or on ``workers`` threads/processes."""
         from .stages.decode import Decoder
         return self._then("decode", Decoder, mode, handlers=handlers, resize=resize,
-                          allow_pickle=allow_pickle, on_error=on_error)
+                          allow_pickle=allow_pickle, on_error=on_error, workers=workers, method=method)
 
     def read_tfrecord(self, *, check_crc: bool = True, parse_example: bool = True,
                       on_error: Literal["raise", "skip"] = "raise") -> Pipeline:
