@@ -38,6 +38,9 @@ __all__ = [
 ]
 
 DEFAULT_REGION = "us-east-1"
+#: (connect, read) seconds: generous for a slow link, short enough that a stalled server is
+#: noticed and retried within a minute
+DEFAULT_TIMEOUT: tuple[float, float] = (10.0, 30.0)
 
 NOT_FOUND_CODES = frozenset({"NoSuchKey", "NoSuchBucket", "NotFound", "404", "NoSuchVersion"})
 DENIED_CODES = frozenset({
@@ -77,7 +80,15 @@ class S3Options(BackendOptions):
             path-style for custom endpoints.
         access_key, secret_key, session_token: explicit credentials (never shown in reprs);
             by default the SDK's credential chain is used.
-        retry: the retry policy for transient failures.
+        retry: the retry policy for transient failures. It is the only retry layer: every
+            backend turns its SDK's own retries off (or down to the policy's budget where the
+            SDK cannot be turned off), so giving up takes a bounded, predictable time.
+        timeout: seconds to wait for a connection and for the next bytes of a response:
+            ``(connect, read)``, or one number for both; None leaves the SDK's defaults
+            (botocore: 60 s each). A request that exceeds it fails as a transient timeout and
+            is retried under ``retry``, so a stalled server ends in
+            :class:`~pipeflow.errors.RetryExhaustedError` after roughly
+            ``max_attempts * (connect + read)`` seconds instead of hanging.
     """
 
     endpoint: str | None = None
@@ -88,9 +99,11 @@ class S3Options(BackendOptions):
     secret_key: str | None = field(default=None, repr=False)
     session_token: str | None = field(default=None, repr=False)
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    timeout: float | tuple[float, float] | None = DEFAULT_TIMEOUT
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        object.__setattr__(self, "timeout", _check_timeout(self.timeout))
         if self.endpoint is not None:
             if not isinstance(self.endpoint, str) or not self.endpoint.startswith(("http://", "https://")):
                 raise ConfigError(f"endpoint must be an http(s):// URL, got {self.endpoint!r}")
@@ -120,18 +133,54 @@ class S3Options(BackendOptions):
             return self.path_style
         return self.resolved_endpoint() is not None
 
+    @property
+    def connect_timeout(self) -> float | None:
+        """Seconds allowed to establish a connection (None: the SDK's default)."""
+        return None if self.timeout is None else self.timeout[0]  # type: ignore[index]
+
+    @property
+    def read_timeout(self) -> float | None:
+        """Seconds allowed between bytes of a response (None: the SDK's default)."""
+        return None if self.timeout is None else self.timeout[1]  # type: ignore[index]
+
+    def botocore_config_kwargs(self) -> dict[str, Any]:
+        """``botocore.config.Config`` arguments for addressing, timeouts and no SDK retries."""
+        kwargs: dict[str, Any] = {
+            # pipeflow's RetryPolicy is the only retry layer (one attempt per SDK call)
+            "retries": {"max_attempts": 1, "mode": "standard"},
+        }
+        if self.use_path_style():
+            kwargs["s3"] = {"addressing_style": "path"}
+        if self.timeout is not None:
+            kwargs["connect_timeout"] = self.connect_timeout
+            kwargs["read_timeout"] = self.read_timeout
+        return kwargs
+
     def boto3_client(self, **config: Any) -> Any:
         """A botocore S3 client configured from these options (imports boto3)."""
         import boto3
         from botocore.config import Config
 
         session = boto3.session.Session(profile_name=self.profile)
-        s3cfg = {"addressing_style": "path"} if self.use_path_style() else {}
-        cfg = Config(s3=s3cfg, retries={"max_attempts": 1, "mode": "standard"}, **config)
+        cfg = Config(**{**self.botocore_config_kwargs(), **config})
         return session.client(
             "s3", endpoint_url=self.resolved_endpoint(), region_name=self.resolved_region(),
             aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
             aws_session_token=self.session_token, config=cfg)
+
+
+def _check_timeout(value: Any) -> tuple[float, float] | None:
+    """Normalise ``timeout`` to ``(connect, read)`` seconds (or None)."""
+    if value is None:
+        return None
+    pair = (value, value) if isinstance(value, (int, float)) else value
+    if isinstance(pair, list):
+        pair = tuple(pair)
+    if (not isinstance(pair, tuple) or len(pair) != 2
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in pair)):
+        raise ConfigError(f"timeout must be a positive number of seconds, a (connect, read) pair of "
+                          f"them, or None, got {value!r}")
+    return float(pair[0]), float(pair[1])
 
 
 def error_for_status(status: int | None, code: str, *, url: str, backend: str, op: str,

@@ -1,23 +1,31 @@
 """``fsspec``: any fsspec URL (``s3://`` through s3fs, ``gs://``, ``http://``, ``memory://``...).
 
-For ``s3://`` the shared S3 options (endpoint, region, credentials, path-style) are translated
-into s3fs arguments, so ``AWS_ENDPOINT_URL`` alone is enough; ``storage_options`` adds or
-overrides filesystem arguments for any protocol.
+For ``s3://`` the shared S3 options (endpoint, region, credentials, path-style, timeouts) are
+translated into s3fs arguments, so ``AWS_ENDPOINT_URL`` alone is enough; ``storage_options`` adds
+or overrides filesystem arguments for any protocol.
+
+Retries: s3fs retries on its own (``S3FileSystem.retries``, 5 tries with backoff up to 15 s,
+SlowDown included) and so does aiobotocore underneath. Both are turned off for ``s3://``
+(one try each), and every call here runs under the backend's
+:class:`~pipeflow.backends._retry.RetryPolicy` instead: one retry layer, a bounded time to give
+up, and streams still resume mid-body from the byte already delivered.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
-from pipeflow.backends._retry import ResumableStream
+from pipeflow.backends._retry import ResumableStream, retry_call
 from pipeflow.backends._s3config import S3Options, is_invalid_range, translate_s3_error
 from pipeflow.backends.base import Backend, scheme_of
 from pipeflow.errors import BackendError, ConfigError, InvalidURLError, ObjectNotFoundError
 from pipeflow.items import ObjectInfo
 
-__all__ = ["FsspecBackend", "FsspecOptions", "s3fs_kwargs"]
+__all__ = ["FsspecBackend", "FsspecOptions", "s3fs_kwargs", "single_try"]
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -55,8 +63,8 @@ def s3fs_kwargs(options: S3Options) -> dict[str, Any]:
     endpoint = options.resolved_endpoint()
     if endpoint:
         kwargs["endpoint_url"] = endpoint
-    if options.use_path_style():
-        kwargs["config_kwargs"] = {"s3": {"addressing_style": "path"}}
+    # botocore Config for aiobotocore: path-style, connect/read timeouts, no SDK retries
+    kwargs["config_kwargs"] = options.botocore_config_kwargs()
     if options.profile:
         kwargs["profile"] = options.profile
     if options.access_key:
@@ -64,6 +72,16 @@ def s3fs_kwargs(options: S3Options) -> dict[str, Any]:
         if options.session_token:
             kwargs["token"] = options.session_token
     return kwargs
+
+
+def single_try(fs: Any) -> Any:
+    """Turn off s3fs's own retry loop on an ``S3FileSystem`` (one try per call); returns it.
+
+    ``retries`` is a class attribute of ``S3FileSystem`` and no constructor argument (an
+    unknown keyword would reach botocore), so it is set on the instance.
+    """
+    fs.retries = 1
+    return fs
 
 
 class FsspecBackend(Backend):
@@ -99,10 +117,13 @@ class FsspecBackend(Backend):
             kwargs["skip_instance_cache"] = True
         kwargs.update(self.options.storage_options)
         try:
-            return fsspec.filesystem(protocol, **kwargs)
+            fs = fsspec.filesystem(protocol, **kwargs)
         except ValueError as exc:  # fsspec: "Protocol not known"
             raise InvalidURLError(f"fsspec does not know the protocol {protocol!r}", url=url,
                                   backend=self.name, op="open") from exc
+        if protocol in ("s3", "s3a"):
+            single_try(fs)
+        return fs
 
     def _unurl(self, fs: Any, path: str, original: str) -> str:
         """Turn a filesystem path back into a URL of the same form as the one asked for."""
@@ -118,19 +139,28 @@ class FsspecBackend(Backend):
                                 op=op)
         return err
 
+    def _call(self, fn: Callable[[], T], url: str, op: str) -> T:
+        """Run one filesystem call under the retry policy; typed errors on failure."""
+        try:
+            return retry_call(fn, policy=self.options.retry, url=url, backend=self.name, op=op)
+        except Exception as exc:
+            err = self._error(exc, url, op)
+            if err is exc:
+                raise
+            raise err from exc
+
     def list(self, url: str) -> Iterator[ObjectInfo]:
         fs, path = self._fs(url)
-        try:
+
+        def find() -> dict[str, Any]:
             if url.endswith("/") or fs.isdir(path):
-                found = fs.find(path, detail=True)
-            else:
-                parent, _, base = path.rpartition("/")
-                if fs.isfile(path):
-                    found = {path: fs.info(path)}
-                else:
-                    found = fs.find(parent, prefix=base, detail=True) if parent else {}
-        except Exception as exc:
-            raise self._error(exc, url, "list") from exc
+                return fs.find(path, detail=True)
+            parent, _, base = path.rpartition("/")
+            if fs.isfile(path):
+                return {path: fs.info(path)}
+            return fs.find(parent, prefix=base, detail=True) if parent else {}
+
+        found = self._call(find, url, "list")
         for p in sorted(found):
             entry = found[p]
             if entry.get("type", "file") != "file":
@@ -148,23 +178,21 @@ class FsspecBackend(Backend):
 
     def info(self, url: str) -> ObjectInfo:
         fs, path = self._fs(url)
-        try:
-            entry = fs.info(path)
-        except Exception as exc:
-            raise self._error(exc, url, "info") from exc
+        entry = self._call(lambda: fs.info(path), url, "info")
         if entry.get("type", "file") != "file":
             raise ObjectNotFoundError("is a directory, not an object", url=url, backend=self.name, op="info")
         return self._object_info(fs, url, entry)
 
     def _open_at(self, fs: Any, path: str, url: str, offset: int) -> IO[bytes]:
         kwargs = {"block_size": self.options.block_size} if self.options.block_size else {}
-        try:
+
+        def go() -> IO[bytes]:
             fh = fs.open(path, "rb", **kwargs)
             if offset:
                 fh.seek(offset)
-        except Exception as exc:
-            raise self._error(exc, url, "open") from exc
-        return fh
+            return fh
+
+        return self._call(go, url, "open")
 
     def open(self, url: str, *, start: int = 0) -> IO[bytes]:
         fs, path = self._fs(url)
@@ -184,11 +212,11 @@ class FsspecBackend(Backend):
             self.info(url)
             return b""
         try:
-            return fs.cat_file(path, start=lo or None, end=end)
-        except Exception as exc:
-            if lo and is_invalid_range(exc):
+            return self._call(lambda: fs.cat_file(path, start=lo or None, end=end), url, "read")
+        except BackendError as exc:
+            if lo and is_invalid_range(exc.__cause__):
                 return b""  # a range starting at or past the end, as with slices
-            raise self._error(exc, url, "read") from exc
+            raise
 
     def close(self) -> None:
         self._client_obj = None

@@ -1,4 +1,8 @@
-"""``s3fs``: ``s3fs.S3FileSystem`` used directly (no fsspec protocol dispatch)."""
+"""``s3fs``: ``s3fs.S3FileSystem`` used directly (no fsspec protocol dispatch).
+
+As with the fsspec backend, s3fs's and aiobotocore's own retries are off and the backend's
+``RetryPolicy`` is the only retry layer; ``timeout`` becomes botocore's connect/read timeouts.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from typing import Any
 
 from pipeflow.backends._s3config import S3Options
 from pipeflow.backends.base import parse_s3_url
-from pipeflow.backends.fsspec import FsspecBackend, FsspecOptions, s3fs_kwargs
+from pipeflow.backends.fsspec import FsspecBackend, FsspecOptions, s3fs_kwargs, single_try
 from pipeflow.errors import InvalidURLError
 
 __all__ = ["S3fsBackend", "S3fsOptions"]
@@ -40,7 +44,7 @@ class S3fsBackend(FsspecBackend):
         import s3fs
 
         options: S3Options = self.options
-        return s3fs.S3FileSystem(**{**s3fs_kwargs(options), **self.options.storage_options})
+        return single_try(s3fs.S3FileSystem(**{**s3fs_kwargs(options), **self.options.storage_options}))
 
     def _unurl(self, fs: Any, path: str, original: str) -> str:
         return f"s3://{path}"

@@ -8,8 +8,19 @@ The CRT reports every failure as ``S3Exception`` with only a message, and pipefl
 classifies by message text. So after a failure the backend asks the store a structural question
 instead: it lists the key's prefix; if the bucket lists but the key is absent, the error is
 :class:`~pipeflow.errors.ObjectNotFoundError`, otherwise a :class:`~pipeflow.errors.BackendError`
-carrying the original exception as its cause. The CRT retries transient failures itself
-(``crt_max_attempts``); a body that breaks off mid-way is resumed with a ranged GET.
+carrying the original exception as its cause.
+
+Retries: the CRT classifies and retries failed *requests* itself, and pipeflow cannot classify
+its errors without reading messages, so the CRT stays the request-level retry layer, with the
+budget of the backend's :class:`~pipeflow.backends._retry.RetryPolicy`: ``crt_max_attempts``
+defaults to ``retry.max_attempts``. Pipeflow adds no loop around requests; it only resumes a
+body that breaks off mid-way, with one ranged GET per resumption (whose own failures are final).
+So a request that keeps failing gives up after ``retry.max_attempts`` tries, never
+``crt_max_attempts * max_attempts``.
+
+Timeouts: ``S3ClientConfig`` of s3torchconnector 1.5 has no connect or read timeout, so the
+``timeout`` option cannot be applied; the CRT's built-in connection timeouts apply, and a
+server that stalls in the middle of a body is not bounded by pipeflow on this backend.
 
 Credentials come from the CRT's own chain (environment, ``profile=``, shared files, instance
 roles): explicit ``access_key``/``secret_key`` are not supported by this SDK.
@@ -39,13 +50,14 @@ class S3TorchConnectorOptions(S3Options):
         reader: ``"sequential"`` or ``"range_based"``.
         part_size: CRT part size in bytes (5 MiB to 5 GiB).
         throughput_target_gbps: the CRT's throughput target.
-        crt_max_attempts: attempts the CRT makes on its own for retryable errors.
+        crt_max_attempts: attempts the CRT makes per request for retryable errors; None (the
+            default) takes ``retry.max_attempts``, so there is one retry budget.
     """
 
     reader: Literal["sequential", "range_based"] = "sequential"
     part_size: int = 8 << 20
     throughput_target_gbps: float = 10.0
-    crt_max_attempts: int = 10
+    crt_max_attempts: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -53,11 +65,19 @@ class S3TorchConnectorOptions(S3Options):
             raise ConfigError(f"reader must be 'sequential' or 'range_based', got {self.reader!r}")
         if not isinstance(self.part_size, int) or not (5 << 20) <= self.part_size <= (5 << 30):
             raise ConfigError(f"part_size must be an int between 5 MiB and 5 GiB, got {self.part_size!r}")
-        if not isinstance(self.crt_max_attempts, int) or self.crt_max_attempts < 1:
-            raise ConfigError(f"crt_max_attempts must be a positive int, got {self.crt_max_attempts!r}")
+        if self.crt_max_attempts is not None and (
+                not isinstance(self.crt_max_attempts, int) or isinstance(self.crt_max_attempts, bool)
+                or self.crt_max_attempts < 1):
+            raise ConfigError(
+                f"crt_max_attempts must be a positive int or None, got {self.crt_max_attempts!r}")
         if self.access_key is not None:
             raise ConfigError("the s3torchconnector backend takes credentials from the environment or a "
                               "profile only (the CRT client has no key arguments)")
+
+    @property
+    def effective_crt_attempts(self) -> int:
+        """The attempts the CRT makes per request: ``crt_max_attempts`` or ``retry.max_attempts``."""
+        return self.crt_max_attempts if self.crt_max_attempts is not None else self.retry.max_attempts
 
 
 class _ChunkStream(io.RawIOBase):
@@ -108,7 +128,7 @@ class S3TorchConnectorBackend(Backend):
         opts = self.options
         config = S3ClientConfig(
             force_path_style=opts.use_path_style(), part_size=opts.part_size,
-            throughput_target_gbps=opts.throughput_target_gbps, max_attempts=opts.crt_max_attempts,
+            throughput_target_gbps=opts.throughput_target_gbps, max_attempts=opts.effective_crt_attempts,
             profile=opts.profile)
         return S3Client(opts.resolved_region(), endpoint=opts.resolved_endpoint(), s3client_config=config)
 
@@ -227,7 +247,8 @@ class S3TorchConnectorBackend(Backend):
             return self._ranged(loc, url, offset, end)
 
         def classify(exc: BaseException) -> bool:
-            # the CRT has already retried its requests; a body failing mid-way is resumed
+            # the CRT has already retried its requests; a body failing mid-way is resumed (the
+            # reopen's own failures are typed, hence final: no second loop around requests)
             return is_transient(exc) or self._is_sdk_error(exc)
 
         return ResumableStream(reopen, start=start, size=None, policy=self.options.retry, url=url,

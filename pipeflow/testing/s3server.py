@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -152,7 +153,9 @@ def _wait_until_up(proc: subprocess.Popen[bytes], endpoint: str, log_path: str, 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     # Linux: if the process that started the server dies without cleaning up (SIGKILL), the
-    # server gets SIGTERM instead of lingering.
+    # server gets SIGTERM instead of lingering. PR_SET_PDEATHSIG fires when the parent
+    # *thread* that forked the child exits, not the process: only install it from the main
+    # thread (see _death_signal_hook), or a server started by a worker thread would die with it.
     try:
         import ctypes
 
@@ -160,6 +163,16 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except Exception:
         pass
+
+
+def _death_signal_hook() -> Any:
+    """The ``preexec_fn`` for the server process: :func:`_die_with_parent` on Linux when called
+    from the main thread (which lives as long as the process), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    if threading.current_thread() is not threading.main_thread():
+        return None  # the thread may exit long before the server should; _stop() still reaps it
+    return _die_with_parent
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -219,7 +232,7 @@ def local_s3(*, port: int | None = None, buckets: Iterable[str] = (), export_env
         proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
             stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, env=child_env,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+            preexec_fn=_death_signal_hook())
     finally:
         os.close(log_fd)
     try:

@@ -92,23 +92,10 @@ def test_epoch_is_exact_despite_faults(s3, shards, backend, fault):
     assert injected > 0, f"the proxy injected no fault: {proxy.stats()}"
 
 
-_UNBOUNDED = {
-    "s3torchconnector": "BUG (pipeflow/backends/s3torchconnector.py): the CRT client retries on its "
-                        "own (crt_max_attempts=10, its own backoff) under pipeflow's RetryPolicy: "
-                        "with max_attempts=3 it still takes ~90 s to give up",
-    "s3fs": "BUG (pipeflow/backends/fsspec.py / s3fs.py): s3fs and aiobotocore retry 503 SlowDown "
-            "themselves under pipeflow's RetryPolicy: giving up takes over 120 s",
-}
-
-
 def _budget_cases():
     for status in (503, 500):
         for backend in BACKENDS:
-            marks = []
-            if backend == "s3torchconnector" or (backend == "s3fs" and status == 503):
-                # run=False: each would burn 90-120 s of CI; remove the mark to reproduce
-                marks = [pytest.mark.xfail(strict=True, run=False, reason=_UNBOUNDED[backend])]
-            yield pytest.param(status, backend, marks=marks)
+            yield pytest.param(status, backend)
 
 
 @pytest.mark.parametrize("status,backend", list(_budget_cases()))
@@ -189,8 +176,6 @@ def _restart_server_after(first_item: threading.Event, port: int, holder: dict, 
         server.put("restart", key, data)
     holder["ctx2"], holder["relay"] = ctx, _Relay(port, server.port)
     holder["restarted"].set()
-    # stay alive: the server dies with the thread that started it (PR_SET_PDEATHSIG is per
-    # thread, see test_local_s3_started_from_a_thread_outlives_it)
     holder["done"].wait(120)
 
 
@@ -239,8 +224,6 @@ def test_server_killed_and_restarted_mid_epoch(backend, monkeypatch):
     assert len(keys) == len(set(keys))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (pipeflow/testing/s3server.py, _die_with_parent): "
-                   "PR_SET_PDEATHSIG fires when the starting THREAD exits, killing the server")
 def test_local_s3_started_from_a_thread_outlives_it():
     import urllib.request
 
