@@ -1,8 +1,9 @@
 """The ``s5cmd`` backend: the s5cmd binary (Go) for listing, streaming and batched downloads.
 
 * ``list`` runs ``s5cmd --json ls 's3://bucket/prefix*'`` and sorts the result by URL;
-* ``open`` streams ``s5cmd cat --raw URL`` from the child's stdout; closing the stream kills and
-  reaps the process, and reading to the end checks its exit status;
+* ``open`` asks for the object's size (``s5cmd head``, one extra HEAD request), then streams
+  ``s5cmd cat --raw URL`` from the child's stdout; closing the stream kills and reaps the
+  process, and reading to the end checks its exit status *and* the byte count;
 * ``info`` runs ``s5cmd --json head --raw URL``;
 * :meth:`S5cmdBackend.start_batch` downloads many objects with one ``s5cmd run`` command file,
   the way the "s5cmd sampler" of the seed article does; :mod:`pipeflow.stages.fetch_batch` uses it.
@@ -12,6 +13,22 @@ is passed explicitly with ``--endpoint-url``. Explicit credentials go to the chi
 environment, never its argv (which ``ps`` shows to every user). s5cmd picks path-style
 addressing by itself for any non-AWS endpoint, so ``path_style`` has no effect here.
 
+Retries and resumption: s5cmd retries failed requests itself (``--retry-count`` is set to
+``retry.max_attempts - 1``); it is the retry layer for request errors, and a request it gives
+up on is a final :class:`~pipeflow.errors.RetryExhaustedError`. But when a connection is reset
+in the middle of a body, ``s5cmd cat`` can end its output early *with exit status 0*. So the
+stream is a :class:`~pipeflow.backends._retry.ResumableStream` that knows the size: a short
+body is a :class:`~pipeflow.backends._retry.TruncatedBodyError` and is resumed from the byte
+already delivered. ``s5cmd cat`` cannot read a byte range, so a resumption starts a new
+``s5cmd cat`` and reads and discards the bytes already delivered (costly for large objects; the
+other S3 backends resume with a ranged GET).
+
+Timeouts: s5cmd has no connect or read timeout flags. ``timeout`` (connect, read) is enforced
+from the outside instead: a ``cat`` that sends no byte for ``connect + read`` seconds is killed
+and resumed like a broken body (a transient :class:`TimeoutError`), and one ``head`` call may
+take at most ``retry.max_attempts * (connect + read)`` seconds. ``ls`` and batched ``run``
+downloads are bounded only by ``call_timeout`` / ``S5cmdBatch.wait(timeout)``.
+
 Error translation: s5cmd reports failures as JSON lines (``--json``) whose ``error`` field is
 either an S3 error (``"NoSuchKey: ... status code: 404, ..."``), translated by its code and HTTP
 status, or one of s5cmd's own messages (``"given object ... not found"``, ``"no object found"``)
@@ -20,9 +37,11 @@ that carry no code at all; only those two are recognised by their text.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
+import select
 import shutil
 import subprocess
 import tempfile
@@ -40,9 +59,9 @@ from ..errors import (
     RetryExhaustedError,
 )
 from ..items import ObjectInfo
-from ._retry import TRANSIENT_CODES
+from ._retry import TRANSIENT_CODES, ResumableStream, retry_call
 from ._s3config import S3Options, error_for_status
-from ._subprocess import kill_process, open_process, read_tail, spawn
+from ._subprocess import ErrorFactory, ProcessStream, kill_process, read_tail, spawn
 from .base import Backend, parse_s3_url
 
 __all__ = ["S5cmdBackend", "S5cmdBatch", "S5cmdOptions", "find_s5cmd", "quote_run_arg"]
@@ -129,8 +148,9 @@ class S5cmdOptions(S3Options):
         part_size_mb: part size in MiB for those parallel parts (default 50).
         no_sign_request: anonymous requests (public buckets).
         no_verify_ssl: skip TLS certificate checks (self-signed endpoints).
-        timeout: seconds allowed for one ``ls``/``head``/``run`` call (None: no limit);
-            ``cat`` streams are not limited.
+        call_timeout: seconds allowed for one ``ls``/``head`` call (None: no limit for ``ls``;
+            ``retry.max_attempts * (connect + read)`` for ``head``). ``cat`` streams are
+            bounded by the stall limit of ``timeout`` instead (see the module docstring).
     """
 
     binary: str | None = None
@@ -139,7 +159,7 @@ class S5cmdOptions(S3Options):
     part_size_mb: int | None = None
     no_sign_request: bool = False
     no_verify_ssl: bool = False
-    timeout: float | None = None
+    call_timeout: float | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -147,8 +167,17 @@ class S5cmdOptions(S3Options):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise ConfigError(f"s5cmd option {name} must be a positive int, got {value!r}")
-        if self.timeout is not None and (not isinstance(self.timeout, (int, float)) or self.timeout <= 0):
-            raise ConfigError(f"s5cmd option timeout must be a positive number or None, got {self.timeout!r}")
+        limit = self.call_timeout
+        if limit is not None and (type(limit) not in (int, float) or limit <= 0):
+            raise ConfigError(
+                f"s5cmd option call_timeout must be a positive number or None, got {self.call_timeout!r}")
+
+    @property
+    def stall_timeout(self) -> float | None:
+        """Seconds a ``cat`` may go without sending a byte before it is killed and resumed."""
+        if self.timeout is None:
+            return None
+        return self.timeout[0] + self.timeout[1]  # type: ignore[index]
         if self.binary is not None and not isinstance(self.binary, str):
             raise ConfigError(f"s5cmd option binary must be a path, got {self.binary!r}")
 
@@ -274,19 +303,22 @@ class S5cmdBackend(Backend):
             flags += ["--part-size", str(self.options.part_size_mb)]
         return flags
 
-    def _run(self, args: Sequence[str], *, url: str, op: str, empty_ok: bool = False) -> str:
+    def _run(self, args: Sequence[str], *, url: str, op: str, empty_ok: bool = False,
+             limit: float | None = None) -> str:
         """Run one short s5cmd call and return its stdout; typed errors on failure.
 
         With ``empty_ok``, s5cmd's "no object found" failure is an empty result instead.
+        ``limit`` is the wall-clock limit in seconds (None: ``call_timeout``).
         """
         argv = self.command(*args)
+        limit = self.options.call_timeout if limit is None else limit
         proc, stderr = spawn(argv, env=self.environment(), stdout=subprocess.PIPE)
         try:
             try:
-                out, _ = proc.communicate(timeout=self.options.timeout)
+                out, _ = proc.communicate(timeout=limit)
             except subprocess.TimeoutExpired:
-                raise BackendError(f"s5cmd {op} did not finish within {self.options.timeout} s",
-                                   url=url, backend=self.name, op=op) from None
+                raise RetryExhaustedError(f"s5cmd {op} did not finish within {limit:g} s",
+                                          url=url, backend=self.name, op=op) from None
             if proc.returncode != 0:
                 tail = read_tail(stderr, 20000)
                 records = _errors_in(tail)
@@ -333,12 +365,15 @@ class S5cmdBackend(Backend):
     def open(self, url: str, *, start: int = 0) -> IO[bytes]:
         """Stream an object through ``s5cmd cat``.
 
-        s5cmd cannot read a byte range: with ``start > 0`` the first ``start`` bytes are
-        downloaded and discarded.
+        The object's size is read first (``s5cmd head``), so a body that ends early is
+        detected and resumed. s5cmd cannot read a byte range: with ``start > 0``, and on each
+        resumption, the bytes before the offset are downloaded and discarded.
 
         Raises:
             ObjectNotFoundError: no such object (detected before this returns).
-            BackendError: any other failure, also from ``read`` if the transfer breaks off.
+            RetryExhaustedError: s5cmd gave up, or the body kept breaking off / stalling past
+                the retry budget (also from ``read``).
+            BackendError: any other failure, also from ``read``.
         """
         loc = parse_s3_url(url, backend=self.name, op="open")
         if not loc.key:
@@ -346,12 +381,24 @@ class S5cmdBackend(Backend):
                                   op="open")
         if not isinstance(start, int) or isinstance(start, bool) or start < 0:
             raise ConfigError(f"open({url!r}): start must be a non-negative int, got {start!r}")
+        size = self._head(url, loc.url, "open").size
+        if size is not None and start >= size:
+            return io.BytesIO(b"")  # as with slicing
         argv = self.command("cat", "--raw", *self._transfer_flags(), loc.url)
+        env = self.environment()
 
         def on_error(status: int, stderr: str) -> BaseException:
             return _error_from_output(status, stderr, url=url, op="open")
 
-        return open_process(argv, on_error=on_error, env=self.environment(), start=start)
+        def opener(offset: int) -> IO[bytes]:
+            return _open_cat(argv, on_error=on_error, env=env, start=offset,
+                             stall_timeout=self.options.stall_timeout)
+
+        policy = self.options.retry
+        # a cat that stalls before its first byte is retried here; s5cmd's own failures are typed
+        first = retry_call(lambda: opener(start), policy=policy, url=url, backend=self.name, op="open")
+        return ResumableStream(opener, start=start, size=size, policy=policy, url=url,
+                               backend=self.name, first=first)
 
     def info(self, url: str) -> ObjectInfo:
         """Size, etag and mtime of one object (``s5cmd head``)."""
@@ -359,11 +406,16 @@ class S5cmdBackend(Backend):
         if not loc.key:
             raise InvalidURLError("the URL names a bucket, not an object", url=url, backend=self.name,
                                   op="info")
-        out = self._run(["head", "--raw", loc.url], url=url, op="info")
+        return self._head(url, loc.url, "info")
+
+    def _head(self, url: str, s3url: str, op: str) -> ObjectInfo:
+        stall = self.options.stall_timeout
+        limit = None if stall is None else self.options.retry.max_attempts * stall
+        out = self._run(["head", "--raw", s3url], url=url, op=op, limit=self.options.call_timeout or limit)
         for line in out.splitlines():
             if line.strip():
                 return _info(json.loads(line), url)
-        raise BackendError("s5cmd head printed nothing", url=url, backend=self.name, op="info")
+        raise BackendError("s5cmd head printed nothing", url=url, backend=self.name, op=op)
 
     # ---- batched downloads ------------------------------------------------------------------
     def start_batch(self, pairs: Sequence[tuple[str, str]], *, workdir: str) -> S5cmdBatch:
@@ -380,6 +432,55 @@ class S5cmdBackend(Backend):
             ConfigError: a destination is not an absolute path.
         """
         return S5cmdBatch(self, pairs, workdir=workdir)
+
+
+class _CatStream(ProcessStream):
+    """``s5cmd cat``'s stdout, with a limit on how long a read may wait for the next byte.
+
+    s5cmd has no read timeout of its own; a stalled server would block a read forever.
+    """
+
+    def __init__(self, argv: Sequence[str], *, on_error: ErrorFactory, env: Mapping[str, str],
+                 stall_timeout: float | None) -> None:
+        super().__init__(argv, on_error=on_error, env=env)
+        self._stall_timeout = stall_timeout
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        if self._stall_timeout is not None and not self.closed:
+            # the pipe is unbuffered on our side: readable means data or end of file
+            ready, _, _ = select.select([self._stdout], [], [], self._stall_timeout)
+            if not ready:
+                raise TimeoutError(f"s5cmd cat sent no data for {self._stall_timeout:g} s")
+        return super().readinto(buffer)
+
+
+def _open_cat(argv: Sequence[str], *, on_error: ErrorFactory, env: Mapping[str, str], start: int,
+              stall_timeout: float | None) -> IO[bytes]:
+    """Start ``s5cmd cat`` and discard its first ``start`` bytes (it cannot read a range).
+
+    Waits for the first byte (or the exit status), so a failing command raises here.
+    """
+    raw = _CatStream(argv, on_error=on_error, env=env, stall_timeout=stall_timeout)
+    stream = io.BufferedReader(raw, 1 << 16)
+    try:
+        stream.peek(1)
+        remaining = start
+        while remaining > 0:
+            skipped = len(stream.read(min(remaining, 1 << 16)))
+            if not skipped:
+                break  # ended early: the caller sees a short body and resumes
+            remaining -= skipped
+    except BaseException:
+        _close_quietly(stream)
+        raise
+    return stream
+
+
+def _close_quietly(stream: IO[bytes]) -> None:
+    try:
+        stream.close()
+    except Exception:  # the child failed too; the error being raised says more
+        pass
 
 
 class S5cmdBatch:

@@ -16,7 +16,7 @@ import pytest
 
 import pipeflow as pf
 from pipeflow.backends._retry import RetryPolicy
-from pipeflow.errors import BackendError, CorruptDataError, PipeflowError
+from pipeflow.errors import BackendError, PipeflowError
 from pipeflow.testing import local_s3
 from pipeflow.testing.proxy import DelayProxy, Faults
 
@@ -64,18 +64,10 @@ def _faults_seen(proxy) -> int:
     return sum(faults.values()) if isinstance(faults, dict) else int(faults or 0)
 
 
-_S5CMD_TRUNCATION = pytest.mark.xfail(
-    strict=True, raises=CorruptDataError,
-    reason="BUG (pipeflow/backends/s5cmd.py, S5cmdBackend.open): when the connection is reset "
-           "mid-body, 's5cmd cat' ends the stream early without an error and the truncated body "
-           "reaches untar (CorruptDataError) instead of being retried/resumed")
-
-
 def _fault_cases():
     for backend in BACKENDS:
         for fault in sorted(FAULTS):
-            bad = backend == "s5cmd" and fault in ("reset-mid-body", "everything")
-            yield pytest.param(backend, fault, marks=[_S5CMD_TRUNCATION] if bad else [])
+            yield pytest.param(backend, fault)
 
 
 @pytest.mark.parametrize("backend,fault", list(_fault_cases()))
