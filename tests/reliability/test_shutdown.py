@@ -46,11 +46,20 @@ def _threads() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if not t.name.startswith(_SINGLETON_THREADS)}
 
 
+def _cmdline(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except (psutil.ZombieProcess, psutil.NoSuchProcess):  # exited meanwhile, or a zombie
+        return ""
+
+
 def _children() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)
-            if "moto.server" not in " ".join(p.cmdline())
-            and "forkserver" not in " ".join(p.cmdline())
-            and "resource_tracker" not in " ".join(p.cmdline())}
+    out = set()
+    for p in psutil.Process().children(recursive=True):
+        cmd = _cmdline(p)
+        if not any(infra in cmd for infra in ("moto.server", "forkserver", "resource_tracker")):
+            out.add(p.pid)
+    return out
 
 
 def _fds() -> int:

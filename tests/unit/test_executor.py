@@ -80,7 +80,14 @@ def test_crashed_worker_process_raises_clearly_without_orphans():
 
 def _forkserver(before):
     # the forkserver and resource tracker are shared, long-lived multiprocessing infrastructure
-    return {p.pid for p in psutil.Process().children() if "from multiprocessing" in " ".join(p.cmdline())}
+    return {p.pid for p in psutil.Process().children() if "from multiprocessing" in _cmdline(p)}
+
+
+def _cmdline(p):
+    try:
+        return " ".join(p.cmdline())
+    except (psutil.ZombieProcess, psutil.NoSuchProcess):
+        return ""
 
 
 @pytest.mark.parametrize("how", ["break", "close", "gc", "exception"])
