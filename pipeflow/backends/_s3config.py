@@ -28,6 +28,7 @@ from ..errors import (
     InvalidURLError,
     ObjectNotFoundError,
     PipeflowError,
+    RetryExhaustedError,
 )
 from ._retry import RetryPolicy
 from .base import BackendOptions
@@ -147,7 +148,9 @@ class S3Options(BackendOptions):
         """``botocore.config.Config`` arguments for addressing, timeouts and no SDK retries."""
         kwargs: dict[str, Any] = {
             # pipeflow's RetryPolicy is the only retry layer (one attempt per SDK call)
-            "retries": {"max_attempts": 1, "mode": "standard"},
+            # (botocore's "max_attempts" counts retries after the first try; "total_max_attempts"
+            # counts tries)
+            "retries": {"total_max_attempts": 1, "mode": "standard"},
         }
         if self.use_path_style():
             kwargs["s3"] = {"addressing_style": "path"}
@@ -221,6 +224,11 @@ def translate_s3_error(exc: BaseException, *, url: str, backend: str, op: str) -
             return ConfigError(f"AWS profile not found ({backend}, {url})")
         if isinstance(exc, bexc.BotoCoreError):
             return BackendError(f"{type(exc).__name__}", url=url, backend=backend, op=op)
+    stx = __import__("sys").modules.get("s3transfer.exceptions")
+    if stx is not None and isinstance(exc, stx.RetriesExceededError):
+        # boto3's managed transfers (download_fileobj, iopath) retry downloads on their own
+        return RetryExhaustedError(f"the transfer gave up after its retries: "
+                                   f"{type(exc.last_exception).__name__}", url=url, backend=backend, op=op)
     if isinstance(exc, FileNotFoundError):
         return ObjectNotFoundError("no such object", url=url, backend=backend, op=op)
     if isinstance(exc, PermissionError):

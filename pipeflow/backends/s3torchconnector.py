@@ -29,7 +29,7 @@ roles): explicit ``access_key``/``secret_key`` are not supported by this SDK.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, Literal
 
@@ -81,12 +81,36 @@ class S3TorchConnectorOptions(S3Options):
 
 
 class _ChunkStream(io.RawIOBase):
-    """A raw stream over the CRT's iterator of body chunks."""
+    """A raw stream over the CRT's iterator of body chunks.
 
-    def __init__(self, chunks: Iterator[bytes]) -> None:
+    The CRT sends the request lazily and reports its failure on the first chunk. A failure
+    before any byte is a failed *request*, already retried by the CRT: ``on_request_error``
+    maps it to a typed (final) error. A failure after some bytes is a broken body, raised as
+    is for the caller to resume.
+    """
+
+    def __init__(self, chunks: Iterator[bytes],
+                 on_request_error: Callable[[BaseException], BaseException] | None = None) -> None:
         super().__init__()
         self._chunks = chunks
         self._buf = memoryview(b"")
+        self._on_request_error = on_request_error
+        self._started = False
+
+    def _next(self) -> bytes:
+        try:
+            chunk = next(self._chunks)
+        except StopIteration:
+            raise
+        except Exception as exc:
+            if self._started or self._on_request_error is None:
+                raise
+            err = self._on_request_error(exc)
+            if err is exc:
+                raise
+            raise err from exc
+        self._started = True
+        return chunk
 
     def readable(self) -> bool:
         return True
@@ -94,7 +118,7 @@ class _ChunkStream(io.RawIOBase):
     def readinto(self, buffer: Any) -> int:
         if not self._buf:
             try:
-                self._buf = memoryview(next(self._chunks))
+                self._buf = memoryview(self._next())
             except StopIteration:
                 return 0
         n = min(len(buffer), len(self._buf))
@@ -105,8 +129,11 @@ class _ChunkStream(io.RawIOBase):
     def readall(self) -> bytes:
         parts = [bytes(self._buf)]
         self._buf = memoryview(b"")
-        parts.extend(self._chunks)
-        return b"".join(parts)
+        while True:
+            try:
+                parts.append(self._next())
+            except StopIteration:
+                return b"".join(parts)
 
     def read(self, size: int = -1) -> bytes:
         if size is None or size < 0:
@@ -211,7 +238,8 @@ class S3TorchConnectorBackend(Backend):
             if start and found.size is not None and start >= found.size:
                 return io.BytesIO(b"")  # a range starting past the end (S3 answers 416)
             raise BackendError("S3 request failed", url=url, backend=self.name, op="open") from exc
-        return _ChunkStream(iter(chunks))  # type: ignore[return-value]
+        return _ChunkStream(iter(chunks),  # type: ignore[return-value]
+                            on_request_error=lambda exc: self._error(exc, loc, url, "open"))
 
     def _reader(self, loc: S3Location, url: str) -> IO[bytes]:
         from s3torchconnector import S3ReaderConstructor
