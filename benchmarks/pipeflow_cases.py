@@ -72,7 +72,8 @@ def tar_shards(shards: list[str], *, backend: str, decode: bool = False) -> pf.P
     """Sequential reads of tar shards: the shard list split by rank and worker, one streaming
     GET per shard, members grouped into samples."""
     pipeline = pf.from_items(shards).shard_by_rank().open(backend).untar().group_pairs()
-    pipeline = pipeline.map(_strip)
+    # network reads and tar parsing run on a background thread while the consumer decodes
+    pipeline = pipeline.map(_strip).prefetch(64)
     return pipeline.map(_common.decode_sample) if decode else pipeline
 
 
