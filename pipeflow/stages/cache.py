@@ -26,12 +26,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
+from .._fs import atomic_write
 from ..errors import ConfigError
 from ..items import ObjectInfo, Record
 from .map import Mapper
@@ -100,15 +100,7 @@ class DiskCache:
         path = self.path_for(url)
         parent = os.path.dirname(path)
         os.makedirs(parent, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=_TMP_PREFIX, dir=parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        atomic_write(path, data, tmp_prefix=_TMP_PREFIX)
         with self._lock:
             if self._estimate is None:
                 self._estimate = self._scan_total()

@@ -25,12 +25,10 @@ map of 256 classes, 1024x1024 in the articles); the JPEG is the 002 classificati
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import sys
 import tarfile
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -40,6 +38,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from .._fs import atomic_write
 from ..errors import ConfigError
 
 __all__ = [
@@ -187,15 +186,7 @@ class _LocalSink(_Sink):
     def put(self, name: str, data: bytes) -> None:
         path = os.path.join(self.root, name)
         # a complete file or none at all, so an interrupted run never leaves a torn sample
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.root)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        atomic_write(path, data)
 
 
 def s3_client(**kwargs: Any) -> Any:
