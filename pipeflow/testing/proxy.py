@@ -741,6 +741,9 @@ class DelayProxy:
             loop.run_forever()
         finally:
             loop.run_until_complete(loop.shutdown_asyncgens())
+            # joins the resolver threads (getaddrinfo for upstream connections): close() alone
+            # leaves them to finish on their own, after stop() has returned
+            loop.run_until_complete(loop.shutdown_default_executor())
             loop.close()
 
     def stop(self) -> None:
