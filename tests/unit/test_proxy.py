@@ -297,8 +297,14 @@ def test_stop_joins_the_thread_and_closes_the_port(server):
     conn = _conn(proxy)
     conn.request("GET", "/obj/10")  # left in flight on purpose
     proxy.stop()
+    assert not any(t.name == "pipeflow-delay-proxy" for t in threading.enumerate())
     proxy.stop()
     conn.close()
+    # the test server's handler thread for the proxy's upstream connection ends when it reads
+    # the EOF the proxy sent; give it a moment rather than racing it
+    deadline = time.monotonic() + 5
+    while threading.active_count() > threads_before and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert threading.active_count() == threads_before
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
