@@ -90,20 +90,20 @@ def _budget_cases():
             yield pytest.param(status, backend)
 
 
+# "within bounded time" is enforced by pytest-timeout (a hang fails the test), not by timing
+# the call: the retry budget itself is a few hundredths of a second of backoff
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("status,backend", list(_budget_cases()))
 def test_past_the_retry_budget_a_typed_error_within_bounded_time(s3, shards, backend, status):
     budget = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, max_resumes=3)
     with DelayProxy(s3.endpoint, delay_ms=0, faults=Faults(error_rate=1.0, error_status=status)) as proxy:
         pipe = pf.from_items(shards).open(backend, endpoint=proxy.url, retry=budget).untar()
-        started = time.monotonic()
         with pytest.raises(PipeflowError) as info:
             list(pipe)
-        elapsed = time.monotonic() - started
         INJECTED[f"budget-{status}"] += _faults_seen(proxy)
         FIGURES["faults injected"] += _faults_seen(proxy)
     assert isinstance(info.value, BackendError), f"{type(info.value).__name__}: {info.value}"
     assert shards[0] in str(info.value), "the error names the object"
-    assert elapsed < 60, f"{backend} took {elapsed:.0f}s to give up"
 
 
 class _Relay:
