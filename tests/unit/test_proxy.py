@@ -139,6 +139,8 @@ def test_delays_the_first_byte_of_every_response(server):
         for _ in range(2):
             start = time.perf_counter()
             assert _get(conn, "/obj/100") == (200, _body(100))
+            # the behaviour under test is the injected delay itself; a lower bound cannot fail
+            # because the machine is slow, only if the proxy does not delay
             assert time.perf_counter() - start >= 0.14
         conn.close()
 
@@ -268,7 +270,7 @@ def test_stall_holds_the_response(server):
         conn = _conn(proxy)
         start = time.perf_counter()
         assert _get(conn, "/obj/10") == (200, _body(10))
-        assert time.perf_counter() - start >= 0.29
+        assert time.perf_counter() - start >= 0.29  # the stall was applied (a lower bound only)
         assert _get(conn, "/obj/11") == (200, _body(11))
         conn.close()
         assert proxy.stats()["faults"] == {"stall": 1}
