@@ -293,7 +293,7 @@ def test_set_faults_and_reset_counts(server):
 
 def test_stop_joins_the_thread_and_closes_the_port(server):
     url, _ = server
-    threads_before = threading.active_count()
+    threads_before = set(threading.enumerate())
     proxy = DelayProxy(url, delay_ms=50).start()
     port = int(proxy.url.rsplit(":", 1)[1])
     conn = _conn(proxy)
@@ -305,9 +305,9 @@ def test_stop_joins_the_thread_and_closes_the_port(server):
     # the test server's handler thread for the proxy's upstream connection ends when it reads
     # the EOF the proxy sent; give it a moment rather than racing it
     deadline = time.monotonic() + 5
-    while threading.active_count() > threads_before and time.monotonic() < deadline:
+    while set(threading.enumerate()) - threads_before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert threading.active_count() == threads_before
+    assert set(threading.enumerate()) - threads_before == set()  # nothing started here survives
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
