@@ -212,11 +212,12 @@ class Pipeline(torch.utils.data.IterableDataset):
                           allow_pickle=allow_pickle, on_error=on_error, workers=workers, method=method)
 
     def read_tfrecord(self, *, check_crc: bool = True, parse_example: bool = True,
-                      on_error: Literal["raise", "skip"] = "raise") -> Pipeline:
+                      on_error: Literal["raise", "skip"] = "raise",
+                      compression: Literal["auto", "none", "gzip", "zlib"] = "auto") -> Pipeline:
         """Read opened TFRecord files; parse ``tf.train.Example`` records into dicts."""
         from .stages.tfrecord import TFRecordReader
         return self._then("read_tfrecord", TFRecordReader, check_crc=check_crc,
-                          parse_example=parse_example, on_error=on_error)
+                          parse_example=parse_example, on_error=on_error, compression=compression)
 
 
     # ---- recipes support (issue: recipes) -----------------------------------------------
@@ -325,14 +326,15 @@ def interleave(pipelines: Sequence[Pipeline], *, stop: Literal["first", "all"] =
 
 
 # ---- formats: pipe-mode source -----------------------------------------------------------------
-def tfrecord_stream(path: str, *, check_crc: bool = True, parse_example: bool = True) -> Pipeline:
+def tfrecord_stream(path: str, *, check_crc: bool = True, parse_example: bool = True,
+                    compression: Literal["auto", "none", "gzip", "zlib"] = "auto") -> Pipeline:
     """A pipeline over one continuous stream of TFRecords (a FIFO, as SageMaker Pipe mode
     delivers it, a pipe or a file). ``path`` may contain ``{epoch}``, ``{rank}``, ``{worker}``.
     """
     from .stages.tfrecord import PerProcessTFRecordStream, TFRecordStream
     per_process = "{rank}" in str(path) or "{worker}" in str(path)
     cls = PerProcessTFRecordStream if per_process else TFRecordStream
-    kwargs = {"check_crc": check_crc, "parse_example": parse_example}
+    kwargs = {"check_crc": check_crc, "parse_example": parse_example, "compression": compression}
     _validate(cls, 0, (path,), kwargs)
     return Pipeline(Node(cls, (path,), kwargs, (), _label("tfrecord_stream", (path,), kwargs)))
 
