@@ -261,6 +261,18 @@ class Pipeline(torch.utils.data.IterableDataset):
         """Counters (skips, retries, ...) of the iterations run by this process, by stage."""
         return self._stats.snapshot()
 
+    def write_shards(self, url: str, *, format: Literal["tar", "tfrecord"] = "tar",
+                     max_size: int | None = 256 << 20, max_count: int | None = None,
+                     **options: Any) -> Any:
+        """Run the pipeline once and write its samples as tar or TFRecord shards under ``url``
+        (each shard atomic, a rerun continues an interrupted write, ``manifest.json`` beside
+        them); returns the :class:`~pipeflow.sinks.ShardManifest`. Further options (``name``,
+        ``workers``, ``backend``, ``overwrite``, ``progress``, ``backend_options``): see
+        :func:`pipeflow.sinks.shards.write_shards`."""
+        from .sinks.shards import write_shards
+        return write_shards(self, url, format=format, max_size=max_size, max_count=max_count,
+                            **options)
+
     def explain(self) -> str:
         """A text drawing of the stage graph with every stage's options."""
         lines: list[str] = []
