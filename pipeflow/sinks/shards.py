@@ -207,6 +207,16 @@ class _Committer:
             future.result()
         self.futures = []
 
+    def drain(self) -> None:
+        """After a failure elsewhere: let shards already sealed finish committing (a rerun
+        then has less to redo); their own errors matter less than the one being raised."""
+        for future in self.futures:
+            try:
+                future.result()
+            except Exception:  # noqa: BLE001 - the caller is already raising the first error
+                pass
+        self.futures = []
+
     def shutdown(self) -> None:
         """Stop: queued uploads are cancelled, running ones end (each is atomic)."""
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -328,6 +338,9 @@ def _run(pipeline: Any, options: ShardOptions, committer: _Committer,
                 _seal(shard, options, encoder, committer, None)
                 shard = None
             committer.finish()
+        except Exception:
+            committer.drain()
+            raise
         finally:
             if shard is not None:
                 shard.discard()
