@@ -233,7 +233,8 @@ def test_killed_writer_resumes_to_the_same_shards(tmp_path):
     out = tmp_path / "out"
     script = tmp_path / "writer.py"
     script.write_text(SCRIPT.format(tests=str(ROOT / "tests")))
-    env = {**os.environ, "PIPEFLOW_TEST_DELAY": "0.03", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PIPEFLOW_TEST_DELAY": "0.03", "PYTHONPATH": path}
     proc = subprocess.Popen([sys.executable, str(script), str(out)], env=env)
     try:
         deadline = time.monotonic() + 60
