@@ -91,22 +91,24 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import PipeflowError
     from ..stages.listing import list_now
 
-    bar = _Bar(f"{args.src} -> {args.dst}", not args.quiet)
     try:
         objects = list_now(args.src, backend=args.backend)
         pipe = (pf.from_items(objects)
                 .open(args.backend, read=True, workers=args.workers)
                 .group_pairs()
                 .map(_relative_key(args.src)))
-        manifest = pipe.write_shards(args.dst, format=args.format,
-                                     max_size=max(1, int(args.max_size * 1e6)),
-                                     max_count=args.max_count, name=args.name,
-                                     workers=args.workers, overwrite=args.overwrite, progress=bar)
+        bar = _Bar(f"{args.src} -> {args.dst}", not args.quiet)
+        try:
+            manifest = pipe.write_shards(args.dst, format=args.format,
+                                         max_size=max(1, int(args.max_size * 1e6)),
+                                         max_count=args.max_count, name=args.name,
+                                         workers=args.workers, overwrite=args.overwrite,
+                                         progress=bar)
+        finally:
+            bar.close()
     except PipeflowError as exc:
         print(f"pipeflow convert: {exc}", file=sys.stderr)
         return 2
-    finally:
-        bar.close()
     print(f"wrote {manifest.samples} samples from {len(objects)} objects as "
           f"{len(manifest.shards)} {args.format} shards, {manifest.size / 1e6:.1f} MB, to "
           f"{args.dst} (manifest: {args.dst.rstrip('/')}/manifest.json)")
