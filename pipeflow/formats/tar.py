@@ -44,6 +44,7 @@ MAX_SPARSE_SIZE = 1 << 32
 _REGULAR = (b"0", b"\x00", b"7", b"S")
 _SKIPPED_NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")   # links, devices, dirs, fifos: no data
 _EXTENDED = (b"x", b"g", b"L", b"K")
+_NONE: dict[str, bytes] = {}  # the PAX fields of a member without any (never modified)
 
 
 class TarMember(NamedTuple):
@@ -358,7 +359,10 @@ def _read_member(reader: _Reader, header: bytes, typeflag: bytes, fields: dict[s
     if typeflag == b"S":
         sparse = reader.gnu_sparse(header, name)
     padded = (size + BLOCK - 1) // BLOCK * BLOCK
-    data = reader.read(size, "member", member=name)
+    data = read_exact(reader.stream, size)
+    if len(data) < size:
+        raise _corrupt(f"member is truncated ({len(data)} of {size} bytes)", reader.url,
+                       member=name, offset=header_offset)
     if padded > size:
         reader.read(padded - size, "member padding", member=name)
     reader.offset += padded
@@ -392,11 +396,12 @@ def iter_tar(stream: IO[bytes], url: str = "", *, skip: int = 0) -> Iterator[Tar
     to_skip = skip
     while (header := reader.header()) is not None:
         typeflag = header[156:157]
-        fields = {**reader.global_pax, **dict(reader.pending_pax)}
+        pending = reader.pending_pax
+        fields = {**reader.global_pax, **dict(pending)} if pending or reader.global_pax else _NONE
         if typeflag in _EXTENDED:
             reader.extended(typeflag, reader.size_of(header, fields))
             continue
-        sparse = _pax_sparse(reader.pending_pax, url, reader.offset)
+        sparse = _pax_sparse(pending, url, reader.offset) if pending else None
         name = reader.name_of(header, fields)
         member_offset = reader.entry_start
         reader.pending_pax, reader.long_name, reader.entry_start = [], None, None
