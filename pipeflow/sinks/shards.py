@@ -12,7 +12,9 @@ How it works:
   of a shard is ever visible under its final name.
 * After each commit the manifest (:mod:`pipeflow.sinks.manifest`) is rewritten with the
   shards committed so far and, once shards ``0..k-1`` are all committed, the pipeline's
-  position at the first sample of shard ``k``.
+  position at the first sample of shard ``k``. The position is taken only where the next
+  sample may start a shard (full by count, or less room than the largest sample so far);
+  a boundary without one leaves the resume point at the boundary before.
 * A rerun with the same options continues an incomplete manifest: the pipeline resumes at
   shard ``k`` (or from the start when its state could not be stored), shards listed as
   committed are re-encoded and compared by SHA-256 instead of uploaded again (a mismatch
@@ -102,6 +104,10 @@ class _OpenShard:
             return False
         return options.max_size is None or self.size + nbytes <= options.max_size
 
+    def may_end(self, biggest: int, options: ShardOptions) -> bool:
+        """Whether a sample no larger than ``biggest`` might not fit (then it ends the shard)."""
+        return not self.fits(biggest, options)
+
     def add(self, key: str | None, data: bytes) -> None:
         self.file.write(data)
         self.hash.update(data)
@@ -182,7 +188,9 @@ class _Committer:
             k = self.resume["next_shard"] if self.resume else 0
             while k in self.committed:
                 k += 1
-            if k and k - 1 in self.states:
+            # a boundary without a stored position leaves the resume point where it was:
+            # a rerun then re-encodes the shards after it and compares their checksums
+            if k and self.states.get(k - 1) is not None:
                 self.resume = {"next_shard": k, "state": self.states[k - 1]}
                 for done in [i for i in self.states if i < k - 1]:
                     del self.states[done]
@@ -317,14 +325,19 @@ def _run(pipeline: Any, options: ShardOptions, committer: _Committer,
     samples = nbytes = 0
     with tempfile.TemporaryDirectory(prefix="pipeflow-shards-") as tmp:
         shard: _OpenShard | None = None
+        biggest = 0  # the largest encoded sample so far
         try:
             while True:
-                state = it.state_dict()
+                # a pipeline's position can be costly (a large shuffle buffer): take it only
+                # where the next sample may start a new shard
+                state = it.state_dict() if shard is not None and shard.may_end(biggest, options) \
+                    else None
                 try:
                     item = next(it)
                 except StopIteration:
                     break
                 key, data = encoder.encode(item)
+                biggest = max(biggest, len(data))
                 if shard is not None and not shard.fits(len(data), options):
                     _seal(shard, options, encoder, committer, state)
                     shard, index = None, index + 1

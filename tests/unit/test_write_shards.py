@@ -302,3 +302,24 @@ def test_manifest_that_is_not_ours_is_corrupt_data(tmp_path):
     (out / "manifest.json").write_text('{"something": "else"}')
     with pytest.raises(pf.errors.CorruptDataError, match="not a pipeflow shard manifest"):
         pf.from_items(make_samples(2)).write_shards(str(out))
+
+
+def test_boundary_without_a_stored_position_resumes_from_an_earlier_one(tmp_path):
+    # the pipeline's position is taken only near the end of a shard; a sample far larger than
+    # any before it ends a shard unannounced, so the resume point stays at the boundary before
+    sizes = [100] * 13 + [30_000] + [100] * 12 + [30_000] + [100] * 12
+    data = [{"__key__": f"{i:05d}", "bin": bytes([i % 251]) * n} for i, n in enumerate(sizes)]
+    out = tmp_path / "out"
+    fail = Failing(at=14)
+    pipe = pf.from_items(data).map(fail)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        pipe.write_shards(str(out), max_size=4096, workers=1)
+    partial = json.loads((out / "manifest.json").read_text())
+    # shards of 3, 3, 3, 3 and 1 small samples are committed; the last ended unannounced
+    assert [s["samples"] for s in partial["shards"]] == [3, 3, 3, 3, 1]
+    assert partial["resume"]["next_shard"] == 4
+    fail.armed = False
+    done = pipe.write_shards(str(out), max_size=4096, workers=1)
+    clean = pf.from_items(data).map(fail).write_shards(str(tmp_path / "clean"), max_size=4096)
+    assert [s.sha256 for s in done.shards] == [s.sha256 for s in clean.shards]
+    assert [m.data for m in iter_tar(open(done.urls()[-1], "rb"))][-1] == data[-1]["bin"]
