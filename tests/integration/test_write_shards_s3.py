@@ -47,13 +47,25 @@ def test_tar_shards_on_s3_read_back_through_every_reader(s3, s3_bucket, tmp_path
         path = tmp_path / shard.name
         path.write_bytes(body)
         local.append(str(path))
-    for backend in ("boto3", "fsspec"):
-        ours = list(pf.from_items(manifest.urls()).open(backend).untar().group_pairs())
-        assert [(s["__key__"], s["bin"], s["cls"]) for s in ours] == \
-            [(s["__key__"], s["bin"], s["cls"].encode()) for s in data]
+    ours = list(pf.from_items(manifest.urls()).open("boto3").untar().group_pairs())
+    assert [(s["__key__"], s["bin"], s["cls"]) for s in ours] == \
+        [(s["__key__"], s["bin"], s["cls"].encode()) for s in data]
     theirs = list(wds.WebDataset(local, shardshuffle=False, empty_check=False))
     assert [(s["__key__"], s["bin"], s["cls"]) for s in theirs] == \
         [(s["__key__"], s["bin"], s["cls"].encode()) for s in data]
+
+
+@pytest.mark.parametrize("backend", ["fsspec", "s3fs", "iopath", "s3torchconnector", "s5cmd"])
+def test_shards_read_back_identically_through_every_s3_backend(s3, s3_bucket, backend):
+    data = samples(12)
+    tars = pf.from_items(data).write_shards(f"s3://{s3_bucket}/t", max_count=5)
+    tfs = pf.from_items(data).write_shards(f"s3://{s3_bucket}/r", format="tfrecord", max_count=5)
+    ours = list(pf.from_items(tars.urls()).open(backend).untar().group_pairs())
+    assert [(s["__key__"], s["bin"], s["cls"]) for s in ours] == \
+        [(s["__key__"], s["bin"], s["cls"].encode()) for s in data]
+    records = list(pf.from_items(tfs.urls()).open(backend).read_tfrecord())
+    assert [(r["key"], r["bin"], r["cls"]) for r in records] == \
+        [([s["__key__"].encode()], [s["bin"]], [s["cls"].encode()]) for s in data]
 
 
 def test_tfrecord_shards_on_s3(s3, s3_bucket, tmp_path):
