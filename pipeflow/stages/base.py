@@ -30,12 +30,14 @@ from ..errors import StageContractError
 from ..items import describe_item
 from ..run_context import RunContext
 
-__all__ = ["SOURCES_KEY", "Stage", "describe_item"]
+__all__ = ["REPLAY_KEY", "SOURCES_KEY", "Rewind", "Stage", "describe_item"]
 
 T = TypeVar("T")
 
 #: the key under which every stage's state holds its sources' states (a list, one per source)
 SOURCES_KEY = "sources"
+#: the key under which a state counts source items to pull and drop before resuming (:class:`Rewind`)
+REPLAY_KEY = "replay"
 
 
 class Stage(Generic[T]):
@@ -58,6 +60,11 @@ class Stage(Generic[T]):
         self._needs_reset = True
         self._resume_state: dict[str, Any] | None = None
         self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close` until the stage is started again."""
+        return self._closed
 
     @property
     def source(self) -> Stage[Any]:
@@ -144,3 +151,49 @@ class Stage(Generic[T]):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
+
+
+class Rewind:
+    """The position of a one-input stage before items it pulled but had not delivered when an
+    error ended ``next()`` (a half-built batch, the item a function failed on), without saving
+    the source's state for every item.
+
+    The source's state is taken every ``every`` pulls (and whenever the stage reports its
+    position anyway); the items pulled since are counted. After an error the state is that
+    anchor plus how many of those items were delivered, under :data:`REPLAY_KEY`; resuming
+    pulls and drops them again (:meth:`replay`), which costs at most ``every`` upstream items,
+    once.
+    """
+
+    __slots__ = ("anchor", "every", "since")
+
+    def __init__(self, every: int = 1024) -> None:
+        self.every = every
+        self.anchor: dict[str, Any] = {}
+        self.since = 0
+
+    @staticmethod
+    def replay(source: Stage[Any], state: dict[str, Any] | None) -> None:
+        """Pull and drop the items a state says were delivered after its source position."""
+        for _ in range(int(state.get(REPLAY_KEY, 0)) if state else 0):
+            next(source)
+
+    def restart(self, source: Stage[Any]) -> None:
+        self.anchor = source.state_dict()
+        self.since = 0
+
+    def pull(self, source: Stage[Any]) -> Any:
+        if self.since >= self.every:
+            self.restart(source)
+        item = next(source)
+        self.since += 1
+        return item
+
+    def here(self, source: Stage[Any]) -> dict[str, Any]:
+        """The source's state now, which also becomes the anchor (it is paid for anyway)."""
+        self.restart(source)
+        return self.anchor
+
+    def before(self, undelivered: int) -> dict[str, Any]:
+        """The state before the last ``undelivered`` items pulled."""
+        return {SOURCES_KEY: [self.anchor], REPLAY_KEY: self.since - undelivered}

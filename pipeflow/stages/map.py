@@ -18,7 +18,7 @@ from typing import Any, Literal
 from .._checks import check_choice, check_int
 from ..errors import ConfigError, WorkerCrashedError
 from ..executor.window import Window
-from .base import SOURCES_KEY, Stage, describe_item
+from .base import SOURCES_KEY, Rewind, Stage, describe_item
 
 __all__ = ["Mapper", "WindowedStage"]
 
@@ -58,6 +58,7 @@ class WindowedStage(Stage[Any]):
         check_choice(on_error, f"{what}(on_error=...)", ("raise", "skip"))
         check_int(max_inflight, f"{what}(max_inflight=...)", low=1, optional=True)
         self._fn = fn
+        self._inline = inline
         self._on_error = on_error
         self._skippable = skippable
         #: skips would make equalize's count an overestimate
@@ -67,6 +68,9 @@ class WindowedStage(Stage[Any]):
         self._window = Window(fn, workers=workers, method=method, in_order=in_order,
                               limit=max_inflight, start_method=start_method, inline=inline,
                               on_discard=on_discard)
+        #: inline (workers=0): the position before an item whose function raised
+        self._rewind = Rewind()
+        self._undelivered = 0
 
     def _check_picklable(self) -> None:
         try:
@@ -83,6 +87,9 @@ class WindowedStage(Stage[Any]):
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self, state: dict[str, Any] | None) -> None:
+        Rewind.replay(self.source, state)
+        self._rewind.restart(self.source)
+        self._undelivered = 0
         self._window.name = self.name
         self._window.restart(state.get("skip", ()) if state else ())
 
@@ -101,6 +108,8 @@ class WindowedStage(Stage[Any]):
 
     # ---- work -----------------------------------------------------------------------------
     def next(self) -> Any:
+        if not self._window.workers:
+            return self._next_inline()
         window = self._window
         while True:
             task = window.next_task(self.source)
@@ -114,6 +123,27 @@ class WindowedStage(Stage[Any]):
                 continue
             window.complete(task)
             return value
+
+    def _next_inline(self) -> Any:
+        # no window here: one item at a time needs no futures, and no source state per item
+        rewind, source, inline = self._rewind, self.source, self._inline
+        self._undelivered = 0
+        while True:
+            item = rewind.pull(source)
+            self._undelivered = 1
+            try:
+                if inline is not None:
+                    done, value = inline(item)
+                    if done:
+                        break
+                value = self._fn(item)
+            except Exception as exc:
+                self._failed(exc, item)  # raises unless the item is skipped
+                self._undelivered = 0
+                continue
+            break
+        self._undelivered = 0
+        return value
 
     def _failed(self, exc: BaseException, item: Any) -> None:
         if isinstance(exc, BrokenProcessPool):
@@ -129,6 +159,10 @@ class WindowedStage(Stage[Any]):
         raise exc
 
     def get_state(self) -> dict[str, Any]:
+        if not self._window.workers:
+            if self._undelivered:
+                return self._rewind.before(self._undelivered)
+            return {SOURCES_KEY: [self._rewind.here(self.source)], "skip": []}
         snapshot, skip = self._window.position(self.source)
         return {SOURCES_KEY: [snapshot], "skip": skip}
 
