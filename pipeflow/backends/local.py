@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
@@ -134,7 +134,10 @@ class LocalBackend(Backend):
         directory = os.path.dirname(dest) or "."
         try:
             os.makedirs(directory, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".upload-", dir=directory)
+            # not mkstemp: its files are 0600, and a published file should get the usual
+            # permissions (0666 less the umask), like any file this process writes
+            tmp = os.path.join(directory, f".upload-{secrets.token_hex(8)}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
             try:
                 with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
                     shutil.copyfileobj(src, out, 1 << 20)

@@ -323,3 +323,13 @@ def test_boundary_without_a_stored_position_resumes_from_an_earlier_one(tmp_path
     clean = pf.from_items(data).map(fail).write_shards(str(tmp_path / "clean"), max_size=4096)
     assert [s.sha256 for s in done.shards] == [s.sha256 for s in clean.shards]
     assert [m.data for m in iter_tar(open(done.urls()[-1], "rb"))][-1] == data[-1]["bin"]
+
+
+def test_local_shards_get_the_usual_file_permissions(tmp_path):
+    old = os.umask(0o022)
+    try:
+        manifest = pf.from_items(make_samples(3)).write_shards(str(tmp_path / "p"))
+    finally:
+        os.umask(old)
+    for url in manifest.urls() + [str(tmp_path / "p" / "manifest.json")]:
+        assert os.stat(url).st_mode & 0o777 == 0o644
