@@ -178,3 +178,9 @@ def test_convert_cli_errors_are_one_line(s3, s3_bucket, tmp_path):
     proc = _convert(str(tmp_path / "src"), str(tmp_path / "x"), "--max-count", "0")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("pipeflow convert: write_shards(max_count=...)")
+
+
+def test_missing_bucket_is_a_typed_error_naming_the_url(s3, tmp_path):
+    with pytest.raises(pf.errors.ObjectNotFoundError) as err:
+        pf.from_items(samples(3)).write_shards("s3://no-such-bucket-for-shards/x")
+    assert "s3://no-such-bucket-for-shards/x/" in str(err.value)
