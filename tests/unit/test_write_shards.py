@@ -11,12 +11,15 @@ import sys
 import tarfile
 import tempfile
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import webdataset as wds
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tfrecord.reader import example_loader, tfrecord_iterator
 
 import pipeflow as pf
@@ -333,3 +336,39 @@ def test_local_shards_get_the_usual_file_permissions(tmp_path):
         os.umask(old)
     for url in manifest.urls() + [str(tmp_path / "p" / "manifest.json")]:
         assert os.stat(url).st_mode & 0o777 == 0o644
+
+
+def test_no_upload_thread_outlives_the_call(tmp_path):
+    def ours():
+        return [t for t in threading.enumerate() if t.name.startswith("pipeflow-write-shards")]
+
+    before = set(ours())
+    pf.from_items(make_samples(20)).write_shards(str(tmp_path / "a"), max_count=2, workers=4)
+    assert set(ours()) == before
+    with pytest.raises(RuntimeError):
+        pf.from_items(make_samples(20)).map(Failing(at=9)).write_shards(
+            str(tmp_path / "b"), max_count=2, workers=4)
+    assert set(ours()) == before
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(sizes=st.lists(st.integers(0, 5000), max_size=30),
+       max_size=st.one_of(st.none(), st.integers(1, 12_000)),
+       max_count=st.one_of(st.none(), st.integers(1, 7)),
+       fmt=st.sampled_from(["tar", "tfrecord"]))
+def test_property_limits_order_and_content(tmp_path_factory, sizes, max_size, max_count, fmt):
+    data = [{"__key__": f"k{i:03d}", "bin": bytes([i % 256]) * n} for i, n in enumerate(sizes)]
+    out = tmp_path_factory.mktemp("prop")
+    manifest = pf.from_items(data).write_shards(str(out), format=fmt, max_size=max_size,
+                                                max_count=max_count, workers=2)
+    assert manifest.samples == len(data)
+    for shard in manifest.shards:
+        assert max_count is None or shard.samples <= max_count
+        assert max_size is None or shard.size <= max_size or shard.samples == 1
+        assert (out / shard.name).stat().st_size == shard.size
+    if fmt == "tar":
+        back = [(s["__key__"], s["bin"]) for s in pf.from_items(manifest.urls()).untar().group_pairs()]
+    else:
+        back = [(r["key"][0].decode(), r["bin"][0])
+                for r in pf.from_items(manifest.urls()).read_tfrecord()]
+    assert back == [(d["__key__"], d["bin"]) for d in data]
