@@ -372,3 +372,8 @@ def test_property_limits_order_and_content(tmp_path_factory, sizes, max_size, ma
         back = [(r["key"][0].decode(), r["bin"][0])
                 for r in pf.from_items(manifest.urls()).read_tfrecord()]
     assert back == [(d["__key__"], d["bin"]) for d in data]
+
+
+def test_misspelled_option_suggests_the_right_one(tmp_path):
+    with pytest.raises(ConfigError, match="did you mean 'max_count'"):
+        pf.from_items(make_samples(2)).write_shards(str(tmp_path / "o"), max_cont=3)
