@@ -18,6 +18,7 @@ import torch.utils.data
 
 from .graph import Node, checks_options, draw, format_value, make_label, validate
 from .iterator import PipelineIterator
+from .sinks import shards as _shards
 from .stages.base import Stage
 from .stages.batch import Batcher
 from .stages.cache import Cacher
@@ -40,7 +41,6 @@ from .stages.take import Taker
 from .stages.unbatch import Unbatcher
 from .stages.untar import Untarrer
 from .stages.zip import Zipper
-from .sinks.shards import write_shards
 from .stats import Stats
 
 __all__ = ["Pipeline", "from_items", "interleave", "mix"]
@@ -248,7 +248,7 @@ class Pipeline(torch.utils.data.IterableDataset):
         """Run the pipeline once and write its samples as tar or TFRecord shards under ``url``
         (each shard atomic, a rerun continues an interrupted write, ``manifest.json`` beside
         them); returns the :class:`~pipeflow.sinks.ShardManifest`. See docs/formats.md."""
-        return write_shards(self, url, format=format, max_size=max_size, max_count=max_count,
+        return _shards.write_shards(self, url, format=format, max_size=max_size, max_count=max_count,
                             name=name, workers=workers, backend=backend, overwrite=overwrite,
                             progress=progress, backend_options=backend_options)
 
