@@ -237,7 +237,7 @@ def test_killed_writer_resumes_to_the_same_shards(tmp_path):
     script = tmp_path / "writer.py"
     script.write_text(SCRIPT.format(tests=str(ROOT / "tests")))
     path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PIPEFLOW_TEST_DELAY": "0.03", "PYTHONPATH": path}
+    env = {**os.environ, "PIPEFLOW_TEST_DELAY": "0.1", "PYTHONPATH": path}
     proc = subprocess.Popen([sys.executable, str(script), str(out)], env=env)
     try:
         deadline = time.monotonic() + 60
