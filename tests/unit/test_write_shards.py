@@ -232,6 +232,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_killed_writer_resumes_to_the_same_shards(tmp_path):
     out = tmp_path / "out"
     script = tmp_path / "writer.py"
