@@ -52,6 +52,7 @@ class Batcher(Stage[Any]):
         batch: list[Any] = []
         source, size, rewind = self.source, self._size, self._rewind
         self._undelivered = 0
+        rewind.boundary(source)
         try:
             while len(batch) < size:
                 batch.append(rewind.pull(source))
