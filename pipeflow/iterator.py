@@ -37,6 +37,23 @@ def skip_counts(stats: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
     return out
 
 
+def _pipeline_order(root: Stage[Any]) -> list[Stage[Any]]:
+    """The stages of a built graph, each after its sources (the order explain() reads)."""
+    order: list[Stage[Any]] = []
+    seen: set[int] = set()
+
+    def visit(stage: Stage[Any]) -> None:
+        if id(stage) in seen:
+            return
+        seen.add(id(stage))
+        for src in stage.sources:
+            visit(src)
+        order.append(stage)
+
+    visit(root)
+    return order
+
+
 class PipelineIterator:
     """One pass (epoch) over a pipeline.
 
@@ -59,6 +76,8 @@ class PipelineIterator:
         self._ctx = RunContext.detect(epoch, stats=stats)
         self._root = build(node, self._ctx)
         self._done = False
+        self._stages = _pipeline_order(self._root)
+        self._ctx.stats.attach(id(self), self.measure)
 
     @property
     def context(self) -> RunContext:
@@ -94,6 +113,10 @@ class PipelineIterator:
             shown = "; ".join(f"{stage}: " + ", ".join(f"{n} {what}" for what, n in counts.items())
                               for stage, counts in skipped.items())
             log.warning("pipeflow: epoch %d ended with skipped items: %s", self._ctx.epoch, shown)
+
+    def measure(self) -> dict[str, dict[str, float]]:
+        """Every stage's numbers (see :meth:`Stage.measure`), sources first."""
+        return {stage.name: stage.measure() for stage in self._stages}
 
     def _shard(self) -> list[int]:
         ctx = self._ctx
@@ -142,6 +165,9 @@ class PipelineIterator:
         for stage in walk(root):  # also the sources of a custom stage whose close() skipped them
             if not stage.closed:
                 stage.close()
+        stats = self._ctx.stats
+        stats.detach(id(self), self.measure())
+        stats.publish()  # the end of an epoch reaches the owner before the epoch ends there
 
     def __del__(self) -> None:
         try:

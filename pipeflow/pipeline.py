@@ -41,7 +41,7 @@ from .stages.take import Taker
 from .stages.unbatch import Unbatcher
 from .stages.untar import Untarrer
 from .stages.zip import Zipper
-from .stats import Stats
+from .stats import PipelineStats, Stats, StatsChannel, remove_channel
 
 __all__ = ["Pipeline", "from_items", "interleave", "mix"]
 
@@ -59,6 +59,10 @@ class Pipeline(torch.utils.data.IterableDataset):
         self._node = node
         self._epoch = 0
         self._stats = Stats()
+        #: where processes iterating a copy of this pipeline (DataLoader workers) publish
+        #: their statistics; the directory exists only once one of them has written
+        self._channel = StatsChannel()
+        weakref.finalize(self, remove_channel, self._channel)
 
     # ---- building -----------------------------------------------------------------------
     def then(self, stage: type[Stage[Any]], *args: Any, label: str | None = None,
@@ -232,12 +236,28 @@ class Pipeline(torch.utils.data.IterableDataset):
             if pipeline is not None and pipeline.epoch == epoch:
                 pipeline.set_epoch(epoch + 1)
 
+        if self._stats.pid != os.getpid():
+            # a copy in another process (a forked DataLoader worker inherits the owner's
+            # counters): count afresh and publish to the owner
+            self._stats = Stats(channel=None if self._channel.is_owner else self._channel)
         return PipelineIterator(self._node, epoch=self._epoch, stats=self._stats, on_epoch_end=advance)
 
-    def stats(self) -> dict[str, dict[str, int]]:
-        """Counters (skips, retries, ...) of the iterations run by this process, by stage: the
-        keys are the short labels :meth:`explain` shows (``"decode"``, ``"map#2"``)."""
-        return self._stats.snapshot()
+    def stats(self, *, all_ranks: bool = False) -> PipelineStats:
+        """What every stage did: a :class:`~pipeflow.stats.PipelineStats` mapping each stage's
+        short label (as :meth:`explain` shows it: ``"decode"``, ``"map#2"``) to its items, busy,
+        wait and blocked seconds and counters (skips, retries, ...), with a verdict
+        (``.bottleneck``, ``.advice``; ``print()`` it).
+
+        The numbers of DataLoader worker processes are included (they publish a snapshot at
+        most every 0.5 s and at the end of each epoch). ``all_ranks=True`` also sums over the
+        ranks of ``torch.distributed``; every rank must call it (it is a collective).
+        """
+        parts = [(self._stats.snapshot(), 1)]
+        if self._channel.is_owner:
+            parts += [(published.get("stages", {}), 1) for published in self._channel.read()]
+        if all_ranks:
+            parts = _gather_ranks(parts)
+        return PipelineStats.combine(parts)
 
     @checks_options
     def write_shards(self, url: str, *, format: Literal["tar", "tfrecord"] = "tar",
@@ -268,7 +288,21 @@ class Pipeline(torch.utils.data.IterableDataset):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._stats = Stats()
+        channel = state.get("_channel")
+        if channel is None:  # pickled by an older version
+            self._channel = channel = StatsChannel()
+        self._stats = Stats(channel=None if channel.is_owner else channel)
+
+
+def _gather_ranks(parts: list[tuple[dict[str, Any], int]]) -> list[tuple[dict[str, Any], int]]:
+    """Every rank's parts, gathered on every rank (a collective call)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return parts
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, parts)
+    return [part for rank_parts in gathered for part in rank_parts]
 
 
 # ---- sources and fan-in ----------------------------------------------------------------------

@@ -1,32 +1,393 @@
-"""Run statistics: what the stages of a pipeline skipped, retried or dropped (:class:`Stats`)."""
+"""Run statistics: what each stage of a pipeline did and where the time went.
+
+:class:`Stats` collects, per stage label, counters (skips, retries, bytes, requests) and the
+timings the stages measure themselves (items out, busy seconds, seconds waiting on the input,
+seconds the output waited on the consumer). Inside DataLoader worker processes each process's
+:class:`Stats` writes a small JSON snapshot now and then into a directory named by the
+pipeline (:class:`StatsChannel`); the process that owns the pipeline sums them, so
+``Pipeline.stats()`` in the main process sees the workers' numbers without any data crossing
+twice. :class:`PipelineStats` is the summed view with a verdict: the stage that limits
+throughput (or ``"consumer"``) and one line of advice.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import tempfile
 import threading
+import time
+import uuid
+import weakref
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
-__all__ = ["Stats"]
+__all__ = ["PipelineStats", "Stats", "StatsChannel", "merge_stages", "note"]
+
+#: timing keys every stage reports
+TIMING_KEYS = ("items", "busy_s", "wait_s", "blocked_s")
+#: keys that describe a configuration, not an amount: the largest value wins within one
+#: process (successive epochs), they add up across processes
+_CONFIG_KEYS = ("workers", "lanes", "inflight")
+#: at most one snapshot file write per process this often
+PUBLISH_EVERY_S = 0.5
+
+_sink = threading.local()
+
+
+def note(counter: str, n: int = 1) -> None:
+    """Count ``counter`` for the stage whose work runs on this thread now (see
+    :meth:`Stats.counting`); a no-op elsewhere. Backends call it for retries."""
+    target = getattr(_sink, "target", None)
+    if target is not None:
+        target[0].incr(target[1], counter, n)
+
+
+def merge_stages(into: dict[str, dict[str, float]], other: Mapping[str, Mapping[str, float]],
+                 *, same_process: bool = False) -> dict[str, dict[str, float]]:
+    """Add ``other``'s per-stage numbers to ``into`` (stage order: first seen first)."""
+    for label, values in other.items():
+        mine = into.setdefault(label, {})
+        for key, value in values.items():
+            if same_process and key in _CONFIG_KEYS:
+                mine[key] = max(mine.get(key, 0), value)
+            else:
+                mine[key] = mine.get(key, 0) + value
+    return into
 
 
 class Stats:
-    """Thread-safe counters keyed by ``(stage name, counter name)``.
+    """Thread-safe counters and stage timings of one process, keyed by stage label.
 
-    Stages count what they skip (``on_error="skip"``), retry or drop so nothing is lost silently;
-    ``Pipeline.stats()`` returns a snapshot after (or during) an epoch.
+    Stages count what they skip, retry or drop so nothing is lost silently, and measure
+    their own time; ``Pipeline.stats()`` returns a snapshot after (or during) an epoch.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, channel: StatsChannel | None = None) -> None:
         self._lock = threading.Lock()
         self._counts: Counter[tuple[str, str]] = Counter()
+        self._finished: dict[str, dict[str, float]] = {}
+        self._live: dict[int, weakref.WeakMethod[Callable[[], dict[str, dict[str, float]]]]] = {}
+        self.pid = os.getpid()
+        #: where this process publishes its snapshot (a DataLoader worker), else None
+        self.channel = channel
+        self._file = f"{self.pid}-{uuid.uuid4().hex[:8]}.json"
+        self._publisher: threading.Thread | None = None
+        self._publish_lock = threading.Lock()
 
+    # ---- recording -------------------------------------------------------------------------
     def incr(self, stage: str, counter: str, n: int = 1) -> None:
         with self._lock:
             self._counts[(stage, counter)] += n
 
-    def snapshot(self) -> dict[str, dict[str, int]]:
-        """Returns ``{stage: {counter: value}}``."""
-        out: dict[str, dict[str, int]] = {}
+    def counting(self, stage: str) -> _Counting:
+        """A context in which :func:`note` counts into ``stage`` (on this thread)."""
+        return _Counting(self, stage)
+
+    def attach(self, key: int, measure: Callable[[], dict[str, dict[str, float]]]) -> None:
+        """A running graph: ``measure()`` (a bound method, held weakly so the graph can still
+        be garbage collected) returns its stages' timings, read on every snapshot."""
         with self._lock:
-            for (stage, counter), value in sorted(self._counts.items()):
-                out.setdefault(stage, {})[counter] = value
+            self._live[key] = weakref.WeakMethod(measure)  # type: ignore[arg-type]
+            start = self.channel is not None and self._publisher is None
+            if start:
+                self._publisher = threading.Thread(target=_publish_loop, args=(weakref.ref(self),),
+                                                   name="pipeflow-stats", daemon=True)
+        if start:
+            self._publisher.start()  # type: ignore[union-attr]
+
+    def detach(self, key: int, final: dict[str, dict[str, float]]) -> None:
+        """The graph stopped with ``final`` timings: they are kept, the graph is not read again."""
+        with self._lock:
+            if self._live.pop(key, None) is not None:
+                merge_stages(self._finished, final, same_process=True)
+
+    # ---- reading ---------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        """``{stage: {counter or timing: value}}`` of this process, stages in pipeline order."""
+        with self._lock:
+            live = [ref() for ref in self._live.values()]
+            out: dict[str, dict[str, float]] = {k: dict(v) for k, v in self._finished.items()}
+            counts = sorted(self._counts.items())
+        for measure in live:
+            if measure is not None:
+                merge_stages(out, measure(), same_process=True)
+        for (stage, counter), value in counts:
+            out.setdefault(stage, {})[counter] = value
         return out
+
+    # ---- publishing (DataLoader workers) ---------------------------------------------------
+    def publish(self) -> None:
+        """Write this process's snapshot to the channel (atomically); never raises."""
+        if self.channel is None:
+            return
+        with self._publish_lock:  # the periodic thread and the end of an epoch
+            self.channel.write(self._file, {"pid": self.pid, "stages": self.snapshot()})
+
+
+def _publish_loop(ref: weakref.ref[Stats]) -> None:
+    # a thread, not a check in the item loop: a worker blocked on a slow consumer still
+    # publishes, and iterating pays nothing for it
+    while True:
+        time.sleep(PUBLISH_EVERY_S)
+        stats = ref()
+        if stats is None:
+            return
+        stats.publish()
+        del stats
+
+
+class _Counting:
+    __slots__ = ("previous", "target")
+
+    def __init__(self, stats: Stats, stage: str) -> None:
+        self.target = (stats, stage)
+        self.previous: Any = None
+
+    def __enter__(self) -> None:
+        self.previous = getattr(_sink, "target", None)
+        _sink.target = self.target
+
+    def __exit__(self, *exc: Any) -> None:
+        _sink.target = self.previous
+
+
+# ---- the side channel -----------------------------------------------------------------------------
+def _base_dir() -> str:
+    shm = "/dev/shm"
+    if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK):
+        return shm
+    return tempfile.gettempdir()
+
+
+_PREFIX = "pipeflow-stats-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+class StatsChannel:
+    """A directory named by a token (the owner's pid and a random part) where the processes
+    iterating a pipeline publish their snapshots, one small JSON file each, replaced
+    atomically. Only the owner reads and removes it; it is created by the first writer.
+
+    Picklable (it is a name), so it travels into DataLoader workers with the pipeline under
+    every start method, and is inherited by forked ones.
+    """
+
+    __slots__ = ("owner", "path")
+
+    def __init__(self, owner: int | None = None, path: str | None = None) -> None:
+        self.owner = os.getpid() if owner is None else owner
+        self.path = path or os.path.join(_base_dir(), f"{_PREFIX}{self.owner}-{uuid.uuid4().hex[:12]}")
+
+    def __getstate__(self) -> tuple[int, str]:
+        return self.owner, self.path
+
+    def __setstate__(self, state: tuple[int, str]) -> None:
+        self.owner, self.path = state
+
+    @property
+    def is_owner(self) -> bool:
+        return os.getpid() == self.owner
+
+    def write(self, name: str, payload: dict[str, Any]) -> None:
+        try:
+            if not os.path.isdir(self.path):
+                sweep_stale(os.path.dirname(self.path))
+                if not _pid_alive(self.owner):
+                    return  # nobody will read it; do not leave it behind
+                os.makedirs(self.path, exist_ok=True)
+            tmp = os.path.join(self.path, f".{name}.tmp")
+            with open(tmp, "w") as f:
+                json.dump(payload, f)
+            os.replace(tmp, os.path.join(self.path, name))
+        except OSError:  # statistics must never break a training run
+            pass
+
+    def read(self) -> Iterator[dict[str, Any]]:
+        """Every published snapshot (files being replaced are read whole or not at all)."""
+        try:
+            names = os.listdir(self.path)
+        except OSError:
+            return
+        for name in sorted(names):
+            if name.startswith(".") or not name.endswith(".json"):
+                continue
+            try:
+                with open(os.path.join(self.path, name)) as f:
+                    yield json.load(f)
+            except (OSError, ValueError):
+                continue
+
+    def remove(self) -> None:
+        """Delete the directory (owner only: a forked child must not remove it)."""
+        if self.is_owner:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def remove_channel(channel: StatsChannel) -> None:
+    """Finaliser of a pipeline: removes its channel directory."""
+    channel.remove()
+
+
+def sweep_stale(base: str | None = None) -> list[str]:
+    """Remove the channel directories whose owner process is gone; returns their paths."""
+    base = base or _base_dir()
+    removed = []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(_PREFIX):
+            continue
+        try:
+            owner = int(name[len(_PREFIX):].split("-", 1)[0])
+        except ValueError:
+            continue
+        if owner != os.getpid() and not _pid_alive(owner):
+            path = os.path.join(base, name)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+# ---- the summed view and its verdict -----------------------------------------------------------
+_IO_KINDS = ("open", "cache", "fetch_batch")
+_CPU_KINDS = ("map", "decode")
+_STREAM_KINDS = ("untar", "read_tfrecord")
+
+
+def _kind(label: str) -> str:
+    return label.split("#", 1)[0]
+
+
+class PipelineStats(Mapping[str, dict[str, float]]):
+    """Per-stage statistics summed over processes (and ranks), with a verdict.
+
+    ``stats[label]`` holds at least ``items`` (delivered), ``busy_s`` (time in the stage's own
+    work, summed over its workers), ``wait_s`` (time waiting on its input) and ``blocked_s``
+    (time its output waited on its consumer), plus the stage's counters (``skipped``,
+    ``retries``, ``requests``, ``bytes``, ...) and ``workers`` where the stage has workers.
+
+    Attributes:
+        processes: how many processes' numbers are summed.
+        bottleneck: the label of the stage that limits throughput, ``"consumer"`` when the
+            pipeline is faster than the code consuming it, or None before any item.
+        advice: one line on what to change.
+    """
+
+    def __init__(self, stages: Mapping[str, Mapping[str, float]], processes: int = 1) -> None:
+        self._stages = {k: dict(v) for k, v in stages.items()}
+        self.processes = max(1, processes)
+        self.bottleneck, self.advice = self._verdict()
+
+    def __getitem__(self, label: str) -> dict[str, float]:
+        return self._stages[label]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._stages)
+
+    def __len__(self) -> int:
+        return len(self._stages)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Mapping):
+            return dict(self.items()) == dict(other.items())
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    @classmethod
+    def combine(cls, parts: Iterable[tuple[Mapping[str, Mapping[str, float]], int]]) -> PipelineStats:
+        """Sum ``(stages, processes)`` parts (workers, ranks) into one view."""
+        stages: dict[str, dict[str, float]] = {}
+        processes = 0
+        for part, n in parts:
+            if part:
+                merge_stages(stages, part)
+                processes += n
+        return cls(stages, processes)
+
+    def counters(self, label: str) -> dict[str, float]:
+        """A stage's counters (skips, retries, ...) without its timings and configuration."""
+        return {k: v for k, v in self._stages[label].items()
+                if k not in TIMING_KEYS and k not in _CONFIG_KEYS}
+
+    # ---- verdict ------------------------------------------------------------------------------
+    @property
+    def consumer_s(self) -> float:
+        """Seconds (per process) the pipeline's output waited on the code consuming it."""
+        timed = [v for v in self._stages.values() if "blocked_s" in v]
+        return timed[-1]["blocked_s"] / self.processes if timed else 0.0
+
+    def load(self, label: str) -> float:
+        """Busy seconds per lane of work (a worker, or the loader's thread) of one stage."""
+        values = self._stages[label]
+        return values.get("busy_s", 0.0) / max(1.0, values.get("lanes", self.processes))
+
+    def _verdict(self) -> tuple[str | None, str]:
+        timed = [k for k, v in self._stages.items() if "busy_s" in v]
+        if not timed or not any(self._stages[k].get("items") for k in timed):
+            return None, "no items measured yet"
+        worst = max(timed, key=self.load)
+        if self.consumer_s >= self.load(worst):
+            return "consumer", ("nothing to do: the pipeline is faster than the code consuming it "
+                                "(the training step)")
+        return worst, self._advice(worst)
+
+    def _advice(self, label: str) -> str:
+        values, kind = self._stages[label], _kind(label)
+        workers = int(round(values.get("workers", 0) / self.processes))
+        if kind in _IO_KINDS:
+            more = max(8, 2 * workers)
+            return (f"more requests in flight: {kind}(workers={more}) (now {workers}); each "
+                    f"request waits on latency, not on the CPU")
+        if kind in _CPU_KINDS:
+            more = max(2, 2 * workers)
+            return (f"more workers for {label}: {kind}(workers={more}) (now {workers}), "
+                    f"method='process' if it holds the GIL, or more DataLoader workers")
+        if kind in _STREAM_KINDS:
+            return (f"{label} reads its streams as it parses them: a bigger read size (the "
+                    f"backend's part/buffer size) or more DataLoader workers to read shards in parallel")
+        return (f"{label} runs in the loader's thread: more DataLoader workers, or move its "
+                f"work into a map(workers=N)")
+
+    # ---- display ------------------------------------------------------------------------------
+    def table(self) -> str:
+        head = (f"{'stage':<18} {'items':>9} {'busy s':>9} {'wait s':>9} {'blocked s':>9} "
+                f"{'workers':>7}  other")
+        lines = [head]
+        for label, v in self._stages.items():
+            other = ", ".join(f"{k}={_fmt(n)}" for k, n in v.items()
+                              if k not in TIMING_KEYS and k not in _CONFIG_KEYS)
+            workers = v.get("workers")
+            lines.append(f"{label:<18} {int(v.get('items', 0)):>9} {v.get('busy_s', 0):>9.2f} "
+                         f"{v.get('wait_s', 0):>9.2f} {v.get('blocked_s', 0):>9.2f} "
+                         f"{'-' if workers is None else int(workers):>7}  {other}".rstrip())
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        shown = "summed over " + (f"{self.processes} processes" if self.processes > 1 else "1 process")
+        verdict = f"bottleneck: {self.bottleneck}" if self.bottleneck else "bottleneck: unknown"
+        return f"{self.table()}\n({shown})\n{verdict}\nadvice: {self.advice}"
+
+    def __repr__(self) -> str:
+        return f"PipelineStats({self._stages!r}, processes={self.processes})"
+
+    def as_dict(self) -> dict[str, dict[str, float]]:
+        return {k: dict(v) for k, v in self._stages.items()}
+
+
+def _fmt(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.3g}"

@@ -15,10 +15,12 @@ completes it, so after an error the position is still "before the item that fail
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures.process import BrokenProcessPool
+from time import perf_counter
 from typing import Any, Literal, Protocol
 
 from ..errors import WorkerCrashedError
@@ -88,6 +90,10 @@ class Window:
         self.on_discard = on_discard
         self._pool: WorkerPool | None = None
         self._pending: deque[Task] = deque()
+        #: seconds the workers spent in ``fn`` (process workers: from submission to result,
+        #: so queueing is included), summed over workers
+        self.busy_s = 0.0
+        self._busy_lock = threading.Lock()
         self.restart()
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -169,11 +175,29 @@ class Window:
         if self._pool is None:
             return _done(self.fn, item)
         try:
-            return self._pool.submit(self.fn, item)
+            if self._pool.method == "thread":
+                return self._pool.submit(self._timed, item)
+            future = self._pool.submit(self.fn, item)
+            future.add_done_callback(self._timer(perf_counter()))
+            return future
         except BrokenProcessPool as exc:  # a worker died before this item was queued
             raise WorkerCrashedError(
                 f"a worker process of {self.name} died (killed, out of memory or crashed); "
                 f"could not submit {describe_item(item)}") from exc
+
+    def _timed(self, item: Any) -> Any:
+        t0 = perf_counter()
+        try:
+            return self.fn(item)
+        finally:
+            self._add_busy(perf_counter() - t0)
+
+    def _timer(self, t0: float) -> Callable[[Future[Any]], None]:
+        return lambda _future: self._add_busy(perf_counter() - t0)
+
+    def _add_busy(self, seconds: float) -> None:
+        with self._busy_lock:
+            self.busy_s += seconds
 
     # ---- position -------------------------------------------------------------------------
     def position(self, source: Source) -> tuple[dict[str, Any], list[int]]:

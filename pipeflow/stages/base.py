@@ -24,6 +24,8 @@ error or ``close()``. A subclass that overrides ``reset`` anyway must call
 
 from __future__ import annotations
 
+from random import getrandbits
+from time import perf_counter
 from typing import Any, Generic, TypeVar
 
 from ..errors import StageContractError
@@ -38,6 +40,27 @@ T = TypeVar("T")
 SOURCES_KEY = "sources"
 #: the key under which a state counts source items to pull and drop before resuming (:class:`Rewind`)
 REPLAY_KEY = "replay"
+#: two calls in about this many (a power of two) are timed, in a row, the second one
+#: also measuring the gap since the first returned (the time the output waited on the consumer)
+SAMPLE_EVERY = 256
+_JITTER_BITS = SAMPLE_EVERY.bit_length() - 1  # intervals of SAMPLE_EVERY / 2 .. 3/2
+
+
+class Meter:
+    """A stage's measurements: calls counted always, two in :data:`SAMPLE_EVERY` timed."""
+
+    __slots__ = ("gap_s", "gaps", "issued", "lost", "once_s", "returned", "second",
+                 "slow_calls", "timed", "timed_s")
+
+    def __init__(self) -> None:
+        self.second = False
+        self.slow_calls = self.issued = self.lost = self.timed = self.gaps = 0
+        self.timed_s = self.gap_s = self.returned = 0.0
+        self.once_s = 0.0  # setup and end-of-run calls, counted unscaled
+
+    def items(self, left: int) -> int:
+        """Items delivered, given the cheap calls ``left`` before the next timed one."""
+        return self.slow_calls + self.issued - max(0, left - 1) - self.lost
 
 
 class Stage(Generic[T]):
@@ -49,6 +72,9 @@ class Stage(Generic[T]):
     #: True for stages that turn every input item into exactly one output item; ``equalize``
     #: counts the items of a known-length source through them
     one_to_one: bool = False
+    #: True for stages that pull their sources on a thread of their own (``prefetch``): their
+    #: consumer-side time is waiting on the input, not work
+    pulls_in_background: bool = False
 
     def __init__(self, *sources: Stage[Any]) -> None:
         self.sources: tuple[Stage[Any], ...] = sources
@@ -63,6 +89,10 @@ class Stage(Generic[T]):
         self._needs_reset = True
         self._resume_state: dict[str, Any] | None = None
         self._closed = False
+        # one attribute, not eleven: many instance attributes make every attribute load of
+        # a stage slower (the instance dict stops sharing its keys)
+        self._meter = Meter()
+        self._left = 0  # cheap calls before the next timed one; 0 also when a reset is due
 
     @property
     def closed(self) -> bool:
@@ -97,6 +127,13 @@ class Stage(Generic[T]):
     def reset(self, state: dict[str, Any] | None = None) -> None:
         """Restart from the beginning (falsy ``state``) or from ``state``: stop the current
         run, reset the sources to their part of ``state``, then :meth:`start`."""
+        t0 = perf_counter()
+        try:
+            self._reset(state)
+        finally:
+            self._meter.once_s += perf_counter() - t0
+
+    def _reset(self, state: dict[str, Any] | None) -> None:
         self.stop()
         states = state.get(SOURCES_KEY) if state else None
         for i, src in enumerate(self.sources):
@@ -118,6 +155,7 @@ class Stage(Generic[T]):
             self._resume_state = self.get_state()
         self._closed = True
         self._needs_reset = True
+        self._reset_due()
         self.stop()
         for src in self.sources:
             src.close()
@@ -127,19 +165,96 @@ class Stage(Generic[T]):
 
     def __next__(self) -> T:
         try:
-            needs_reset = self._needs_reset
+            left = self._left - 1
         except AttributeError:
             raise StageContractError(
                 f"{type(self).__name__}.__init__ did not call super().__init__(*sources)") from None
-        if needs_reset:
-            state, self._resume_state = self._resume_state, None
-            self.reset(state)
+        if left > 0:  # the cheap path: counted, not timed (_left is 0 while a reset is due)
+            self._left = left
+            try:
+                return self.next()
+            except BaseException:
+                self._meter.lost += 1  # not an item
+                raise
+        return self._timed_next(self._meter)
+
+    def _timed_next(self, meter: Meter) -> T:
+        t0 = perf_counter()
+        second = meter.second
+        if second and meter.returned:
+            meter.gap_s += t0 - meter.returned
+            meter.gaps += 1
+        meter.returned = 0.0
+        meter.slow_calls += 1
+        # the next call is timed too (measuring the gap), then SAMPLE_EVERY - 2 are not
+        meter.second = not second
+        # a jittered interval, so a stage with a period of its own (a batch every 8 calls)
+        # is not always sampled in the same phase
+        left = 1 if not second else SAMPLE_EVERY // 2 + getrandbits(_JITTER_BITS)
+        meter.issued += left - 1
+        self._left = left
+        try:
             if self._needs_reset:
-                raise StageContractError(
-                    f"{type(self).__name__}.reset() did not call super().reset(state), so the stage "
-                    "would restart on every item and never end; implement start(state) and stop() "
-                    "instead of reset(), or call super().reset(state) first")
-        return self.next()
+                self._restart_lazily()
+            value = self.next()
+        except BaseException:
+            meter.lost += 1
+            meter.once_s += perf_counter() - t0
+            raise
+        t1 = perf_counter()
+        meter.timed_s += t1 - t0
+        meter.timed += 1
+        if not second:
+            meter.returned = t1
+        return value
+
+    def _reset_due(self) -> None:
+        # route the next call through the slow path, which resets; unused cheap calls are
+        # taken back so they are not counted as items
+        left = getattr(self, "_left", 0)
+        if left > 1:
+            self._meter.issued -= left - 1
+        self._left = 0
+
+    @property
+    def items_out(self) -> int:
+        """Items delivered by ``next()`` so far (over every run of this stage object)."""
+        return self._meter.items(self._left)
+
+    def _restart_lazily(self) -> None:
+        state, self._resume_state = self._resume_state, None
+        t0 = perf_counter()
+        self.reset(state)
+        if self._needs_reset:
+            raise StageContractError(
+                f"{type(self).__name__}.reset() did not call super().reset(state), so the stage "
+                "would restart on every item and never end; implement start(state) and stop() "
+                "instead of reset(), or call super().reset(state) first")
+        # reset() counted itself as unscaled time; keep it out of the sampled call
+        self._meter.timed_s -= perf_counter() - t0
+
+    # ---- measurement ----------------------------------------------------------------------
+    def inclusive_s(self) -> float:
+        """Estimated seconds spent in this stage's ``next()`` and setup, its sources' included
+        (when they run on the same thread)."""
+        meter = self._meter
+        sampled = meter.timed_s * meter.items(self._left) / meter.timed if meter.timed else 0.0
+        return max(0.0, sampled) + meter.once_s
+
+    def measure(self) -> dict[str, float]:
+        """This stage's numbers: ``items`` delivered, ``busy_s`` in its own work, ``wait_s``
+        waiting on its input, ``blocked_s`` its output waited on the consumer, ``lanes`` (how
+        many threads do its work)."""
+        inclusive = self.inclusive_s()
+        if self.pulls_in_background:
+            busy, wait = 0.0, inclusive
+        else:
+            wait = sum(src.inclusive_s() for src in self.sources)
+            busy = max(0.0, inclusive - wait)
+        meter = self._meter
+        items = meter.items(self._left)
+        blocked = meter.gap_s * items / meter.gaps if meter.gaps else 0.0
+        return {"items": items, "busy_s": busy, "wait_s": wait, "blocked_s": blocked, "lanes": 1}
 
     def state_dict(self) -> dict[str, Any]:
         """The current position; cheap before the first item, and kept after ``close()``."""
@@ -151,6 +266,7 @@ class Stage(Generic[T]):
         """Resume from ``state`` when the next item is requested."""
         self._resume_state = dict(state) if state else None
         self._needs_reset = True
+        self._reset_due()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"

@@ -85,6 +85,16 @@ class WindowedStage(Stage[Any]):
         """The in-flight window (read it, e.g. ``window.futures()``; the stage drives it)."""
         return self._window
 
+    def measure(self) -> dict[str, float]:
+        numbers = super().measure()
+        workers = self._window.workers
+        numbers["workers"] = workers
+        if workers:
+            # the work runs on the pool: the consumer's thread only waits for it
+            numbers["busy_s"] = self._window.busy_s
+            numbers["lanes"] = workers
+        return numbers
+
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self, state: dict[str, Any] | None) -> None:
         Rewind.replay(self.source, state)

@@ -44,6 +44,7 @@ class Prefetcher(Stage[Any]):
     """
 
     one_to_one = True
+    pulls_in_background = True
 
     def __init__(self, source: Stage[Any], size: int = 2) -> None:
         super().__init__(source)

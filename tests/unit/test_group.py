@@ -49,7 +49,7 @@ def test_unkeyable_and_meta_members_are_counted():
     items = recs("u", ["README", "__meta__/info.json", "__index__", "k.png"])
     pipe = pf.from_items(items).group_pairs()
     assert list(pipe) == [{"__key__": "k", "__url__": "u", "png": b"k.png"}]
-    (counts,) = [v for k, v in pipe.stats().items() if k.startswith("group_pairs")]
+    counts = pipe.stats().counters("group_pairs")
     assert counts == {"ignored": 3}
 
 
@@ -67,7 +67,7 @@ def test_required_raise_and_skip():
     assert err.value.key == "b" and "cls" in str(err.value)
     pipe = pf.from_items(items).group_pairs(required=("png", "cls"), on_incomplete="skip")
     assert [s["__key__"] for s in pipe] == ["a", "c"]
-    (counts,) = [v for k, v in pipe.stats().items() if k.startswith("group_pairs")]
+    counts = pipe.stats().counters("group_pairs")
     assert counts == {"incomplete": 1}
     # a prefix of the field name matches too: "image" matches "image.png"
     items = recs("u", ["a.image.png", "a.label.cls"])
