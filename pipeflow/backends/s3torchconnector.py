@@ -12,7 +12,7 @@ An object that fits in one window costs one GET, as before; nothing sends a HEAD
 Errors: the CRT's exception carries no attributes, only its rendered text, in which the binding
 places machine-readable codes: the CRT's symbolic error code (``AWS_IO_SOCKET_CONNECTION_REFUSED``),
 the HTTP status (``response_status: 503``), the S3 error code of the response body
-(``<Code>SlowDown</Code>``) and the kind of client error (``Forbidden``, no signing credentials).
+(``<Code>SlowDown</Code>``) and the kind of client error (``Forbidden``, no signing credentials, throttled).
 Pipeflow reads those codes (never the prose around them) and maps them as the other S3 backends
 do: 403 and missing credentials to :class:`~pipeflow.errors.AccessDeniedError`; an unreachable
 endpoint, 5xx, 429 and throttling codes, already retried by the CRT, to
@@ -64,7 +64,7 @@ __all__ = ["S3TorchConnectorBackend", "S3TorchConnectorOptions", "crt_error_code
 _CRT_NAME = re.compile(r"\b(AWS_(?:IO|ERROR)_[A-Z0-9_]+)\b")
 _HTTP_STATUS = re.compile(r"\bresponse_status: (\d{3})\b")
 _S3_CODE = re.compile(r"<Code>([A-Za-z0-9.]+)</Code>")
-_KIND = re.compile(r"^(?:Client|Service) error: (Forbidden|No signing credentials)\b")
+_KIND = re.compile(r"^(?:Client|Service) error: (Forbidden|No signing credentials|Request throttled)\b")
 
 #: CRT error codes meaning the endpoint could not be reached or the connection broke
 UNREACHABLE_CRT_CODES = frozenset({
@@ -198,9 +198,10 @@ class S3TorchConnectorBackend(Backend):
             return RetryExhaustedError(f"gave up after {attempts} attempts to reach {endpoint}: "
                                        f"{unreachable[0]}", url=url, backend=self.name, op=op)
         status = codes.status
-        if codes.s3 in TRANSIENT_CODES or (status is not None and (status >= 500 or status == 429)):
+        if (codes.kind == "Request throttled" or codes.s3 in TRANSIENT_CODES
+                or (status is not None and (status >= 500 or status == 429))):
             return RetryExhaustedError(f"gave up after {attempts} attempts at {endpoint}: "
-                                       f"{codes.s3 or status}", url=url, backend=self.name, op=op)
+                                       f"{codes.s3 or status or 'throttled'}", url=url, backend=self.name, op=op)
         if status is not None or codes.s3:
             return error_for_status(status, codes.s3, url=url, backend=self.name, op=op)
         return None
