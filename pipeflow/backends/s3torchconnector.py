@@ -200,8 +200,9 @@ class S3TorchConnectorBackend(Backend):
         status = codes.status
         if (codes.kind == "Request throttled" or codes.s3 in TRANSIENT_CODES
                 or (status is not None and (status >= 500 or status == 429))):
-            return RetryExhaustedError(f"gave up after {attempts} attempts at {endpoint}: "
-                                       f"{codes.s3 or status or 'throttled'}", url=url, backend=self.name, op=op)
+            cause = codes.s3 or status or "throttled"
+            return RetryExhaustedError(f"gave up after {attempts} attempts at {endpoint}: {cause}",
+                                       url=url, backend=self.name, op=op)
         if status is not None or codes.s3:
             return error_for_status(status, codes.s3, url=url, backend=self.name, op=op)
         return None
