@@ -81,9 +81,11 @@ class Pipeline(torch.utils.data.IterableDataset):
         """Buffer shuffle, reseeded from ``(seed, epoch)`` every epoch."""
         return self._then("shuffle", Shuffler, buffer_size, seed=seed)
 
-    def shard_by_rank(self, *, ranks: bool = True, workers: bool = True) -> Pipeline:
-        """Keep every N-th item, N = ranks x DataLoader workers; disables automatic sharding."""
-        return self._then("shard_by_rank", Sharder, ranks=ranks, workers=workers)
+    def shard_by_rank(self, *, ranks: bool = True, workers: bool = True,
+                      by: Literal["item", "key"] = "item") -> Pipeline:
+        """Keep every N-th item (``by="key"``: every N-th sample, its objects together),
+        N = ranks x DataLoader workers; disables automatic sharding."""
+        return self._then("shard_by_rank", Sharder, ranks=ranks, workers=workers, by=by)
 
     def map(self, fn: Callable[[Any], Any], *, workers: int = 0,
             method: Literal["thread", "process"] = "thread", in_order: bool = True,
