@@ -11,6 +11,7 @@ iterator, which both import it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +22,8 @@ from .stages.shard import Sharder
 from .stages.untar import Untarrer
 
 __all__ = ["Node", "build", "find_sharder", "fingerprint", "format_value", "has_sharder",
-           "is_secret", "known_total", "make_label", "validate"]
+           "is_secret", "known_total", "make_label", "validate",
+           "walk"]
 
 log = logging.getLogger("pipeflow")
 _announced_auto_shard = False
@@ -142,6 +144,19 @@ def _build(node: Node, ctx: RunContext, auto: bool, grouped: bool = False) -> tu
 
 
 # ---- walks over built stages --------------------------------------------------------------------------
+def walk(stage: Stage[Any]) -> Iterator[Stage[Any]]:
+    """Every stage of a built graph, ``stage`` first, each once."""
+    seen: set[int] = set()
+    todo = [stage]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo.extend(current.sources)
+
+
 def fingerprint(stage: Stage[Any]) -> str:
     """The graph's shape by stage class (options left out, so they may change on resume)."""
     inner = ",".join(fingerprint(s) for s in stage.sources)

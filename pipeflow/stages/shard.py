@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from .._checks import check_choice
 from ..formats.keys import split_key
-from .base import Stage
+from .base import SOURCES_KEY, Stage
 
 __all__ = ["Sharder"]
 
@@ -54,8 +54,7 @@ class Sharder(Stage[Any]):
         wid, nw = (ctx.worker_id, ctx.num_workers) if self._workers else (0, 1)
         return rank * nw + wid, world * nw
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        super().reset(state)
+    def start(self, state: dict[str, Any] | None) -> None:
         self._pos = int(state["pos"]) if state else 0
         self._sample = int(state.get("sample", -1)) if state else -1
         self._key = state.get("key") if state else None
@@ -85,7 +84,7 @@ class Sharder(Stage[Any]):
                 return item
 
     def get_state(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"pos": self._pos, "sources": [self.source.state_dict()]}
+        state: dict[str, Any] = {"pos": self._pos, SOURCES_KEY: [self.source.state_dict()]}
         if self.by == "key":
             state.update(sample=self._sample, key=self._key)
         return state
