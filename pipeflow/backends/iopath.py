@@ -4,8 +4,11 @@ iopath's S3 handler builds its boto3 client without endpoint or addressing optio
 for a profile named ``saml`` by default), so pipeflow hands it a client made from the shared S3
 options: ``AWS_ENDPOINT_URL`` and path-style addressing then work as for every other backend.
 
-By default iopath's ``open`` downloads the whole object into memory before the first byte is
-returned; ``chunk_size=N`` switches to its chunked reader (ranged GETs of N bytes). Listing uses
+iopath's own ``open`` downloads the whole object into memory before the first byte is returned;
+pipeflow uses iopath's chunked reader instead (ranged GETs of ``chunk_size`` bytes, 8 MiB by
+default), so one open stream holds at most one chunk. ``chunk_size=None`` restores the
+whole-object download. (iopath's chunked reader learns the object's size by starting a GET whose
+body it does not read, twice per open: that is iopath's cost, not pipeflow's.) Listing uses
 iopath's ``ls`` (one level per call) recursively; iopath reports no sizes, so listed
 ``ObjectInfo`` items have ``size=None``.
 """
@@ -30,12 +33,12 @@ class IopathOptions(S3Options):
     """Options of the iopath backend (plus the shared :class:`S3Options`).
 
     Attributes:
-        chunk_size: None downloads whole objects on open (iopath's default); an int uses
-            iopath's chunked reader with ranged GETs of that many bytes.
+        chunk_size: bytes per ranged GET of iopath's chunked reader (the most one open stream
+            holds); None downloads whole objects on open (iopath's own default).
         cache_dir: iopath's local cache directory (used by ``get_local_path`` only).
     """
 
-    chunk_size: int | None = None
+    chunk_size: int | None = 8 << 20
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
