@@ -15,6 +15,7 @@ iopath's ``ls`` (one level per call) recursively; iopath reports no sizes, so li
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
@@ -108,6 +109,10 @@ class IopathBackend(Backend):
 
         def go() -> IO[bytes]:
             fh = manager.open(url, "rb", **kwargs)
+            length = getattr(fh, "length", None)  # the chunked reader knows the size
+            if offset and isinstance(length, int) and offset >= length:
+                fh.close()  # its reader would ask for a range past the end (416)
+                return io.BytesIO(b"")
             if offset:
                 fh.seek(offset)
             return fh
@@ -116,8 +121,6 @@ class IopathBackend(Backend):
             return self._run(go, url, "open")
         except BackendError as exc:
             if offset and is_invalid_range(exc):
-                import io
-
                 return io.BytesIO(b"")
             raise
 
