@@ -52,7 +52,7 @@ from pipeflow.errors import (
 )
 from pipeflow.items import ObjectInfo
 
-__all__ = ["ObstoreBackend", "ObstoreOptions"]
+__all__ = ["ObstoreBackend", "ObstoreOptions", "usable_here"]
 
 #: the process whose obstore runtime is live (the Rust runtime's threads do not survive a fork)
 _runtime_pid: int | None = None
@@ -83,6 +83,15 @@ class ObstoreOptions(S3Options):
         if self.profile is not None:
             raise ConfigError("the obstore backend reads credentials from the environment or from "
                               "access_key/secret_key; named profiles are not supported")
+
+
+def usable_here() -> bool:
+    """Whether obstore is installed and safe in this process (not forked after it was used)."""
+    import importlib.util
+
+    if _runtime_pid is not None and _runtime_pid != os.getpid():
+        return False
+    return importlib.util.find_spec("obstore") is not None
 
 
 def _seconds(value: float) -> _dt.timedelta:
