@@ -272,6 +272,17 @@ class S3TorchConnectorBackend(Backend):
             raise
         return body  # type: ignore[return-value]
 
+    def _first_window(self, loc: S3Location, url: str, start: int, end: int | None) -> IO[bytes]:
+        """The first window, its stalls retried under the policy (the CRT has no read timeout)."""
+        try:
+            return retry_call(lambda: self._windowed(loc, url, start, end), policy=self.options.retry,
+                              url=url, backend=self.name, op="open",
+                              classify=lambda exc: isinstance(exc, TimeoutError))
+        except RetryExhaustedError as exc:
+            endpoint = self.options.resolved_endpoint() or "the AWS S3 endpoint"
+            raise RetryExhaustedError(f"{exc.message} at {endpoint}", url=url, backend=self.name,
+                                      op="open") from exc.__cause__
+
     def _reader(self, loc: S3Location, url: str) -> IO[bytes]:
         from s3torchconnector import S3ReaderConstructor
 
@@ -290,9 +301,7 @@ class S3TorchConnectorBackend(Backend):
             self.info(url)
             return io.BytesIO(b"")
         ranged = self.options.reader == "range_based" and not start and end is None
-        first = self._reader(loc, url) if ranged else retry_call(
-            lambda: self._windowed(loc, url, start, end), policy=self.options.retry, url=url,
-            backend=self.name, op="open", classify=lambda exc: isinstance(exc, TimeoutError))
+        first = self._reader(loc, url) if ranged else self._first_window(loc, url, start, end)
 
         def reopen(offset: int) -> IO[bytes]:
             return self._windowed(loc, url, offset, end)

@@ -140,4 +140,5 @@ def test_a_server_that_always_stalls_ends_in_retry_exhausted(s3, big):
         with pytest.raises(RetryExhaustedError) as info:
             be.read(url, 0, 1000)
         assert url in str(info.value)
+        assert proxy.url in str(info.value)
         be.close()
