@@ -11,9 +11,10 @@ Errors: obstore raises ``FileNotFoundError`` for a missing object or bucket and 
 :class:`~pipeflow.errors.ObjectNotFoundError` and :class:`~pipeflow.errors.AccessDeniedError`.
 Everything else (5xx after retries, an unreachable endpoint, a refused range) is one
 ``GenericError`` type, which pipeflow does not split by its message: the backend asks the store
-a structural question instead (a HEAD of the object). If the HEAD fails the same way the store
-could not be reached: :class:`~pipeflow.errors.RetryExhaustedError` naming the endpoint; if it
-succeeds, a range that starts at or past the end is an empty read, as on every backend.
+a structural question instead (a HEAD of the object): a range that starts at or past the end
+is an empty read, as on every backend; a HEAD refused as missing or denied gives that typed
+error; otherwise the request kept failing through object_store's retries:
+:class:`~pipeflow.errors.RetryExhaustedError` naming the endpoint.
 
 Retries: object_store retries 5xx, dropped connections and timeouts itself; pipeflow gives it
 the budget of the backend's :class:`~pipeflow.backends._retry.RetryPolicy` (``max_attempts`` tries,
@@ -44,7 +45,6 @@ from pipeflow.backends._s3config import S3Options
 from pipeflow.backends.base import Backend, S3Location, parse_s3_url
 from pipeflow.errors import (
     AccessDeniedError,
-    BackendError,
     ConfigError,
     ObjectNotFoundError,
     PipeflowError,
@@ -173,16 +173,17 @@ class ObstoreBackend(Backend):
             return typed
         import obstore
 
+        # the generic error, after object_store's own retries: a missing or refused object
+        # shows in a HEAD; otherwise the request kept failing
         try:
             obstore.head(self._store(loc.bucket), loc.key)
         except Exception as probe:
             typed = self._typed(probe, url, op)
             if typed is not None:
                 return typed
-            endpoint = self.options.resolved_endpoint() or "the AWS S3 endpoint"
-            return RetryExhaustedError(f"gave up after {self.options.retry.max_attempts} attempts at "
-                                       f"{endpoint}", url=url, backend=self.name, op=op)
-        return BackendError("S3 request failed", url=url, backend=self.name, op=op)
+        endpoint = self.options.resolved_endpoint() or "the AWS S3 endpoint"
+        return RetryExhaustedError(f"gave up after {self.options.retry.max_attempts} attempts at "
+                                   f"{endpoint}", url=url, backend=self.name, op=op)
 
     def _raise(self, exc: BaseException, loc: S3Location, url: str, op: str) -> None:
         err = self._error(exc, loc, url, op)
@@ -230,15 +231,22 @@ class ObstoreBackend(Backend):
         try:
             result = obstore.get(self._store(loc.bucket), loc.key, options=options or None)
         except Exception as exc:
+            if start and self._typed(exc, url, "open") is None and self._past_end(loc, start):
+                return io.BytesIO(b"")  # a range starting at or past the end (S3 answers 416)
             err = self._error(exc, loc, url, "open")
-            if start and isinstance(err, BackendError) and type(err) is BackendError:
-                size = self.info(url).size
-                if size is not None and start >= size:
-                    return io.BytesIO(b"")  # a range starting at or past the end
             if err is exc:
                 raise
             raise err from exc
         return _Body(iter(result.stream(min_chunk_size=self.options.chunk_size)))  # type: ignore[return-value]
+
+    def _past_end(self, loc: S3Location, start: int) -> bool:
+        import obstore
+
+        try:
+            size = obstore.head(self._store(loc.bucket), loc.key)["size"]
+        except Exception:  # the caller reports the original failure
+            return False
+        return start >= int(size)
 
     def _stream(self, url: str, start: int, end: int | None) -> IO[bytes]:
         loc = parse_s3_url(url, backend=self.name, op="open")
