@@ -13,7 +13,8 @@ import os
 from collections.abc import Iterator
 from typing import IO, Any, Literal
 
-from ..errors import BackendError, ConfigError, CorruptDataError, PipeflowError
+from .._checks import check_choice
+from ..errors import BackendError, ConfigError, CorruptDataError, ObjectNotFoundError, PipeflowError
 from ..items import Opened, Record
 from .base import SOURCES_KEY, Stage
 
@@ -44,8 +45,6 @@ def as_stream(item: Any, stage: str) -> tuple[str, IO[bytes], bool]:
         try:
             return path, open(path, "rb"), True  # noqa: SIM115 - closed by the stage
         except FileNotFoundError as exc:
-            from ..errors import ObjectNotFoundError
-
             raise ObjectNotFoundError(str(exc), url=path, backend="local", op="open") from exc
     raise ConfigError(f"{stage}() needs opened objects (Opened(url, stream), (url, stream), "
                       f"a Record or a local path), got {type(item).__name__}")
@@ -59,8 +58,7 @@ class ExpandingStage(Stage[Any]):
 
     def __init__(self, source: Stage[Any], *, on_error: OnError = "raise") -> None:
         super().__init__(source)
-        if on_error not in ("raise", "skip"):
-            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        check_choice(on_error, f"{self.verb}(on_error=...)", ("raise", "skip"))
         self.on_error = on_error
         self._iter: Iterator[Any] | None = None
         self._stream: IO[bytes] | None = None

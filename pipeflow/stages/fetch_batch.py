@@ -26,7 +26,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from .._checks import check_bool, check_choice, check_int
 from ..backends.base import Backend
+from ..backends.registry import backend_class, get_backend, known_backends
 from ..errors import BackendError, ConfigError, StageError
 from ..items import ObjectInfo, Record
 from .base import SOURCES_KEY, Stage, describe_item
@@ -216,22 +218,15 @@ class BatchFetcher(Stage[Any]):
         super().__init__(source)
         if not isinstance(backend, (str, Backend)):
             raise ConfigError(f"fetch_batch(): backend must be a name or a Backend, got {backend!r}")
-        if isinstance(backend, str):
-            from ..backends.registry import known_backends
-            if backend not in known_backends():
-                from ..backends.registry import backend_class
-                backend_class(backend)  # raises UnknownBackendError listing the known ones
+        if isinstance(backend, str) and backend not in known_backends():
+            backend_class(backend)  # raises UnknownBackendError listing the known ones
         if isinstance(backend, Backend) and options:
             raise ConfigError("fetch_batch(): pass options when creating the backend object")
-        for name, value, low in (("batch_size", batch_size, 1), ("workers", workers, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"fetch_batch(): {name} must be an int >= {low}, got {value!r}")
-        if output not in ("bytes", "path"):
-            raise ConfigError(f"fetch_batch(): output must be 'bytes' or 'path', got {output!r}")
-        if on_error not in ("raise", "skip"):
-            raise ConfigError(f"fetch_batch(): on_error must be 'raise' or 'skip', got {on_error!r}")
-        if not isinstance(delete, bool):
-            raise ConfigError(f"fetch_batch(): delete must be True or False, got {delete!r}")
+        check_int(batch_size, "fetch_batch(batch_size=...)", low=1)
+        check_int(workers, "fetch_batch(workers=...)", low=1)
+        check_choice(output, "fetch_batch(output=...)", ("bytes", "path"))
+        check_choice(on_error, "fetch_batch(on_error=...)", ("raise", "skip"))
+        check_bool(delete, "fetch_batch(delete=...)")
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ConfigError(f"fetch_batch(): timeout must be a positive number, got {timeout!r}")
         if to is not None and not isinstance(to, (str, os.PathLike)):
@@ -268,7 +263,6 @@ class BatchFetcher(Stage[Any]):
 
     def start(self, state: dict[str, Any] | None) -> None:
         if self._backend is None:
-            from ..backends.registry import get_backend
             self._backend = get_backend(self._backend_spec, **self._options)
         parent = self._to or tempfile.gettempdir()
         try:

@@ -38,12 +38,14 @@ class Filterer(Stage[T]):
         source, predicate, rewind = self.source, self._predicate, self._rewind
         self._failed = False
         while True:
+            rewind.boundary(source)
             item = rewind.pull(source)
             try:
                 keep = predicate(item)
             except Exception as exc:
                 self._failed = True  # the state stays before this item
-                exc.add_note(f"pipeflow: raised by the predicate of {self.name} on {describe_item(item)}")
+                exc.add_note(f"pipeflow: raised by the predicate of {self.description} on "
+                             f"{describe_item(item)}")
                 raise
             if keep:
                 return item

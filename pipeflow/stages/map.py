@@ -129,6 +129,7 @@ class WindowedStage(Stage[Any]):
         rewind, source, inline = self._rewind, self.source, self._inline
         self._undelivered = 0
         while True:
+            rewind.boundary(source)
             item = rewind.pull(source)
             self._undelivered = 1
             try:
@@ -155,7 +156,7 @@ class WindowedStage(Stage[Any]):
             log.warning("pipeflow: %s skipped %s: %s: %s", self.name, describe_item(item),
                         type(exc).__name__, exc)
             return
-        exc.add_note(f"pipeflow: raised in stage {self.name} on {describe_item(item)}")
+        exc.add_note(f"pipeflow: raised in stage {self.description} on {describe_item(item)}")
         raise exc
 
     def get_state(self) -> dict[str, Any]:
