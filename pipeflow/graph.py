@@ -218,7 +218,10 @@ def _build(node: Node, ctx: RunContext, auto: bool, labels: dict[int, str],
            auto_shards: dict[str, int], grouped: bool = False) -> tuple[Stage[Any], bool]:
     grouped = _groups_objects(node, grouped)
     inputs = [_build(i, ctx, auto, labels, auto_shards, grouped) for i in node.inputs]
-    stage = node.stage(*(s for s, _ in inputs), *node.args, **node.kwargs)
+    kwargs = node.kwargs
+    if issubclass(node.stage, Sharder) and kwargs.get("by", "auto") == "auto":
+        kwargs = {**kwargs, "by": "key" if grouped else "item"}  # keep grouped objects together
+    stage = node.stage(*(s for s, _ in inputs), *node.args, **kwargs)
     stage.context = ctx
     stage.name = labels[id(node)]
     stage.description = _described(node, labels)

@@ -84,9 +84,10 @@ class Pipeline(torch.utils.data.IterableDataset):
 
     @checks_options
     def shard_by_rank(self, *, ranks: bool = True, workers: bool = True,
-                      by: Literal["item", "key"] = "item") -> Pipeline:
-        """Keep every N-th item (``by="key"``: every N-th sample, its objects together),
-        N = ranks x DataLoader workers; disables automatic sharding."""
+                      by: Literal["auto", "item", "key"] = "auto") -> Pipeline:
+        """Keep every N-th item (``by="key"``: every N-th sample, its objects together; ``"auto"``:
+        by key when ``group_pairs`` groups whole objects downstream), N = ranks x DataLoader
+        workers; disables automatic sharding."""
         return self._then("shard_by_rank", Sharder, ranks=ranks, workers=workers, by=by)
 
     @checks_options

@@ -29,18 +29,21 @@ class Sharder(Stage[Any]):
         source: the input stage.
         ranks: split across distributed ranks.
         workers: split across DataLoader workers.
-        by: ``"item"`` or ``"key"`` (keep a sample's objects together).
+        by: ``"item"``, ``"key"`` (keep a sample's objects together), or ``"auto"``: ``"key"``
+            when ``group_pairs()`` groups whole objects downstream (no ``untar()`` between),
+            else ``"item"`` (the builder decides; a stage built alone takes ``"item"``).
         auto: set by the builder for the automatic sharding it inserts (shown in explain()).
     """
 
     is_sharder = True
 
     def __init__(self, source: Stage[Any], *, ranks: bool = True, workers: bool = True,
-                 by: Literal["item", "key"] = "item", auto: bool = False) -> None:
+                 by: Literal["auto", "item", "key"] = "auto", auto: bool = False) -> None:
         super().__init__(source)
         self._ranks = ranks
         self._workers = workers
-        self.by = check_choice(by, "shard_by_rank(by=...)", ("item", "key"))
+        by = check_choice(by, "shard_by_rank(by=...)", ("auto", "item", "key"))
+        self.by = "item" if by == "auto" else by
         self.auto = auto
         self._pos = 0
         self._sample = -1      # by="key": index of the current sample

@@ -40,12 +40,13 @@ def _gets(proxy: DelayProxy) -> int:
 
 
 @pytest.mark.parametrize("workers", [0, 2, 3])
-@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "shard_by_rank-key"])
+@pytest.mark.parametrize("explicit", [None, "auto", "key"],
+                         ids=["no-shard_by_rank", "shard_by_rank", "shard_by_rank-key"])
 def test_pairs_are_whole_and_fetched_once(s3, pairs, monkeypatch, workers, explicit):
     listing = pf.list_objects(pairs, backend="boto3")
     with DelayProxy(s3.endpoint, delay_ms=0) as proxy:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-        pipe = listing.shard_by_rank(by="key") if explicit else listing
+        pipe = listing if explicit is None else listing.shard_by_rank(by=explicit)
         pipe = pipe.open(read=True, workers=8).group_pairs(required=("image", "label"))
         samples = _run(pipe, workers)
         keys = sorted(s["__key__"].rsplit("/", 1)[1] for s in samples)
@@ -53,6 +54,15 @@ def test_pairs_are_whole_and_fetched_once(s3, pairs, monkeypatch, workers, expli
         for s in samples:
             assert s["image"] == f"image {int(s['label'])}".encode()
         assert _gets(proxy) == 2 * SAMPLES, proxy.stats()
+
+
+def test_by_item_still_splits_items(s3, pairs):
+    # the explicit item split is kept for whoever wants it: pairs then break across workers
+    pipe = (pf.list_objects(pairs, backend="boto3").shard_by_rank(by="item").open(read=True)
+            .group_pairs(required=("image", "label")))
+    loader = torch.utils.data.DataLoader(pipe, batch_size=None, num_workers=2)
+    with pytest.raises(Exception, match="lacks required"):
+        list(loader)
 
 
 def test_an_unknown_shard_unit_is_a_config_error():

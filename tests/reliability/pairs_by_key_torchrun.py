@@ -18,13 +18,14 @@ from torch.utils.data import DataLoader
 
 import pipeflow as pf
 
-#: (name, explicit shard_by_rank(by="key"), DataLoader workers)
-CONFIGS = [("auto-w0", False, 0), ("auto-w2", False, 2), ("key-w3", True, 3)]
+#: (name, shard_by_rank(by=...) or None for automatic sharding, DataLoader workers)
+CONFIGS = [("auto-w0", None, 0), ("auto-w2", None, 2), ("shard_by_rank-w2", "auto", 2),
+           ("key-w3", "key", 3)]
 
 
-def keys_seen(prefix: str, explicit: bool, workers: int) -> list[str]:
+def keys_seen(prefix: str, by: str | None, workers: int) -> list[str]:
     listing = pf.list_objects(prefix, backend="boto3")
-    pipe = listing.shard_by_rank(by="key") if explicit else listing
+    pipe = listing if by is None else listing.shard_by_rank(by=by)
     pipe = pipe.open(read=True, workers=8).group_pairs(required=("image", "label"))
     out = []
     for sample in DataLoader(pipe, batch_size=None, num_workers=workers):
@@ -39,9 +40,9 @@ def main() -> int:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     results: dict[str, object] = {"world_size": world}
-    for name, explicit, workers in CONFIGS:
+    for name, by, workers in CONFIGS:
         try:
-            local = {"ok": True, "keys": keys_seen(prefix, explicit, workers)}
+            local = {"ok": True, "keys": keys_seen(prefix, by, workers)}
         except Exception as exc:  # reported, so the test shows which rank failed and why
             local = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
                      "traceback": traceback.format_exc()}

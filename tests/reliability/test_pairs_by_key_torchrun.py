@@ -14,7 +14,7 @@ from ._launch import torchrun
 pytestmark = [pytest.mark.torchrun, pytest.mark.s3, pytest.mark.timeout(360)]
 
 SAMPLES = 24
-CONFIGS = ("auto-w0", "auto-w2", "key-w3")
+CONFIGS = ("auto-w0", "auto-w2", "shard_by_rank-w2", "key-w3")
 
 
 def test_pairs_sharded_by_key_across_ranks_and_workers(s3, tmp_path):
