@@ -279,6 +279,8 @@ class S3TorchConnectorBackend(Backend):
                               url=url, backend=self.name, op="open",
                               classify=lambda exc: isinstance(exc, TimeoutError))
         except RetryExhaustedError as exc:
+            if not isinstance(exc.__cause__, TimeoutError):
+                raise  # typed by the CRT's codes, already naming the endpoint
             endpoint = self.options.resolved_endpoint() or "the AWS S3 endpoint"
             raise RetryExhaustedError(f"{exc.message} at {endpoint}", url=url, backend=self.name,
                                       op="open") from exc.__cause__

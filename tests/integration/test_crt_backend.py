@@ -76,7 +76,7 @@ def test_a_closed_port_is_retry_exhausted_naming_the_endpoint_quickly():
     with pytest.raises(RetryExhaustedError) as info:
         be.read("s3://bucket/key")
     elapsed = time.monotonic() - started
-    assert endpoint in str(info.value)
+    assert str(info.value).count(endpoint) == 1
     assert "s3://bucket/key" in str(info.value)
     with pytest.raises(RetryExhaustedError, match="127.0.0.1"):
         list(be.list("s3://bucket/"))
