@@ -142,3 +142,14 @@ def test_a_server_that_always_stalls_ends_in_retry_exhausted(s3, big):
         assert url in str(info.value)
         assert proxy.url in str(info.value)
         be.close()
+
+
+@pytest.mark.parametrize("backend", ["s3fs", "fsspec", "iopath", "obstore"])
+def test_every_retry_exhausted_names_the_endpoint(backend):
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    be = get_backend(backend, endpoint=endpoint,
+                     retry=RetryPolicy(max_attempts=2, base_delay=0.01, max_delay=0.02))
+    with pytest.raises(RetryExhaustedError) as info:
+        be.read("s3://bucket/key")
+    assert str(info.value).count(endpoint) == 1
+    assert "s3://bucket/key" in str(info.value)
