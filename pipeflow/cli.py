@@ -23,7 +23,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="pipeflow", description="Streaming training data into PyTorch.")
+    parser.add_argument("--version", action="version", version=f"pipeflow {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = argv[0] if argv and argv[0] in COMMANDS else None
