@@ -71,6 +71,8 @@ class WorkerPool:
         self.method = method
         self.workers = workers
         self.name = name
+        #: the multiprocessing start method of process workers (None for threads)
+        self.start_method: str | None = None
         self._lock = threading.Lock()
         self._executor: Executor
         if method == "thread":
@@ -78,6 +80,7 @@ class WorkerPool:
         else:
             method_name = start_method or os.environ.get("PIPEFLOW_START_METHOD") or _default_start_method()
             ctx = multiprocessing.get_context(method_name)
+            self.start_method = method_name
             if method_name == "forkserver":
                 _preload_forkserver(ctx)
             self._executor = ProcessPoolExecutor(workers, mp_context=ctx)

@@ -11,6 +11,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Literal
 
 from ..errors import ConfigError, WorkerCrashedError
+from ..executor._bootstrap import RESTARTING_METHODS, unguarded_main_call
 from ..executor.pool import WorkerPool, make_pool
 from .base import Stage, describe_item
 
@@ -140,9 +141,8 @@ class Mapper(Stage[Any]):
 
     def _failed(self, exc: BaseException, item: Any) -> tuple[bool, Any]:
         if isinstance(exc, BrokenProcessPool):
-            raise WorkerCrashedError(
-                f"a worker process of {self.name} died (killed, out of memory or crashed) while items "
-                f"were in flight, the oldest being {describe_item(item)}") from exc
+            oldest = describe_item(item)
+            raise self._crashed(f"while items were in flight, the oldest being {oldest}") from exc
         if self._on_error == "skip":
             self.context.stats.incr(self.name, "skipped")
             log.warning("pipeflow: %s skipped %s: %s: %s", self.name, describe_item(item),
@@ -150,6 +150,19 @@ class Mapper(Stage[Any]):
             return False, None
         exc.add_note(f"pipeflow: raised in stage {self.name} on {describe_item(item)}")
         raise exc
+
+    def _crashed(self, detail: str) -> WorkerCrashedError:
+        method = self._pool.start_method if self._pool is not None else None
+        where = unguarded_main_call() if method in RESTARTING_METHODS else None
+        if where:
+            return WorkerCrashedError(
+                f"the worker processes of {self.name} could not start: with the {method!r} start "
+                f"method each worker imports the main script again, and {where} starts the pipeline "
+                "at import time. Put the code that runs the pipeline under "
+                "`if __name__ == \"__main__\":`, or use method=\"thread\"")
+        sep = "" if detail.startswith(";") else " "
+        return WorkerCrashedError(
+            f"a worker process of {self.name} died (killed, out of memory or crashed){sep}{detail}")
 
     def _fill(self) -> None:
         pool = self._pool
@@ -174,9 +187,7 @@ class Mapper(Stage[Any]):
                 try:
                     future = pool.submit(self._fn, item)
                 except BrokenProcessPool as exc:  # a worker died before this item was queued
-                    raise WorkerCrashedError(
-                        f"a worker process of {self.name} died (killed, out of memory or crashed); "
-                        f"could not submit {describe_item(item)}") from exc
+                    raise self._crashed(f"; could not submit {describe_item(item)}") from exc
             self._pending.append(_Task(seq, snapshot, item, future))
 
     def next(self) -> Any:
