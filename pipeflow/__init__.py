@@ -13,6 +13,9 @@ a backend imports its SDK when a pipeline first uses it. Submodules: ``pipeflow.
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
+# before any DataLoader forks its workers, so that "said once" flags are shared with them
+from . import _once  # noqa: F401
+
 __version__ = "0.1.0"
 
 # public name -> the module that defines it

@@ -12,6 +12,7 @@ import logging
 import weakref
 from typing import TYPE_CHECKING, Any
 
+from ._once import first_time
 from .context import RunContext
 from .errors import ConfigError
 from .stages.base import Stage
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
 __all__ = ["PipelineIterator", "build"]
 
 log = logging.getLogger("pipeflow")
-_announced_auto_shard = False
 
 
 def _has_sharder(node: Node) -> bool:
@@ -38,12 +38,11 @@ def build(node: Node, ctx: RunContext) -> Stage[Any]:
     inputs) is followed by a ``Sharder``, so each item is read by exactly one shard instead of
     being silently duplicated. Add ``shard_by_rank()`` yourself to choose the place.
     """
-    global _announced_auto_shard
     auto = ctx.num_shards > 1 and not _has_sharder(node)
-    if auto and not _announced_auto_shard:
+    # one line for the whole run: from the first shard only, and once across worker processes
+    if auto and ctx.shard_index == 0 and first_time("auto_shard"):
         log.info("pipeflow: no shard_by_rank() in the pipeline; sharding each source across "
                  "%d ranks x workers automatically", ctx.num_shards)
-        _announced_auto_shard = True
     return _build(node, ctx, auto)[0]
 
 

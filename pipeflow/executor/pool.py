@@ -8,24 +8,21 @@ shutdown that never leaves a process behind even if a task hangs.
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import os
 import threading
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Literal
 
+from .._once import first_time
 from ..errors import ConfigError
 
 __all__ = ["WorkerPool", "make_pool"]
 
-log = logging.getLogger("pipeflow")
-
 #: how long close() waits for busy process workers before terminating them
 PROCESS_GRACE_SECONDS = 5.0
-
-_warned_daemon = False
 
 
 def _default_start_method() -> str:
@@ -55,7 +52,6 @@ class WorkerPool:
 
     def __init__(self, workers: int, method: Literal["thread", "process"], *, name: str = "pipeflow",
                  start_method: str | None = None) -> None:
-        global _warned_daemon
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise ConfigError(f"workers must be a positive int, got {workers!r}")
         if method not in ("thread", "process"):
@@ -63,10 +59,10 @@ class WorkerPool:
         if method == "process" and multiprocessing.current_process().daemon:
             # DataLoader workers are daemonic and may not start children: the DataLoader already
             # gives process parallelism, so threads are the sensible substitute.
-            if not _warned_daemon:
-                log.warning("pipeflow: %s runs inside a daemonic process (a DataLoader worker?); "
-                            "using threads instead of worker processes", name)
-                _warned_daemon = True
+            if first_time("process_fallback"):
+                warnings.warn(f"pipeflow: {name} runs inside a daemonic process (a DataLoader worker?), "
+                              "which may not start processes; using threads instead of worker "
+                              "processes", RuntimeWarning, stacklevel=2)
             method = "thread"
         self.method = method
         self.workers = workers
