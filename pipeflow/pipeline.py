@@ -84,6 +84,8 @@ class Pipeline(torch.utils.data.IterableDataset):
     ``DistributedSampler``.
     """
 
+    _length: int | None = None
+
     def __init__(self, node: Node) -> None:
         super().__init__()
         self._node = node
@@ -148,10 +150,11 @@ class Pipeline(torch.utils.data.IterableDataset):
         from .stages.prefetch import Prefetcher
         return self._then("prefetch", Prefetcher, size)
 
-    def take(self, n: int) -> Pipeline:
-        """Stop after ``n`` items."""
+    def take(self, n: int, *, across: Literal["each", "all"] = "each") -> Pipeline:
+        """Stop after ``n`` items: in each process that iterates (``"each"``: every rank x
+        DataLoader worker takes ``n``), or ``n`` for the whole epoch (``"all"``)."""
         from .stages.take import Taker
-        return self._then("take", Taker, n)
+        return self._then("take", Taker, n, across=across)
 
     def repeat(self, times: int | None = None) -> Pipeline:
         """Restart the upstream stages ``times`` times (forever when None), reshuffling each round."""
@@ -242,6 +245,35 @@ class Pipeline(torch.utils.data.IterableDataset):
         """
         from .stages.equalize import Equalizer
         return self._then("equalize", Equalizer, total=total, per_shard=per_shard, mode=mode)
+
+    # ---- epoch length -------------------------------------------------------------------
+    def with_epoch(self, n: int) -> Pipeline:
+        """Exactly ``n`` items per rank and epoch, split over the DataLoader workers (cut short
+        or wrapped around); ``len()`` is then ``n``. See :mod:`pipeflow.stages.epoch`."""
+        from .stages.epoch import EpochSizer
+        return self._then("with_epoch", EpochSizer, n)
+
+    def with_length(self, n: int) -> Pipeline:
+        """The same pipeline with ``len()`` declared as ``n`` (items per rank); iteration is
+        unchanged, so the number is the caller's promise (``with_epoch`` makes it true)."""
+        from ._checks import check_int
+        check_int(n, "with_length(n)", low=0)
+        described = Pipeline(self._node)
+        described._length = n
+        return described
+
+    def __len__(self) -> int:
+        """Items per rank and epoch, when known: after ``with_epoch(n)`` or ``with_length(n)``."""
+        if self._length is not None:
+            return self._length
+        from .stages.epoch import EpochSizer
+        if self._node.stage is EpochSizer:
+            return int(self._node.args[0])
+        raise TypeError("the length of this pipeline is not known; set it with with_epoch(n) "
+                        "(exactly n items per rank) or with_length(n)")
+
+    def __bool__(self) -> bool:  # a pipeline is truthy even when len() is unknown or 0
+        return True
 
     # ---- running ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:

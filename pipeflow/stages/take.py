@@ -1,15 +1,21 @@
-"""``take``: stop after a number of items."""
+"""``take``: stop after a number of items, per shard or for the whole epoch."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from ..errors import ConfigError
 from .base import Stage
 
-__all__ = ["Taker"]
+__all__ = ["Taker", "share"]
 
 T = TypeVar("T")
+
+
+def share(n: int, index: int, count: int) -> int:
+    """Shard ``index``'s part when ``n`` items are split over ``count`` shards as evenly as
+    possible (the first ``n % count`` shards get one more): the parts add up to ``n``."""
+    return n // count + (1 if index < n % count else 0)
 
 
 class Taker(Stage[T]):
@@ -18,21 +24,43 @@ class Taker(Stage[T]):
     Args:
         source: the input stage.
         n: how many items to yield (>= 0).
+        across: ``"each"``: ``n`` items in every process that iterates (every rank x DataLoader
+            worker), so ``n x shards`` in all; ``"all"``: ``n`` items for the whole epoch, each
+            shard taking its part (``n // shards``, plus one for the first ``n % shards``). Exact
+            when every shard has its part: always with item-level sharding of at least ``n``
+            items (a ``from_items`` or ``list_objects`` source), after ``equalize()`` or
+            ``with_epoch()``; a shard that runs short yields what it has.
     """
 
-    def __init__(self, source: Stage[T], n: int) -> None:
+    def __init__(self, source: Stage[T], n: int, *, across: Literal["each", "all"] = "each") -> None:
         super().__init__(source)
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise ConfigError(f"take() needs a non-negative int, got {n!r}")
+        if across not in ("each", "all"):
+            raise ConfigError(f"take(across=...) must be 'each' or 'all', got {across!r}")
         self._n = n
+        self._across = across
+        self._limit = n
         self._taken = 0
+
+    def _part(self) -> int:
+        from .equalize import _find_sharder
+
+        if self._across == "each" or not self.sharded_upstream:
+            # unsplit stream: the sharding downstream keeps each shard's part of these n
+            return self._n
+        sharder = _find_sharder(self.source)
+        index, count = sharder.shard if sharder is not None else (self.context.shard_index,
+                                                                   self.context.num_shards)
+        return share(self._n, index, count)
 
     def reset(self, state: dict[str, Any] | None = None) -> None:
         super().reset(state)
+        self._limit = self._part()
         self._taken = int(state["taken"]) if state else 0
 
     def next(self) -> T:
-        if self._taken >= self._n:
+        if self._taken >= self._limit:
             raise StopIteration
         item = next(self.source)
         self._taken += 1
