@@ -20,8 +20,8 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS: dict[str, str] = {
-    "RunContext": "context",
-    "Stats": "context",
+    "RunContext": "run_context",
+    "Stats": "stats",
     "ObjectInfo": "items",
     "Opened": "items",
     "Record": "items",
@@ -82,7 +82,6 @@ __all__ = [
 if _TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ loads on demand
     from . import backends, errors, formats, recipes, testing
     from .backends._retry import RetryPolicy
-    from .context import RunContext, Stats
     from .errors import (
         AccessDeniedError,
         BackendError,
@@ -103,7 +102,9 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ l
     )
     from .items import ObjectInfo, Opened, Record
     from .pipeline import Pipeline, from_items, interleave, list_objects, mix, tfrecord_stream
+    from .run_context import RunContext
     from .stages.base import Stage
+    from .stats import Stats
 
 
 def __getattr__(name: str) -> object:

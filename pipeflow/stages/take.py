@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal, TypeVar
 
 from ..errors import ConfigError
+from ..graph import find_sharder
 from .base import Stage
 
 __all__ = ["Taker", "share"]
@@ -44,12 +45,10 @@ class Taker(Stage[T]):
         self._taken = 0
 
     def _part(self) -> int:
-        from .equalize import _find_sharder
-
         if self._across == "each" or not self.sharded_upstream:
             # unsplit stream: the sharding downstream keeps each shard's part of these n
             return self._n
-        sharder = _find_sharder(self.source)
+        sharder = find_sharder(self.source)
         index, count = sharder.shard if sharder is not None else (self.context.shard_index,
                                                                    self.context.num_shards)
         return share(self._n, index, count)
