@@ -232,6 +232,7 @@ class Pipeline(torch.utils.data.IterableDataset):
 
     @property
     def epoch(self) -> int:
+        """The epoch set by :meth:`set_epoch` (0 until then)."""
         return self._epoch
 
     def __iter__(self):  # type: ignore[override]

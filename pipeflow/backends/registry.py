@@ -175,7 +175,10 @@ def get_backend(name: str | Backend | None = None, *, url: str | None = None, **
         **options: the backend's options (fields of its ``Options`` dataclass).
 
     Raises:
-        UnknownBackendError, MissingDependencyError, InvalidURLError, ConfigError.
+        UnknownBackendError: no backend is registered under ``name``.
+        MissingDependencyError: the backend's SDK is not installed.
+        InvalidURLError: ``url`` is malformed or no backend handles its scheme.
+        ConfigError: an unknown or invalid option.
     """
     if isinstance(name, Backend):
         if options:
