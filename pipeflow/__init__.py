@@ -36,8 +36,9 @@ _EXPORTS: dict[str, str] = {
     **{name: "errors" for name in (
         "AccessDeniedError", "BackendError", "CommandError", "ConfigError", "CorruptDataError",
         "DecodeError", "EmptyShardError", "IncompleteSampleError", "InvalidURLError",
-        "MissingDependencyError", "ObjectNotFoundError", "PipeflowError", "RetryExhaustedError",
-        "StageError", "UnknownBackendError", "WorkerCrashedError")},
+        "MissingDependencyError", "ObjectNotFoundError", "OptionError", "PipeflowError",
+        "RetryExhaustedError", "StageContractError", "StageError", "UnknownBackendError",
+        "WorkerCrashedError")},
 }
 
 _SUBMODULES = ("backends", "errors", "formats", "recipes", "testing")
@@ -56,6 +57,7 @@ __all__ = [
     "ObjectInfo",
     "ObjectNotFoundError",
     "Opened",
+    "OptionError",
     "PipeflowError",
     "Pipeline",
     "Record",
@@ -63,6 +65,7 @@ __all__ = [
     "RetryPolicy",
     "RunContext",
     "Stage",
+    "StageContractError",
     "StageError",
     "Stats",
     "UnknownBackendError",
@@ -94,8 +97,10 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ l
         InvalidURLError,
         MissingDependencyError,
         ObjectNotFoundError,
+        OptionError,
         PipeflowError,
         RetryExhaustedError,
+        StageContractError,
         StageError,
         UnknownBackendError,
         WorkerCrashedError,

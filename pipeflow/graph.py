@@ -11,6 +11,7 @@ iterator, which both import it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,8 @@ from .stages.base import Stage
 from .stages.shard import Sharder
 
 __all__ = ["Node", "build", "find_sharder", "fingerprint", "format_value", "has_sharder",
-           "is_secret", "known_total", "make_label", "validate"]
+           "is_secret", "known_total", "make_label", "validate",
+           "walk"]
 
 log = logging.getLogger("pipeflow")
 @dataclass(frozen=True)
@@ -122,6 +124,19 @@ def _build(node: Node, ctx: RunContext, auto: bool) -> tuple[Stage[Any], bool]:
 
 
 # ---- walks over built stages --------------------------------------------------------------------------
+def walk(stage: Stage[Any]) -> Iterator[Stage[Any]]:
+    """Every stage of a built graph, ``stage`` first, each once."""
+    seen: set[int] = set()
+    todo = [stage]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo.extend(current.sources)
+
+
 def fingerprint(stage: Stage[Any]) -> str:
     """The graph's shape by stage class (options left out, so they may change on resume)."""
     inner = ",".join(fingerprint(s) for s in stage.sources)

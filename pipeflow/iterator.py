@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import ConfigError
-from .graph import Node, build, fingerprint
+from .graph import Node, build, fingerprint, walk
 from .run_context import RunContext
 from .stages.base import Stage
 from .stats import Stats
@@ -121,8 +121,12 @@ class PipelineIterator:
     def close(self) -> None:
         """Stop all background work. Idempotent."""
         root = getattr(self, "_root", None)
-        if root is not None:
-            root.close()
+        if root is None:
+            return
+        root.close()
+        for stage in walk(root):  # also the sources of a custom stage whose close() skipped them
+            if not stage.closed:
+                stage.close()
 
     def __del__(self) -> None:
         try:

@@ -15,7 +15,9 @@ import ast
 import sys
 from types import FrameType
 
-__all__ = ["RESTARTING_METHODS", "unguarded_main_call"]
+from ..errors import WorkerCrashedError
+
+__all__ = ["RESTARTING_METHODS", "crashed_error", "unguarded_main_call"]
 
 #: start methods whose workers import the main script again
 RESTARTING_METHODS = frozenset({"spawn", "forkserver"})
@@ -63,3 +65,17 @@ def unguarded_main_call() -> str | None:
         if stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno):
             return None if _is_main_guard(stmt) else f"{path}, line {line}"
     return None
+
+
+def crashed_error(name: str, start_method: str | None, detail: str) -> WorkerCrashedError:
+    """The error for a dead process worker of stage ``name``: the missing main guard when that
+    is the reason (the call comes from unguarded top-level code under spawn or forkserver),
+    else a crash; ``detail`` says which item was in flight or could not be submitted."""
+    where = unguarded_main_call() if start_method in RESTARTING_METHODS else None
+    if where:
+        return WorkerCrashedError(
+            f"the worker processes of {name} could not start: with the {start_method!r} start "
+            f"method each worker imports the main script again, and {where} starts the pipeline at "
+            'import time. Put the code that runs the pipeline under `if __name__ == "__main__":`, '
+            'or use method="thread"')
+    return WorkerCrashedError(f"a worker process of {name} died (killed, out of memory or crashed); {detail}")

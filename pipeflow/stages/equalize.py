@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from ..errors import ConfigError, EmptyShardError
 from ..graph import find_sharder, known_total
-from .base import Stage
+from .base import SOURCES_KEY, Stage
 
 __all__ = ["Equalizer"]
 
@@ -84,8 +84,7 @@ class Equalizer(Stage[Any]):
         return total // shards if self._mode == "drop" else math.ceil(total / shards)
 
     # ---- contract -------------------------------------------------------------------------
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        super().reset(state)
+    def start(self, state: dict[str, Any] | None) -> None:
         self._count = self.target()
         self._emitted = int(state["emitted"]) if state else 0
         self._wraps = int(state["wraps"]) if state else 0
@@ -119,5 +118,5 @@ class Equalizer(Stage[Any]):
 
     def get_state(self) -> dict[str, Any]:
         return {"emitted": self._emitted, "wraps": self._wraps, "pass_items": self._pass_items,
-                "sources": [self.source.state_dict()]}
+                SOURCES_KEY: [self.source.state_dict()]}
 

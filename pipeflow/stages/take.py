@@ -6,7 +6,7 @@ from typing import Any, Literal, TypeVar
 
 from ..errors import ConfigError
 from ..graph import find_sharder
-from .base import Stage
+from .base import SOURCES_KEY, Stage
 
 __all__ = ["Taker", "share"]
 
@@ -53,8 +53,7 @@ class Taker(Stage[T]):
                                                                    self.context.num_shards)
         return share(self._n, index, count)
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        super().reset(state)
+    def start(self, state: dict[str, Any] | None) -> None:
         self._limit = self._part()
         self._taken = int(state["taken"]) if state else 0
 
@@ -66,4 +65,4 @@ class Taker(Stage[T]):
         return item
 
     def get_state(self) -> dict[str, Any]:
-        return {"taken": self._taken, "sources": [self.source.state_dict()]}
+        return {"taken": self._taken, SOURCES_KEY: [self.source.state_dict()]}

@@ -42,7 +42,7 @@ def test_auto_shard_note_and_thread_fallback_warning_appear_once(tmp_path, conte
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "done"
     assert out.stderr.count("sharding each source across 2 ranks x workers automatically") == 1
-    assert out.stderr.count("RuntimeWarning: pipeflow: map(") == 1
+    assert out.stderr.count("RuntimeWarning: pipeflow: ") == 1
     assert "using threads instead of worker processes" in out.stderr
 
 
