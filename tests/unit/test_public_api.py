@@ -32,7 +32,7 @@ def _used_names() -> set[tuple[str, str]]:
 
 def test_the_docs_use_public_names():
     used = _used_names()
-    assert {n for _, n in used} >= {"from_items", "list_objects"}
+    assert {n for _, n in used} >= {"from_items", "list_objects", "RetryPolicy"}
     for source, name in sorted(used):
         assert name in pipeflow.__all__, f"{source} uses pipeflow.{name}, which is not public"
 
