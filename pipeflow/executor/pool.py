@@ -16,8 +16,8 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Literal
 
+from .._checks import check_choice, check_int
 from .._once import first_time
-from ..errors import ConfigError
 
 __all__ = ["WorkerPool", "make_pool"]
 
@@ -52,10 +52,8 @@ class WorkerPool:
 
     def __init__(self, workers: int, method: Literal["thread", "process"], *, name: str = "pipeflow",
                  start_method: str | None = None) -> None:
-        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-            raise ConfigError(f"workers must be a positive int, got {workers!r}")
-        if method not in ("thread", "process"):
-            raise ConfigError(f"method must be 'thread' or 'process', got {method!r}")
+        check_int(workers, "workers", low=1)
+        check_choice(method, "method", ("thread", "process"))
         if method == "process" and multiprocessing.current_process().daemon:
             # DataLoader workers are daemonic and may not start children: the DataLoader already
             # gives process parallelism, so threads are the sensible substitute.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
-from ..errors import ConfigError
+from .._checks import check_choice, check_int
 from ..graph import find_sharder
 from .base import SOURCES_KEY, Stage
 
@@ -35,10 +35,8 @@ class Taker(Stage[T]):
 
     def __init__(self, source: Stage[T], n: int, *, across: Literal["each", "all"] = "each") -> None:
         super().__init__(source)
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ConfigError(f"take() needs a non-negative int, got {n!r}")
-        if across not in ("each", "all"):
-            raise ConfigError(f"take(across=...) must be 'each' or 'all', got {across!r}")
+        check_int(n, "take(n=...)", low=0)
+        check_choice(across, "take(across=...)", ("each", "all"))
         self._n = n
         self._across = across
         self._limit = n

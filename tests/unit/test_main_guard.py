@@ -39,7 +39,7 @@ def test_unguarded_script_is_told_to_add_the_guard(tmp_path, method):
     out = _run(tmp_path, BODY + "\nrun()\n", method)
     assert out.returncode != 0
     last = out.stderr.strip().splitlines()[-1]
-    assert last.startswith("pipeflow.errors.WorkerCrashedError: the worker processes of map(")
+    assert last.startswith("pipeflow.errors.WorkerCrashedError: the worker processes of map could not start")
     assert f"with the {method!r} start method" in last
     assert f"{tmp_path / 'train.py'}, line 10 starts the pipeline at import time" in last
     assert 'if __name__ == "__main__":' in last
