@@ -129,6 +129,7 @@ class WindowedStage(Stage[Any]):
         rewind, source, inline = self._rewind, self.source, self._inline
         self._undelivered = 0
         while True:
+            rewind.boundary(source)
             item = rewind.pull(source)
             self._undelivered = 1
             try:
