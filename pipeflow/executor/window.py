@@ -171,9 +171,14 @@ class Window:
         try:
             return self._pool.submit(self.fn, item)
         except BrokenProcessPool as exc:  # a worker died before this item was queued
-            raise WorkerCrashedError(
+            # delivered through the task, so the position stays before this item
+            crashed = WorkerCrashedError(
                 f"a worker process of {self.name} died (killed, out of memory or crashed); "
-                f"could not submit {describe_item(item)}") from exc
+                f"could not submit {describe_item(item)}")
+            crashed.__cause__ = exc
+            failed: Future[Any] = Future()
+            failed.set_exception(crashed)
+            return failed
 
     # ---- position -------------------------------------------------------------------------
     def position(self, source: Source) -> tuple[dict[str, Any], list[int]]:

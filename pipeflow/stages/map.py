@@ -147,6 +147,8 @@ class WindowedStage(Stage[Any]):
         return value
 
     def _failed(self, exc: BaseException, item: Any) -> None:
+        if isinstance(exc, WorkerCrashedError):
+            raise exc  # never skippable: the pool is gone
         if isinstance(exc, BrokenProcessPool):
             raise WorkerCrashedError(
                 f"a worker process of {self.name} died (killed, out of memory or crashed) while items "
