@@ -1,8 +1,8 @@
 """The in-flight window: items pulled from a source, their results computed on a pool, handed
 back in input order (or as they complete), with enough bookkeeping to say where to resume.
 
-Every stage that applies a function to items (``map``, ``open``, ``cache``, ``decode``) runs
-one :class:`Window`. The window pulls from the source in the consumer's thread, so upstream
+Every stage that applies a function to items on workers (``map``, ``open``, ``cache``,
+``decode`` with ``workers > 0``) runs one :class:`Window`. The window pulls from the source in the consumer's thread, so upstream
 stages never run concurrently with themselves, and holds at most ``limit`` items submitted but
 not yet delivered: that bound is the backpressure that caps memory.
 
