@@ -18,6 +18,7 @@ import torch.utils.data
 
 from .graph import Node, checks_options, draw, format_value, make_label, validate
 from .iterator import PipelineIterator
+from .sinks import shards as _shards
 from .stages.base import Stage
 from .stages.batch import Batcher
 from .stages.cache import Cacher
@@ -188,10 +189,11 @@ class Pipeline(torch.utils.data.IterableDataset):
 
     @checks_options
     def read_tfrecord(self, *, check_crc: bool = True, parse_example: bool = True,
-                      on_error: Literal["raise", "skip"] = "raise") -> Pipeline:
+                      on_error: Literal["raise", "skip"] = "raise",
+                      compression: Literal["auto", "none", "gzip", "zlib"] = "auto") -> Pipeline:
         """Read opened TFRecord files; parse ``tf.train.Example`` records into dicts."""
         return self._then("read_tfrecord", TFRecordReader, check_crc=check_crc,
-                          parse_example=parse_example, on_error=on_error)
+                          parse_example=parse_example, on_error=on_error, compression=compression)
 
 
     # ---- recipes support (issue: recipes) -----------------------------------------------
@@ -242,6 +244,19 @@ class Pipeline(torch.utils.data.IterableDataset):
         """Counters (skips, retries, ...) of the iterations run by this process, by stage: the
         keys are the short labels :meth:`explain` shows (``"decode"``, ``"map#2"``)."""
         return self._stats.snapshot()
+
+    @checks_options
+    def write_shards(self, url: str, *, format: Literal["tar", "tfrecord"] = "tar",
+                     max_size: int | None = 256 << 20, max_count: int | None = None,
+                     name: str = "shard-{index:06d}", workers: int = 4, backend: str | Any = None,
+                     overwrite: bool = False, progress: Callable[[int, int], None] | None = None,
+                     backend_options: dict[str, Any] | None = None) -> Any:
+        """Run the pipeline once and write its samples as tar or TFRecord shards under ``url``
+        (each shard atomic, a rerun continues an interrupted write, ``manifest.json`` beside
+        them); returns the :class:`~pipeflow.sinks.ShardManifest`. See docs/formats.md."""
+        return _shards.write_shards(self, url, format=format, max_size=max_size, max_count=max_count,
+                            name=name, workers=workers, backend=backend, overwrite=overwrite,
+                            progress=progress, backend_options=backend_options)
 
     def explain(self) -> str:
         """A text drawing of the stage graph: each stage's short label (the key of its counters
@@ -301,13 +316,14 @@ def interleave(pipelines: Sequence[Pipeline], *, stop: Literal["first", "all"] =
 
 # ---- formats: pipe-mode source -----------------------------------------------------------------
 @checks_options
-def tfrecord_stream(path: str, *, check_crc: bool = True, parse_example: bool = True) -> Pipeline:
+def tfrecord_stream(path: str, *, check_crc: bool = True, parse_example: bool = True,
+                    compression: Literal["auto", "none", "gzip", "zlib"] = "auto") -> Pipeline:
     """A pipeline over one continuous stream of TFRecords (a FIFO, as SageMaker Pipe mode
     delivers it, a pipe or a file). ``path`` may contain ``{epoch}``, ``{rank}``, ``{worker}``.
     """
     per_process = "{rank}" in str(path) or "{worker}" in str(path)
     cls = PerProcessTFRecordStream if per_process else TFRecordStream
-    kwargs = {"check_crc": check_crc, "parse_example": parse_example}
+    kwargs = {"check_crc": check_crc, "parse_example": parse_example, "compression": compression}
     validate(cls, 0, (path,), kwargs)
     return Pipeline(Node(cls, (path,), kwargs, (), make_label("tfrecord_stream", (path,), kwargs)))
 
