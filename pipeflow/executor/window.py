@@ -2,9 +2,10 @@
 back in input order (or as they complete), with enough bookkeeping to say where to resume.
 
 Every stage that applies a function to items on workers (``map``, ``open``, ``cache``,
-``decode`` with ``workers > 0``) runs one :class:`Window`. The window pulls from the source in the consumer's thread, so upstream
-stages never run concurrently with themselves, and holds at most ``limit`` items submitted but
-not yet delivered: that bound is the backpressure that caps memory.
+``decode`` with ``workers > 0``) runs one :class:`Window`. The window pulls from the source in
+the consumer's thread, so upstream stages never run concurrently with themselves, and holds at
+most ``limit`` items submitted but not yet delivered: that bound is the backpressure that caps
+memory.
 
 Resuming: each task remembers the source's state from just before its item was pulled. The
 position of a window is the state before the oldest item not yet delivered, plus (when results
