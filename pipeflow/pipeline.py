@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import torch.utils.data
 
+from ._checks import check_int
 from .graph import Node, checks_options, draw, format_value, make_label, validate
 from .iterator import PipelineIterator
 from .sinks import shards as _shards
@@ -23,6 +24,7 @@ from .stages.base import Stage
 from .stages.batch import Batcher
 from .stages.cache import Cacher
 from .stages.decode import Decoder
+from .stages.epoch import EpochSizer
 from .stages.equalize import Equalizer
 from .stages.fetch_batch import BatchFetcher
 from .stages.filter import Filterer
@@ -53,6 +55,8 @@ class Pipeline(torch.utils.data.IterableDataset):
     returns a new pipeline. The only mutable thing is the epoch (:meth:`set_epoch`), as with
     ``DistributedSampler``.
     """
+
+    _length: int | None = None
 
     def __init__(self, node: Node) -> None:
         super().__init__()
@@ -124,9 +128,10 @@ class Pipeline(torch.utils.data.IterableDataset):
         return self._then("prefetch", Prefetcher, size)
 
     @checks_options
-    def take(self, n: int) -> Pipeline:
-        """Stop after ``n`` items."""
-        return self._then("take", Taker, n)
+    def take(self, n: int, *, across: Literal["each", "all"] = "each") -> Pipeline:
+        """Stop after ``n`` items: in each process that iterates (``"each"``: every rank x
+        DataLoader worker takes ``n``), or ``n`` for the whole epoch (``"all"``)."""
+        return self._then("take", Taker, n, across=across)
 
     @checks_options
     def repeat(self, times: int | None = None) -> Pipeline:
@@ -220,6 +225,34 @@ class Pipeline(torch.utils.data.IterableDataset):
         """
         return self._then("equalize", Equalizer, total=total, per_shard=per_shard, mode=mode)
 
+    # ---- epoch length -------------------------------------------------------------------
+    @checks_options
+    def with_epoch(self, n: int) -> Pipeline:
+        """Exactly ``n`` items per rank and epoch, split over the DataLoader workers (cut short
+        or wrapped around); ``len()`` is then ``n``. See :mod:`pipeflow.stages.epoch`."""
+        return self._then("with_epoch", EpochSizer, n)
+
+    @checks_options
+    def with_length(self, n: int) -> Pipeline:
+        """The same pipeline with ``len()`` declared as ``n`` (items per rank); iteration is
+        unchanged, so the number is the caller's promise (``with_epoch`` makes it true)."""
+        check_int(n, "with_length(n)", low=0)
+        described = Pipeline(self._node)
+        described._length = n
+        return described
+
+    def __len__(self) -> int:
+        """Items per rank and epoch, when known: after ``with_epoch(n)`` or ``with_length(n)``."""
+        if self._length is not None:
+            return self._length
+        if self._node.stage is EpochSizer:
+            return int(self._node.args[0])
+        raise TypeError("the length of this pipeline is not known; set it with with_epoch(n) "
+                        "(exactly n items per rank) or with_length(n)")
+
+    def __bool__(self) -> bool:  # a pipeline is truthy even when len() is unknown or 0
+        return True
+
     # ---- running ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch used to reseed shuffles on the next iteration (like DistributedSampler)."""
@@ -227,6 +260,7 @@ class Pipeline(torch.utils.data.IterableDataset):
 
     @property
     def epoch(self) -> int:
+        """The epoch set by :meth:`set_epoch` (0 until then)."""
         return self._epoch
 
     def __iter__(self):  # type: ignore[override]

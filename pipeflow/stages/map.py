@@ -148,9 +148,8 @@ class WindowedStage(Stage[Any]):
         if isinstance(exc, WorkerCrashedError):
             raise exc  # never skippable: the pool is gone
         if isinstance(exc, BrokenProcessPool):
-            raise WorkerCrashedError(
-                f"a worker process of {self.name} died (killed, out of memory or crashed) while items "
-                f"were in flight, the oldest being {describe_item(item)}") from exc
+            oldest = describe_item(item)
+            raise self._window.crashed(f"items were in flight, the oldest being {oldest}") from exc
         if self._on_error == "skip" and (self._skippable is None or self._skippable(exc)):
             self.context.stats.incr(self.name, "skipped")
             log.warning("pipeflow: %s skipped %s: %s: %s", self.name, describe_item(item),
