@@ -36,6 +36,59 @@ class _Failure:
         self.first = first  # nothing of the body had arrived yet
 
 
+class _Pump:
+    """The background side: requests windows and queues their chunks. It holds no reference to
+    the :class:`WindowedBody`, so a body dropped without ``close()`` is still collected (and its
+    finaliser stops the pump)."""
+
+    def __init__(self, fetch: Callable[[int, int], Iterable[bytes]], start: int, end: int | None,
+                 window: int, is_past_end: Callable[[BaseException], bool]) -> None:
+        self.fetch, self.start, self.end, self.window = fetch, start, end, window
+        self.is_past_end = is_past_end
+        self.queue: queue.Queue[Any] = queue.Queue()
+        self.cond = threading.Condition()
+        self.stop = False
+        self.pos = start    # next byte the reader gets
+        self.peak = 0       # the most bytes requested and not yet handed to the reader
+
+    def request(self, lo: int) -> tuple[Iterable[bytes], int]:
+        hi = lo + self.window if self.end is None else min(lo + self.window, self.end)
+        with self.cond:
+            # never more than two windows ahead of the reader: wait until it reaches `lo - window`
+            self.cond.wait_for(lambda: self.stop or self.pos >= lo - self.window)
+            if self.stop:
+                raise _Stopped
+            self.peak = max(self.peak, hi - self.pos)
+        return iter(self.fetch(lo, hi)), hi
+
+    def run(self) -> None:
+        lo, first, chunks = self.start, True, None
+        try:
+            chunks, hi = self.request(lo)
+            while True:
+                got = 0
+                for chunk in chunks:
+                    if self.stop:
+                        return
+                    got += len(chunk)
+                    first = False
+                    self.queue.put(bytes(chunk))
+                if got < hi - lo or (self.end is not None and hi >= self.end):
+                    break  # a short window is the last one
+                lo = hi
+                chunks, hi = self.request(lo)
+            self.queue.put(_END)
+        except _Stopped:
+            return
+        except BaseException as exc:  # handed to the reader, raised there
+            if self.is_past_end(exc):  # a window starting at (or past) the end: nothing more
+                self.queue.put(_END)
+            else:
+                self.queue.put(_Failure(exc, first))
+        finally:
+            del chunks  # drop the request now (the client cancels it), not when the thread is freed
+
+
 class WindowedBody(io.RawIOBase):
     """A raw, non-seekable stream of bytes ``[start, end)`` of one object.
 
@@ -57,72 +110,26 @@ class WindowedBody(io.RawIOBase):
                  is_past_end: Callable[[BaseException], bool],
                  on_request_error: Callable[[BaseException], BaseException] | None = None) -> None:
         super().__init__()
-        self._fetch = fetch
-        self._start = start
-        self._end = end
-        self._window = window
         self._timeout = read_timeout
-        self._is_past_end = is_past_end
         self._on_request_error = on_request_error
-        self._queue: queue.Queue[Any] = queue.Queue()
-        self._cond = threading.Condition()
-        self._stop = False
-        self._pos = start          # next byte the reader gets
-        self._requested = start    # one past the last byte requested so far
+        self._pump = _Pump(fetch, start, end, window, is_past_end)
         self._buf = memoryview(b"")
         self._done = False
-        #: the most bytes requested from the server and not yet handed to the reader
-        self.peak_buffered = 0
-        self._thread = threading.Thread(target=self._pump, name="pipeflow-window", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._pump.run, name="pipeflow-window", daemon=True).start()
 
-    # ---- the background side ----------------------------------------------------------------
-    def _request(self, lo: int) -> tuple[Iterable[bytes], int]:
-        hi = lo + self._window if self._end is None else min(lo + self._window, self._end)
-        with self._cond:
-            # never more than two windows ahead of the reader: wait until it reaches `lo - window`
-            self._cond.wait_for(lambda: self._stop or self._pos >= lo - self._window)
-            if self._stop:
-                raise _Stopped
-            self._requested = hi
-            self.peak_buffered = max(self.peak_buffered, hi - self._pos)
-        return iter(self._fetch(lo, hi)), hi
-
-    def _pump(self) -> None:
-        lo, first, chunks = self._start, True, None
-        try:
-            chunks, hi = self._request(lo)
-            while True:
-                got = 0
-                for chunk in chunks:
-                    if self._stop:
-                        return
-                    got += len(chunk)
-                    first = False
-                    self._queue.put(bytes(chunk))
-                if got < hi - lo or (self._end is not None and hi >= self._end):
-                    break  # a short window is the last one
-                lo = hi
-                chunks, hi = self._request(lo)
-            self._queue.put(_END)
-        except _Stopped:
-            return
-        except BaseException as exc:  # handed to the reader, raised there
-            if self._is_past_end(exc):  # a window starting at (or past) the end: nothing more
-                self._queue.put(_END)
-            else:
-                self._queue.put(_Failure(exc, first))
-        finally:
-            del chunks  # drop the request now (the client cancels it), not when the thread is freed
+    @property
+    def peak_buffered(self) -> int:
+        """The most bytes requested from the server and not yet handed to the reader."""
+        return self._pump.peak
 
     # ---- the reader's side ------------------------------------------------------------------
     def _next_chunk(self) -> bytes:
         if self._done:
             return b""
         try:
-            item = self._queue.get(timeout=self._timeout)
+            item = self._pump.queue.get(timeout=self._timeout)
         except queue.Empty:
-            raise TimeoutError(f"no bytes for {self._timeout:g} s at byte {self._pos}") from None
+            raise TimeoutError(f"no bytes for {self._timeout:g} s at byte {self._pump.pos}") from None
         if item is _END:
             self._done = True
             return b""
@@ -144,9 +151,10 @@ class WindowedBody(io.RawIOBase):
         return True
 
     def _advance(self, n: int) -> None:
-        with self._cond:
-            self._pos += n
-            self._cond.notify_all()
+        pump = self._pump
+        with pump.cond:
+            pump.pos += n
+            pump.cond.notify_all()
 
     def readinto(self, buffer: Any) -> int:
         if not self._buf:
@@ -182,10 +190,11 @@ class WindowedBody(io.RawIOBase):
             parts.append(chunk)
 
     def close(self) -> None:
-        if not self.closed:
-            with self._cond:
-                self._stop = True
-                self._cond.notify_all()
+        pump = getattr(self, "_pump", None)
+        if not self.closed and pump is not None:
+            with pump.cond:
+                pump.stop = True
+                pump.cond.notify_all()
             self._buf = memoryview(b"")
             # a pump blocked on a stalled connection ends when that connection delivers or
             # closes; it holds no more than its window, and drops it on waking

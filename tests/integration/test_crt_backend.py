@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pipeflow.backends import get_backend
+from pipeflow.backends import get_backend, parse_s3_url
 from pipeflow.backends._retry import RetryPolicy
 from pipeflow.errors import AccessDeniedError, ObjectNotFoundError, RetryExhaustedError
 from pipeflow.testing import local_s3
@@ -153,3 +153,24 @@ def test_every_retry_exhausted_names_the_endpoint(backend):
         be.read("s3://bucket/key")
     assert str(info.value).count(endpoint) == 1
     assert "s3://bucket/key" in str(info.value)
+
+
+def test_a_stream_dropped_without_close_leaves_no_thread(big):
+    import gc
+    import threading
+
+    url, data = big
+    be = get_backend("s3torchconnector", part_size=WINDOW)
+    before = {t.ident for t in threading.enumerate()}
+    # the windowed body itself, as a wrapper that forgot to close it would hold it
+    stream = be._windowed(parse_s3_url(url), url, 0, None)
+    assert stream.read(1000) == data[:1000]
+    del stream  # never closed, read far from the end: the pump waits for a reader that is gone
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        left = [t for t in threading.enumerate() if t.name == "pipeflow-window" and t.ident not in before]
+        if not left:
+            break
+        time.sleep(0.1)
+    assert not left, "the window thread outlived its stream"
