@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 
-from pipeflow.backends._retry import ResumableStream, retry_call
+from pipeflow.backends._resumable import ResumableStream
+from pipeflow.backends._retry import retry_call
 from pipeflow.backends._s3config import S3Options, is_invalid_range, translate_s3_error
 from pipeflow.backends.base import Backend, scheme_of
 from pipeflow.errors import BackendError, ConfigError, InvalidURLError, ObjectNotFoundError

@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from pipeflow.backends._retry import ResumableStream, retry_call
+from pipeflow.backends._resumable import ResumableStream
+from pipeflow.backends._retry import retry_call
 from pipeflow.backends._s3config import S3Options, is_invalid_range, translate_s3_error
 from pipeflow.backends.base import Backend, parse_s3_url
 from pipeflow.errors import BackendError, ConfigError

@@ -33,7 +33,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any, Literal
 
-from pipeflow.backends._retry import ResumableStream, is_transient
+from pipeflow.backends._resumable import ResumableStream
+from pipeflow.backends._retry import is_transient
 from pipeflow.backends._s3config import S3Options
 from pipeflow.backends.base import Backend, S3Location, parse_s3_url
 from pipeflow.errors import BackendError, ConfigError, ObjectNotFoundError, PipeflowError
@@ -77,7 +78,7 @@ class S3TorchConnectorOptions(S3Options):
     @property
     def effective_crt_attempts(self) -> int:
         """The attempts the CRT makes per request: ``crt_max_attempts`` or ``retry.max_attempts``."""
-        return self.crt_max_attempts if self.crt_max_attempts is not None else self.retry.max_attempts
+        return self.crt_max_attempts if self.crt_max_attempts is not None else self.retry.sdk_attempts()
 
 
 class _ChunkStream(io.RawIOBase):

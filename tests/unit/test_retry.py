@@ -12,7 +12,8 @@ from collections.abc import Iterator
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
-from pipeflow.backends._retry import ResumableStream, RetryPolicy, is_transient, retry_call
+from pipeflow.backends._resumable import ResumableStream
+from pipeflow.backends._retry import RetryPolicy, is_transient, retry_call
 from pipeflow.errors import ConfigError, ObjectNotFoundError, RetryExhaustedError
 
 FAST = RetryPolicy(max_attempts=4, base_delay=0.001, max_delay=0.002, max_resumes=50)
