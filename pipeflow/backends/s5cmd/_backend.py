@@ -158,7 +158,7 @@ class S5cmdBackend(Backend):
         env = self.environment()
 
         def on_error(status: int, stderr: str) -> BaseException:
-            return error_from_output(status, stderr, url=url, op="open")
+            return error_from_output(status, stderr, url=url, op="open", silent_is_transient=True)
 
         def opener(offset: int) -> IO[bytes]:
             return open_cat(argv, on_error=on_error, env=env, start=offset,

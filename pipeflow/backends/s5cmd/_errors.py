@@ -90,10 +90,18 @@ def errors_in(text: str) -> list[dict[str, Any]]:
     return records
 
 
-def error_from_output(status: int, stderr: str, *, url: str, op: str) -> BaseException:
-    """The error for a failed single call: transient (to be retried) or typed and final."""
+def error_from_output(status: int, stderr: str, *, url: str, op: str,
+                      silent_is_transient: bool = False) -> BaseException:
+    """The error for a failed single call: transient (to be retried) or typed and final.
+
+    ``silent_is_transient``: a failure with no error record at all counts as transient. That is
+    how ``s5cmd cat`` reports a failed GET; ``open`` sends it only after ``head`` has already
+    translated the permanent errors (missing object, access denied) by their codes.
+    """
     records = errors_in(stderr)
     text = str(records[-1]["error"]) if records else stderr
+    if silent_is_transient and not text.strip():
+        return S5cmdTransientError("NoErrorRecord", None, f"s5cmd exited with status {status}")
     transient = transient_in(text)
     if transient is not None:
         return transient
