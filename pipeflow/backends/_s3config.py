@@ -133,6 +133,10 @@ class S3Options(BackendOptions):
         """The endpoint for error messages: the resolved URL, or AWS's default."""
         return self.resolved_endpoint() or "the AWS default endpoint"
 
+    def endpoint_for(self, url: str) -> str | None:
+        """:meth:`endpoint_label` for an ``s3://`` URL, None for any other (for error messages)."""
+        return self.endpoint_label() if url[:5].lower() == "s3://" else None
+
     def use_path_style(self) -> bool:
         if self.path_style is not None:
             return self.path_style

@@ -143,7 +143,8 @@ class FsspecBackend(Backend):
     def _call(self, fn: Callable[[], T], url: str, op: str) -> T:
         """Run one filesystem call under the retry policy; typed errors on failure."""
         try:
-            return retry_call(fn, policy=self.options.retry, url=url, backend=self.name, op=op)
+            return retry_call(fn, policy=self.options.retry, url=url, backend=self.name, op=op,
+                              endpoint=self.options.endpoint_for(url))
         except Exception as exc:
             err = self._error(exc, url, op)
             if err is exc:
@@ -202,6 +203,7 @@ class FsspecBackend(Backend):
         return ResumableStream(lambda off: self._open_at(fs, path, url, off), start=start,
                                size=size if isinstance(size, int) else None,
                                policy=self.options.retry, url=url, backend=self.name, first=first,
+                               endpoint=self.options.endpoint_for(url),
                                translate=lambda exc: self._error(exc, url, "read"))
 
     def read(self, url: str, start: int | None = None, end: int | None = None) -> bytes:

@@ -64,7 +64,8 @@ class IopathBackend(Backend):
 
     def _run(self, fn: Any, url: str, op: str) -> Any:
         try:
-            return retry_call(fn, policy=self.options.retry, url=url, backend=self.name, op=op)
+            return retry_call(fn, policy=self.options.retry, url=url, backend=self.name, op=op,
+                              endpoint=self.options.endpoint_for(url))
         except Exception as exc:
             err = translate_s3_error(exc, url=url, backend=self.name, op=op)
             if err is exc and isinstance(exc, OSError) and not isinstance(exc, BackendError):
@@ -123,5 +124,6 @@ class IopathBackend(Backend):
         first = self._open_at(url, start)
         return ResumableStream(lambda off: self._open_at(url, off), start=start, policy=self.options.retry,
                                url=url, backend=self.name, first=first,
+                               endpoint=self.options.endpoint_for(url),
                                translate=lambda exc: translate_s3_error(exc, url=url, backend=self.name,
                                                                         op="read"))

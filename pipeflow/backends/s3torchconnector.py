@@ -78,7 +78,11 @@ class S3TorchConnectorOptions(S3Options):
     @property
     def effective_crt_attempts(self) -> int:
         """The attempts the CRT makes per request: ``crt_max_attempts`` or ``retry.max_attempts``."""
-        return self.crt_max_attempts if self.crt_max_attempts is not None else self.retry.sdk_attempts()
+        if self.crt_max_attempts is not None:
+            return self.crt_max_attempts
+        # the CRT's own backoff (full jitter, 0.5 s scale, 20 s cap, as measured) turns the
+        # policy's time budget into an attempt count
+        return self.retry.sdk_attempts(sdk_base_delay=0.5, sdk_max_delay=20.0)
 
 
 class _ChunkStream(io.RawIOBase):
