@@ -30,7 +30,7 @@ from ..backends.base import Backend
 from ..backends.batch import BatchHandle
 from ..errors import BackendError, ConfigError, StageError
 from ..items import ObjectInfo, Record
-from .base import Stage, describe_item
+from .base import SOURCES_KEY, Stage, describe_item
 
 __all__ = ["BatchFetcher"]
 
@@ -193,11 +193,7 @@ class BatchFetcher(Stage[Any]):
         self._res = None
         self._batches.clear()
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        self._needs_reset = False
-        self._closed = False
-        self._release()
-        self.source.reset(state["source"] if state else None)
+    def start(self, state: dict[str, Any] | None) -> None:
         if self._backend is None:
             from ..backends.registry import get_backend
             self._backend = get_backend(self._backend_spec, **self._options)
@@ -213,12 +209,11 @@ class BatchFetcher(Stage[Any]):
         self._batch_no = 0
         self._exhausted = False
         skip = int(state.get("offset", 0)) if state else 0
-        self._state = {"source": self.source.state_dict(), "offset": skip}
+        self._state = {SOURCES_KEY: [self.source.state_dict()], "offset": skip}
         self._fill(skip)
 
-    def close(self) -> None:
+    def stop(self) -> None:
         self._release()
-        super().close()
 
     # ---- batches ------------------------------------------------------------------------
     def _fill(self, skip: int = 0) -> None:
@@ -310,7 +305,7 @@ class BatchFetcher(Stage[Any]):
                 continue
             urls, grouped, paths = batch.samples[batch.pos]
             batch.pos += 1
-            self._state = {"source": batch.start_state, "offset": batch.skip + batch.pos}
+            self._state = {SOURCES_KEY: [batch.start_state], "offset": batch.skip + batch.pos}
             failure = next(((u, batch.results.get(p)) for u, p in zip(urls, paths)
                             if batch.results.get(p) is not None), None)
             if failure is not None:

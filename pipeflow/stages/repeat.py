@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError
-from .base import Stage
+from .base import SOURCES_KEY, Stage
 
 __all__ = ["Repeater"]
 
@@ -29,8 +29,7 @@ class Repeater(Stage[Any]):
         self._round = 0
         self._yielded_this_round = False
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        super().reset(state)
+    def start(self, state: dict[str, Any] | None) -> None:
         self._round = int(state["round"]) if state else 0
         self._yielded_this_round = bool(state["yielded"]) if state else False
 
@@ -53,4 +52,4 @@ class Repeater(Stage[Any]):
 
     def get_state(self) -> dict[str, Any]:
         return {"round": self._round, "yielded": self._yielded_this_round,
-                "sources": [self.source.state_dict()]}
+                SOURCES_KEY: [self.source.state_dict()]}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from ..errors import ConfigError
-from .base import Stage
+from .base import SOURCES_KEY, Stage
 
 __all__ = ["Taker"]
 
@@ -27,8 +27,7 @@ class Taker(Stage[T]):
         self._n = n
         self._taken = 0
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        super().reset(state)
+    def start(self, state: dict[str, Any] | None) -> None:
         self._taken = int(state["taken"]) if state else 0
 
     def next(self) -> T:
@@ -39,4 +38,4 @@ class Taker(Stage[T]):
         return item
 
     def get_state(self) -> dict[str, Any]:
-        return {"taken": self._taken, "sources": [self.source.state_dict()]}
+        return {"taken": self._taken, SOURCES_KEY: [self.source.state_dict()]}

@@ -105,9 +105,7 @@ class TFRecordStream(Stage[Any]):
         self._count = 0
         self._url = self.path
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        self._close_file()
-        super().reset(state)
+    def start(self, state: dict[str, Any] | None) -> None:
         self._count = int(state.get("records", 0)) if state else 0
         ctx = self.context
         try:
@@ -140,17 +138,13 @@ class TFRecordStream(Stage[Any]):
     def get_state(self) -> dict[str, Any]:
         return {"records": self._count}
 
-    def _close_file(self) -> None:
+    def stop(self) -> None:
         if self._iter is not None:
             self._iter.close()  # type: ignore[attr-defined]
             self._iter = None
         if self._file is not None:
             self._file.close()
             self._file = None
-
-    def close(self) -> None:
-        self._close_file()
-        super().close()
 
 
 class PerProcessTFRecordStream(TFRecordStream):
