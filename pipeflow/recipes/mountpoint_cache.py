@@ -6,8 +6,8 @@ misses straight from S3 (the cache then stands in for Mountpoint)."""
 from __future__ import annotations
 
 from ..pipeline import Pipeline
-from . import RecipeInfo
 from ._common import PREPROCESS_BATCH, default_cache_dir, random_access_chain
+from ._info import RecipeInfo
 
 INFO = RecipeInfo(
     name="mountpoint-cache", article="002", layout="jpeg", backend="local or boto3 + disk cache",
