@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterator
 from typing import IO, Any, Literal
 
+from .._checks import check_choice
 from ..errors import BackendError, ConfigError, CorruptDataError, PipeflowError
 from ..items import Opened, Record
 from .base import SOURCES_KEY, Stage
@@ -59,8 +60,7 @@ class ExpandingStage(Stage[Any]):
 
     def __init__(self, source: Stage[Any], *, on_error: OnError = "raise") -> None:
         super().__init__(source)
-        if on_error not in ("raise", "skip"):
-            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        check_choice(on_error, f"{self.verb}(on_error=...)", ("raise", "skip"))
         self.on_error = on_error
         self._iter: Iterator[Any] | None = None
         self._stream: IO[bytes] | None = None

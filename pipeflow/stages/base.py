@@ -53,8 +53,11 @@ class Stage(Generic[T]):
     def __init__(self, *sources: Stage[Any]) -> None:
         self.sources: tuple[Stage[Any], ...] = sources
         self.context: RunContext = RunContext()
-        #: name shown in errors and stats; the builder sets it to the explain() label
+        #: the short label (``map#2``) keying stats() and naming the stage in errors; set by
+        #: the builder
         self.name: str = type(self).__name__
+        #: the stage's line in explain(), with its options; set by the builder
+        self.description: str = type(self).__name__
         #: set by the builder: True when a sharding stage lies upstream of this one
         self.sharded_upstream: bool = False
         self._needs_reset = True

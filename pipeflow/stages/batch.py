@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .._checks import check_int
 from ..errors import ConfigError
 from .base import SOURCES_KEY, Rewind, Stage
 
@@ -35,8 +36,7 @@ class Batcher(Stage[Any]):
     def __init__(self, source: Stage[Any], size: int, *, drop_last: bool = False,
                  collate: bool | Callable[[list[Any]], Any] = False) -> None:
         super().__init__(source)
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ConfigError(f"batch() needs a positive int size, got {size!r}")
+        check_int(size, "batch(size=...)", low=1)
         if collate is True:
             collate = _default_collate
         elif collate is not False and not callable(collate):

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .._checks import check_bool, check_choice, check_int
 from ..backends.base import Backend
 from ..backends.batch import BatchHandle
 from ..errors import BackendError, ConfigError, StageError
@@ -150,15 +151,11 @@ class BatchFetcher(Stage[Any]):
                 backend_class(backend)  # raises UnknownBackendError listing the known ones
         if isinstance(backend, Backend) and options:
             raise ConfigError("fetch_batch(): pass options when creating the backend object")
-        for name, value, low in (("batch_size", batch_size, 1), ("workers", workers, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"fetch_batch(): {name} must be an int >= {low}, got {value!r}")
-        if output not in ("bytes", "path"):
-            raise ConfigError(f"fetch_batch(): output must be 'bytes' or 'path', got {output!r}")
-        if on_error not in ("raise", "skip"):
-            raise ConfigError(f"fetch_batch(): on_error must be 'raise' or 'skip', got {on_error!r}")
-        if not isinstance(delete, bool):
-            raise ConfigError(f"fetch_batch(): delete must be True or False, got {delete!r}")
+        check_int(batch_size, "fetch_batch(batch_size=...)", low=1)
+        check_int(workers, "fetch_batch(workers=...)", low=1)
+        check_choice(output, "fetch_batch(output=...)", ("bytes", "path"))
+        check_choice(on_error, "fetch_batch(on_error=...)", ("raise", "skip"))
+        check_bool(delete, "fetch_batch(delete=...)")
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ConfigError(f"fetch_batch(): timeout must be a positive number, got {timeout!r}")
         if to is not None and not isinstance(to, (str, os.PathLike)):

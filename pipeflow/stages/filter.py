@@ -43,7 +43,8 @@ class Filterer(Stage[T]):
                 keep = predicate(item)
             except Exception as exc:
                 self._failed = True  # the state stays before this item
-                exc.add_note(f"pipeflow: raised by the predicate of {self.name} on {describe_item(item)}")
+                exc.add_note(f"pipeflow: raised by the predicate of {self.description} on "
+                             f"{describe_item(item)}")
                 raise
             if keep:
                 return item

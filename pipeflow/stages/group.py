@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from .._checks import check_choice
 from ..errors import ConfigError, IncompleteSampleError
 from ..formats.keys import is_meta_name, split_key
 from ..items import Record
@@ -64,8 +65,7 @@ class PairGrouper(Stage[dict[str, Any]]):
             required = (required,)
         if required is not None and not all(isinstance(r, str) and r for r in required):
             raise ConfigError(f"required must be a sequence of field names, got {required!r}")
-        if on_incomplete not in ("raise", "skip"):
-            raise ConfigError(f"on_incomplete must be 'raise' or 'skip', got {on_incomplete!r}")
+        check_choice(on_incomplete, "group_pairs(on_incomplete=...)", ("raise", "skip"))
         self.required = tuple(r.lower() for r in required) if required else ()
         self.on_incomplete = on_incomplete
         #: a record read ahead (the first of the next sample) and the upstream state before it

@@ -155,7 +155,7 @@ class WindowedStage(Stage[Any]):
             log.warning("pipeflow: %s skipped %s: %s: %s", self.name, describe_item(item),
                         type(exc).__name__, exc)
             return
-        exc.add_note(f"pipeflow: raised in stage {self.name} on {describe_item(item)}")
+        exc.add_note(f"pipeflow: raised in stage {self.description} on {describe_item(item)}")
         raise exc
 
     def get_state(self) -> dict[str, Any]:

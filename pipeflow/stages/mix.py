@@ -5,16 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+from .._checks import check_choice
 from .._rng import derive_seed, uniform
 from ..errors import ConfigError
 from .base import SOURCES_KEY, Stage
 
 __all__ = ["Interleaver", "Mixer"]
-
-
-def _check_stop(stop: str) -> None:
-    if stop not in ("first", "all"):
-        raise ConfigError(f"stop must be 'first' or 'all', got {stop!r}")
 
 
 class Mixer(Stage[Any]):
@@ -35,7 +31,7 @@ class Mixer(Stage[Any]):
         super().__init__(*sources)
         if not sources:
             raise ConfigError("mix() needs at least one pipeline")
-        _check_stop(stop)
+        check_choice(stop, "mix(stop=...)", ("first", "all"))
         if not callable(weights):
             self._check_weights(list(weights))
         self._weights = weights
@@ -103,7 +99,7 @@ class Interleaver(Stage[Any]):
         super().__init__(*sources)
         if not sources:
             raise ConfigError("interleave() needs at least one pipeline")
-        _check_stop(stop)
+        check_choice(stop, "interleave(stop=...)", ("first", "all"))
         self._stop = stop
         self._turn = 0
         self._active = [True] * len(sources)

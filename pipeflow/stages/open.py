@@ -17,8 +17,8 @@ import weakref
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from .._checks import check_bool
 from ..backends.base import Backend, scheme_of
-from ..errors import ConfigError
 from ..items import Opened, Record
 from ._backends import BackendsByScheme, url_of
 from .base import Stage
@@ -74,8 +74,7 @@ class Opener(WindowedStage):
     def __init__(self, source: Stage[Any], backend: str | Backend | None = None, *, workers: int = 0,
                  read: bool = False, on_error: Literal["raise", "skip"] = "raise",
                  max_inflight: int | None = None, **options: Any) -> None:
-        if not isinstance(read, bool):
-            raise ConfigError(f"open(read=...) must be a bool, got {read!r}")
+        check_bool(read, "open(read=...)")
         self._open_fn = OpenFn(backend, read, options)
         super().__init__(source, self._open_fn, what="open", workers=workers, method="thread",
                          in_order=True, max_inflight=max_inflight, on_error=on_error,

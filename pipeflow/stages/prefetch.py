@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Any
 
-from ..errors import ConfigError
+from .._checks import check_int
 from .base import SOURCES_KEY, Stage
 
 __all__ = ["Prefetcher"]
@@ -47,8 +47,7 @@ class Prefetcher(Stage[Any]):
 
     def __init__(self, source: Stage[Any], size: int = 2) -> None:
         super().__init__(source)
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ConfigError(f"prefetch() needs a positive int size, got {size!r}")
+        check_int(size, "prefetch(size=...)", low=1)
         self._size = size
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()

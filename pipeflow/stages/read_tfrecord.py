@@ -7,6 +7,7 @@ import stat
 from collections.abc import Iterator
 from typing import IO, Any
 
+from .._checks import check_bool
 from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError
 from ..formats.example import ExampleFormatError, decode_example
 from ..formats.tfrecord import iter_tfrecords
@@ -27,11 +28,6 @@ def _item(url: str, index: int, payload: bytes, parse_example: bool) -> Any:
         raise CorruptDataError(f"record {index} is not a tf.train.Example: {exc}",
                                stage="tfrecord", key=url) from exc
     return {"__key__": key, "__url__": url, **features}
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name} must be a bool, got {value!r}")
 
 
 class TFRecordReader(ExpandingStage):
@@ -58,8 +54,8 @@ class TFRecordReader(ExpandingStage):
     def __init__(self, source: Stage[Any], *, check_crc: bool = True, parse_example: bool = True,
                  on_error: OnError = "raise") -> None:
         super().__init__(source, on_error=on_error)
-        _check_bool("check_crc", check_crc)
-        _check_bool("parse_example", parse_example)
+        check_bool(check_crc, "read_tfrecord(check_crc=...)")
+        check_bool(parse_example, "read_tfrecord(parse_example=...)")
         self.check_crc = check_crc
         self.parse_example = parse_example
 
@@ -95,8 +91,8 @@ class TFRecordStream(Stage[Any]):
         super().__init__()
         if not isinstance(path, (str, os.PathLike)):
             raise ConfigError(f"tfrecord_stream() needs a path, got {type(path).__name__}")
-        _check_bool("check_crc", check_crc)
-        _check_bool("parse_example", parse_example)
+        check_bool(check_crc, "tfrecord_stream(check_crc=...)")
+        check_bool(parse_example, "tfrecord_stream(parse_example=...)")
         self.path = os.fspath(path)
         self.check_crc = check_crc
         self.parse_example = parse_example

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ConfigError
+from .._checks import check_int
 from .base import SOURCES_KEY, Stage
 
 __all__ = ["Repeater"]
@@ -23,8 +23,7 @@ class Repeater(Stage[Any]):
 
     def __init__(self, source: Stage[Any], times: int | None = None) -> None:
         super().__init__(source)
-        if times is not None and (not isinstance(times, int) or isinstance(times, bool) or times < 0):
-            raise ConfigError(f"repeat() needs a non-negative int or None, got {times!r}")
+        check_int(times, "repeat(times=...)", low=0, optional=True)
         self._times = times
         self._round = 0
         self._yielded_this_round = False

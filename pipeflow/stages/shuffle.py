@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._checks import check_int
 from .._rng import derive_seed, draw
-from ..errors import ConfigError
 from .base import SOURCES_KEY, Stage
 
 __all__ = ["Shuffler"]
@@ -34,10 +34,8 @@ class Shuffler(Stage[Any]):
 
     def __init__(self, source: Stage[Any], buffer_size: int, *, seed: int = 0) -> None:
         super().__init__(source)
-        if not isinstance(buffer_size, int) or isinstance(buffer_size, bool) or buffer_size < 1:
-            raise ConfigError(f"shuffle() needs a positive int buffer_size, got {buffer_size!r}")
-        if not isinstance(seed, int):
-            raise ConfigError(f"shuffle(seed=...) must be an int, got {seed!r}")
+        check_int(buffer_size, "shuffle(buffer_size=...)", low=1)
+        check_int(seed, "shuffle(seed=...)")
         self._size = buffer_size
         self._seed = seed
         self._round = -1  # incremented by every fresh reset (repeat() restarts reshuffle)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from ..errors import ConfigError
+from .._checks import check_int
 from .base import SOURCES_KEY, Stage
 
 __all__ = ["Taker"]
@@ -22,8 +22,7 @@ class Taker(Stage[T]):
 
     def __init__(self, source: Stage[T], n: int) -> None:
         super().__init__(source)
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ConfigError(f"take() needs a non-negative int, got {n!r}")
+        check_int(n, "take(n=...)", low=0)
         self._n = n
         self._taken = 0
 
