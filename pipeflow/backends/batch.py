@@ -13,11 +13,10 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import IO, TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..errors import BackendError
-from ..executor.pool import WorkerPool
 
 if TYPE_CHECKING:  # for annotations only: base.py imports this module
     from .base import Backend
@@ -76,7 +75,9 @@ class ThreadPoolBatch:
         self.backend = backend
         self.pairs = list(pairs)
         self._stop = threading.Event()
-        self._pool = WorkerPool(max(1, min(workers, len(self.pairs))), "thread", name="pipeflow-fetch")
+        # a plain executor: backends sit below pipeflow's own executor layer
+        self._pool = ThreadPoolExecutor(max(1, min(workers, len(self.pairs))),
+                                        thread_name_prefix="pipeflow-fetch")
         self._futures: list[tuple[str, Future[None]]] = [
             (dest, self._pool.submit(self._copy, url, dest)) for url, dest in self.pairs
         ]
@@ -122,4 +123,4 @@ class ThreadPoolBatch:
 
     def cancel(self) -> None:
         self._stop.set()
-        self._pool.shutdown(wait=True)
+        self._pool.shutdown(wait=True, cancel_futures=True)
