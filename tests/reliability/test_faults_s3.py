@@ -4,6 +4,10 @@ Every S3 backend reads tar shards while the proxy answers a share of requests wi
 or 500, resets connections in the middle of bodies or stalls responses. Each epoch must end with
 every sample delivered once and byte-identical, or, past the retry budget, with a typed error
 within a bounded time. The server itself is killed and restarted mid-epoch. Never a hang.
+
+Outages: with the default policy (a 60 s budget per request), a store that fails every request
+for 2 s or 10 s mid-epoch costs time, not samples; a 403 or a missing key fails at the first
+request; a store that never comes back fails once a small budget is spent, naming URL and endpoint.
 """
 
 from __future__ import annotations
