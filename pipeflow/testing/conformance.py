@@ -42,7 +42,7 @@ import pytest
 
 from ..backends import Backend, get_backend
 from ..backends.batch import BatchDownloader, BatchHandle
-from ..errors import ObjectNotFoundError
+from ..errors import ConfigError, ObjectNotFoundError
 
 __all__ = ["BIG", "BIG_KEY", "OBJECTS", "BackendConformance", "all_objects", "put_objects",
            "write_objects"]
@@ -115,10 +115,15 @@ class BackendConformance:
     Attributes:
         backend_name: the registered backend name.
         backend_options: keyword options passed to :func:`~pipeflow.backends.get_backend`.
+        fork_safe: False for a backend whose client cannot work in a process forked after it
+            was used (some native runtimes): the suite then expects a clear
+            :class:`~pipeflow.errors.ConfigError` mentioning fork in forked DataLoader workers
+            instead of data, never a hang.
     """
 
     backend_name: ClassVar[str] = ""
     backend_options: ClassVar[dict[str, Any]] = {}
+    fork_safe: ClassVar[bool] = True
 
     @pytest.fixture
     def root(self) -> str:
@@ -254,6 +259,10 @@ class BackendConformance:
             # spawn pays a torch import per worker: one worker shows the same thing
             _ReadDataset(backend, urls), batch_size=None, num_workers=2 if start_method == "fork" else 1,
             multiprocessing_context=start_method)
+        if start_method == "fork" and not self.fork_safe:
+            with pytest.raises(ConfigError, match="fork"):
+                list(loader)
+            return
         got = list(loader)
         assert [u for u, _, _ in got] == urls
         assert [h for _, h, _ in got] == [hashlib.sha256(OBJECTS[k]).hexdigest() for k in keys]
