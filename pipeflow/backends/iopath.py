@@ -20,11 +20,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from pipeflow.backends._retry import ResumableStream, retry_call
+from pipeflow.backends._resumable import ResumableStream
+from pipeflow.backends._retry import retry_call
 from pipeflow.backends._s3config import S3Options, is_invalid_range, translate_s3_error
 from pipeflow.backends.base import Backend, parse_s3_url
-from pipeflow.backends.fsspec import naming_endpoint
-from pipeflow.errors import BackendError, ConfigError, RetryExhaustedError
+from pipeflow.errors import BackendError, ConfigError
 from pipeflow.items import ObjectInfo
 
 __all__ = ["IopathBackend", "IopathOptions"]
@@ -68,10 +68,8 @@ class IopathBackend(Backend):
 
     def _run(self, fn: Any, url: str, op: str) -> Any:
         try:
-            return retry_call(fn, policy=self.options.retry, url=url, backend=self.name, op=op)
-        except RetryExhaustedError as exc:
-            endpoint = self.options.resolved_endpoint() or "the AWS S3 endpoint"
-            raise naming_endpoint(exc, endpoint) from exc.__cause__
+            return retry_call(fn, policy=self.options.retry, url=url, backend=self.name, op=op,
+                              endpoint=self.options.endpoint_for(url))
         except Exception as exc:
             err = translate_s3_error(exc, url=url, backend=self.name, op=op)
             if err is exc and isinstance(exc, OSError) and not isinstance(exc, BackendError):
@@ -132,5 +130,6 @@ class IopathBackend(Backend):
         first = self._open_at(url, start)
         return ResumableStream(lambda off: self._open_at(url, off), start=start, policy=self.options.retry,
                                url=url, backend=self.name, first=first,
+                               endpoint=self.options.endpoint_for(url),
                                translate=lambda exc: translate_s3_error(exc, url=url, backend=self.name,
                                                                         op="read"))

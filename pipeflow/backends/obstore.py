@@ -17,8 +17,9 @@ error; otherwise the request kept failing through object_store's retries:
 :class:`~pipeflow.errors.RetryExhaustedError` naming the endpoint.
 
 Retries: object_store retries 5xx, dropped connections and timeouts itself; pipeflow gives it
-the budget of the backend's :class:`~pipeflow.backends._retry.RetryPolicy` (``max_attempts`` tries,
-backoff from ``base_delay`` to ``max_delay``) and adds no loop of its own around requests. A body
+the budget of the backend's :class:`~pipeflow.backends._retry.RetryPolicy` (its time budget as
+object_store's retry timeout, ``max_attempts`` when set as the cap on tries, backoff from
+``base_delay`` to ``max_delay``) and adds no loop of its own around requests. A body
 that breaks off mid-way is resumed from the byte already delivered with a ranged GET.
 
 Processes: obstore's Rust runtime does not survive ``fork``. A process forked after it made an
@@ -40,7 +41,8 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from pipeflow._checks import check_int
-from pipeflow.backends._retry import ResumableStream, is_transient
+from pipeflow.backends._resumable import ResumableStream
+from pipeflow.backends._retry import is_transient
 from pipeflow.backends._s3config import S3Options
 from pipeflow.backends.base import Backend, S3Location, parse_s3_url
 from pipeflow.errors import (
@@ -145,8 +147,11 @@ class ObstoreBackend(Backend):
             client.update(connect_timeout=_seconds(opts.connect_timeout or 0),
                           read_timeout=_seconds(opts.read_timeout or 0))
         policy = opts.retry
-        retry = {"max_retries": policy.max_attempts - 1,
-                 "retry_timeout": _REQUEST_LIFETIME,
+        # object_store counts tries and time itself: the budget is its retry_timeout; the
+        # attempt count only caps it (max_attempts when set)
+        retry = {"max_retries": policy.sdk_attempts() - 1,
+                 "retry_timeout": (_seconds(policy.budget) if policy.budget is not None
+                                   else _REQUEST_LIFETIME),
                  "backoff": {"init_backoff": _seconds(max(policy.base_delay, 0.001)),
                              "max_backoff": _seconds(max(policy.max_delay, 0.001)), "base": 2}}
         return S3Store(bucket, config=config, client_options=client, retry_config=retry)
@@ -182,8 +187,11 @@ class ObstoreBackend(Backend):
             if typed is not None:
                 return typed
         endpoint = self.options.resolved_endpoint() or "the AWS S3 endpoint"
-        return RetryExhaustedError(f"gave up after {self.options.retry.max_attempts} attempts at "
-                                   f"{endpoint}", url=url, backend=self.name, op=op)
+        policy = self.options.retry
+        limit = (f"{policy.budget:g} s retry budget" if policy.budget is not None
+                 else f"{policy.max_attempts} attempts")
+        return RetryExhaustedError(f"gave up after the {limit} at {endpoint}", url=url,
+                                   backend=self.name, op=op)
 
     def _raise(self, exc: BaseException, loc: S3Location, url: str, op: str) -> None:
         err = self._error(exc, loc, url, op)

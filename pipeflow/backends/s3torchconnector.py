@@ -22,8 +22,9 @@ question: it lists the key's prefix; if the bucket lists but the key is absent, 
 :class:`~pipeflow.errors.ObjectNotFoundError`.
 
 Retries: the CRT classifies and retries failed *requests* itself, with the budget of the
-backend's :class:`~pipeflow.backends._retry.RetryPolicy`: ``crt_max_attempts`` defaults to
-``retry.max_attempts``. Pipeflow adds no loop around requests; it only resumes a body that breaks
+backend's :class:`~pipeflow.backends._retry.RetryPolicy`: ``crt_max_attempts`` defaults to the
+attempt count that spends the policy's time budget under the CRT's own backoff (the CRT takes a
+count, not a duration). Pipeflow adds no loop around requests; it only resumes a body that breaks
 off or stalls mid-way, with a ranged GET from the byte already delivered.
 
 Timeouts: ``S3ClientConfig`` has no read timeout, so pipeflow bounds a stalled body itself: a
@@ -44,7 +45,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any, Literal
 
-from pipeflow.backends._retry import TRANSIENT_CODES, ResumableStream, is_transient, retry_call
+from pipeflow.backends._resumable import ResumableStream
+from pipeflow.backends._retry import TRANSIENT_CODES, is_transient, retry_call
 from pipeflow.backends._s3config import S3Options, error_for_status
 from pipeflow.backends._window import WindowedBody
 from pipeflow.backends.base import Backend, S3Location, parse_s3_url
@@ -106,7 +108,7 @@ class S3TorchConnectorOptions(S3Options):
             stream holds at most two windows.
         throughput_target_gbps: the CRT's throughput target.
         crt_max_attempts: attempts the CRT makes per request for retryable errors; None (the
-            default) takes ``retry.max_attempts``, so there is one retry budget.
+            default) derives an attempt count from the retry budget, so there is one budget.
     """
 
     reader: Literal["sequential", "range_based"] = "sequential"
@@ -135,8 +137,12 @@ class S3TorchConnectorOptions(S3Options):
 
     @property
     def effective_crt_attempts(self) -> int:
-        """The attempts the CRT makes per request: ``crt_max_attempts`` or ``retry.max_attempts``."""
-        return self.crt_max_attempts if self.crt_max_attempts is not None else self.retry.max_attempts
+        """The attempts the CRT makes per request: ``crt_max_attempts``, else derived from the policy."""
+        if self.crt_max_attempts is not None:
+            return self.crt_max_attempts
+        # the CRT's own backoff (full jitter, 0.5 s scale, 20 s cap, as measured) turns the
+        # policy's time budget into an attempt count
+        return self.retry.sdk_attempts(sdk_base_delay=0.5, sdk_max_delay=20.0)
 
     @property
     def effective_window(self) -> int:
