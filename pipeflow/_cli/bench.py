@@ -8,6 +8,7 @@ plots into ``--out``. The benchmark code lives in the repository's ``benchmarks/
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -32,9 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--server",
         default="moto",
-        metavar="moto|URL",
-        help="'moto' (default: started on 127.0.0.1) or the http:// endpoint of a running "
-        "S3-compatible server (credentials from the environment)",
+        metavar="moto|s3rver|URL",
+        help="'moto' (default: started on 127.0.0.1; copies the whole object on every ranged GET), "
+        "'s3rver' (the npm package, installed once into ~/.cache/pipeflow/s3rver; needs Node.js "
+        "and npm; serves ranges at their cost) or the http:// endpoint of a running S3-compatible "
+        "server (credentials from the environment)",
     )
     parser.add_argument(
         "--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS), help="run only these scenarios"
@@ -43,6 +46,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-datapipes",
         action="store_true",
         help="skip the torchdata 0.9 DataPipes peer (it needs its own small venv)",
+    )
+    parser.add_argument(
+        "--no-streaming-peers",
+        action="store_true",
+        help="skip the LitData and Mosaic Streaming peers of S2 (they need their own small venv)",
+    )
+    parser.add_argument(
+        "--shard-mb",
+        type=float,
+        nargs="+",
+        default=None,
+        metavar="MB",
+        help="S2 shard sizes (default: 4 16 64 256 in a full run, 4 16 with --quick)",
+    )
+    parser.add_argument(
+        "--no-decode-groups",
+        action="store_true",
+        help="skip the S2 decode groups (photo-sized and ImageNet-sized JPEGs to 224x224)",
     )
     parser.add_argument("--workdir", default=None, help="keep local data and caches here")
 
@@ -72,6 +93,12 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--latency-ms must be >= 0")
     mode = "tiny" if args.tiny else "quick" if args.quick else "full"
     sizes = {"tiny": scenarios.TINY, "quick": scenarios.QUICK, "full": scenarios.FULL}[mode]
+    if args.shard_mb:
+        if any(mb <= 0 for mb in args.shard_mb):
+            raise SystemExit("--shard-mb sizes must be > 0")
+        sizes = dataclasses.replace(sizes, s2_shard_mb=tuple(args.shard_mb))
+    if args.no_decode_groups:
+        sizes = dataclasses.replace(sizes, s2_decode_kinds=())
     cfg = scenarios.BenchConfig(
         out=Path(args.out),
         sizes=sizes,
@@ -80,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         server=args.server,
         workdir=Path(args.workdir) if args.workdir else None,
         datapipes=not args.no_datapipes,
+        streaming_peers=not args.no_streaming_peers,
         scenarios=tuple(args.scenarios),
     )
     result = scenarios.run(cfg, log=lambda line: print(line, flush=True))
