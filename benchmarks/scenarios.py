@@ -569,7 +569,9 @@ class _Runner:
     def _s2_streaming_peers(self, group: str, shards: list[str], name: str, mb: float,
                             kw: dict[str, Any], *, decode: bool) -> list[Case]:
         """LitData and Mosaic Streaming over their own format, converted from the same shards."""
-        cases = []
+        cases: list[Case] = []
+        if not self.cfg.streaming_peers:
+            return cases
         for library, module, suffix in (("LitData StreamingDataset", "litdata_peer", "litdata"),
                                          ("Mosaic StreamingDataset", "mosaic", "mds")):
             if not self.peers_python:

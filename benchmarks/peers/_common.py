@@ -114,5 +114,5 @@ def decode_224(sample: dict[str, Any]) -> dict[str, Any]:
 
     with Image.open(io.BytesIO(sample["jpg"])) as img:
         img = img.convert("RGB").resize((224, 224), Image.Resampling.BILINEAR)
-        array = np.asarray(img)
+        array = np.array(img)  # writable, as a training loop needs
     return {"jpg": torch.from_numpy(array).permute(2, 0, 1).contiguous(), "cls": int(sample["cls"])}
