@@ -358,7 +358,15 @@ class _Runner:
         row = run_case(case, proxy_url=proxy.url, env=env, log=self.log)
         row["latency_ms"] = proxy.delay_ms
         self.rows.append(row)
+        self._checkpoint()
         return row
+
+    def _checkpoint(self) -> None:
+        """Every row so far, so a run that is cut short still leaves its measurements."""
+        path = self.cfg.out / "results.partial.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"rows": self.rows, "ceilings": self.ceilings,
+                                    "conversions": self.conversions, "datasets": self.datasets}))
 
     # -- scenario 1 --
     def s1(self, proxies: dict[float, Any]) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 __all__ = ["add_arguments", "run"]
 
 SCENARIOS = ("s1", "s2", "s3", "s4", "s5")
+S2_GROUPS = ("sizes", "article-001", "decode")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -61,9 +62,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="S2 shard sizes (default: 4 16 64 256 in a full run, 4 16 with --quick)",
     )
     parser.add_argument(
-        "--no-decode-groups",
-        action="store_true",
-        help="skip the S2 decode groups (photo-sized and ImageNet-sized JPEGs to 224x224)",
+        "--s2-groups",
+        nargs="+",
+        choices=S2_GROUPS,
+        default=list(S2_GROUPS),
+        help="S2 comparison groups to run: 'sizes' (JPEG tar shards at every --shard-mb), "
+        "'article-001' (the article's PNG-pair shards, its code beside the recipes), 'decode' "
+        "(photo-sized and ImageNet-sized JPEGs decoded to 224x224); default all",
     )
     parser.add_argument("--workdir", default=None, help="keep local data and caches here")
 
@@ -97,7 +102,11 @@ def run(args: argparse.Namespace) -> int:
         if any(mb <= 0 for mb in args.shard_mb):
             raise SystemExit("--shard-mb sizes must be > 0")
         sizes = dataclasses.replace(sizes, s2_shard_mb=tuple(args.shard_mb))
-    if args.no_decode_groups:
+    if "sizes" not in args.s2_groups:
+        sizes = dataclasses.replace(sizes, s2_shard_mb=())
+    if "article-001" not in args.s2_groups:
+        sizes = dataclasses.replace(sizes, s2_wds_mb=0)
+    if "decode" not in args.s2_groups:
         sizes = dataclasses.replace(sizes, s2_decode_kinds=())
     cfg = scenarios.BenchConfig(
         out=Path(args.out),

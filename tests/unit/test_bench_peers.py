@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -19,9 +21,6 @@ from benchmarks.peers import _common  # noqa: E402
 def test_peers_and_pipeflow_decode_to_the_same_224_tensor(kind):
     data = photos.jpeg(kind, 3)
     width, height, _ = photos.KINDS[kind]
-    from PIL import Image
-    import io
-
     assert Image.open(io.BytesIO(data)).size == (width, height)
     peer = _common.decode_224({"jpg": data, "cls": b"7"})
     ours = next(iter(pf.from_items([{"jpg": data, "cls": b"7"}]).decode("torch", resize=(224, 224))))
