@@ -64,7 +64,24 @@ def make(url: str, cache_dir: str, workers: int, batch_size: int = 4, decode: bo
     shutil.rmtree(cache_dir, ignore_errors=True)  # a cold cache: every chunk comes from the server
     dataset = StreamingDataset(url, cache_dir=cache_dir, transform=functools.partial(_transform, decode),
                                storage_options={"endpoint_url": _common.endpoint()})
-    return StreamingDataLoader(dataset, batch_size=batch_size, num_workers=workers)
+    return StreamingDataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=_collate)
+
+
+def _collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    # in DataLoader workers LitData hands the JPEG field over as a buffer, not bytes, and torch's
+    # default_collate refuses buffers of unequal length; keep them as a list of bytes, as the
+    # other libraries' batches have them
+    import torch
+    from torch.utils.data import default_collate
+
+    out: dict[str, Any] = {}
+    for key in samples[0]:
+        values = [s[key] for s in samples]
+        if isinstance(values[0], (int, float, torch.Tensor)):
+            out[key] = default_collate(values)
+        else:
+            out[key] = [v if isinstance(v, (bytes, str)) else bytes(v) for v in values]
+    return out
 
 
 if __name__ == "__main__":
