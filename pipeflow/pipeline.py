@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import torch.utils.data
 
+from ._checks import check_int
 from .graph import Node, checks_options, draw, format_value, make_label, validate
 from .iterator import PipelineIterator
 from .sinks import shards as _shards
@@ -23,6 +24,7 @@ from .stages.base import Stage
 from .stages.batch import Batcher
 from .stages.cache import Cacher
 from .stages.decode import Decoder
+from .stages.epoch import EpochSizer
 from .stages.equalize import Equalizer
 from .stages.fetch_batch import BatchFetcher
 from .stages.filter import Filterer
@@ -54,6 +56,8 @@ class Pipeline(torch.utils.data.IterableDataset):
     ``DistributedSampler``.
     """
 
+    _length: int | None = None
+
     def __init__(self, node: Node) -> None:
         super().__init__()
         self._node = node
@@ -67,7 +71,12 @@ class Pipeline(torch.utils.data.IterableDataset):
     # ---- building -----------------------------------------------------------------------
     def then(self, stage: type[Stage[Any]], *args: Any, label: str | None = None,
              **kwargs: Any) -> Pipeline:
-        """Append a custom stage class: ``stage(source_stage, *args, **kwargs)``."""
+        """Append a custom stage class: ``stage(source_stage, *args, **kwargs)``.
+
+        The class subclasses :class:`~pipeflow.stages.base.Stage` and implements ``next()``,
+        plus ``start(state)``/``stop()``/``get_state()`` when it holds a position or resources
+        (see docs/ARCHITECTURE.md). ``label`` replaces its name in ``explain()`` and ``stats()``.
+        """
         name = label or make_label(stage.__name__, args, kwargs)
         validate(stage, 1, args, kwargs)
         return Pipeline(Node(stage, args, kwargs, (self._node,), name))
@@ -88,9 +97,12 @@ class Pipeline(torch.utils.data.IterableDataset):
         return self._then("shuffle", Shuffler, buffer_size, seed=seed)
 
     @checks_options
-    def shard_by_rank(self, *, ranks: bool = True, workers: bool = True) -> Pipeline:
-        """Keep every N-th item, N = ranks x DataLoader workers; disables automatic sharding."""
-        return self._then("shard_by_rank", Sharder, ranks=ranks, workers=workers)
+    def shard_by_rank(self, *, ranks: bool = True, workers: bool = True,
+                      by: Literal["auto", "item", "key"] = "auto") -> Pipeline:
+        """Keep every N-th item (``by="key"``: every N-th sample, its objects together; ``"auto"``:
+        by key when ``group_pairs`` groups whole objects downstream), N = ranks x DataLoader
+        workers; disables automatic sharding."""
+        return self._then("shard_by_rank", Sharder, ranks=ranks, workers=workers, by=by)
 
     @checks_options
     def map(self, fn: Callable[[Any], Any], *, workers: int = 0,
@@ -123,9 +135,10 @@ class Pipeline(torch.utils.data.IterableDataset):
         return self._then("prefetch", Prefetcher, size)
 
     @checks_options
-    def take(self, n: int) -> Pipeline:
-        """Stop after ``n`` items."""
-        return self._then("take", Taker, n)
+    def take(self, n: int, *, across: Literal["each", "all"] = "each") -> Pipeline:
+        """Stop after ``n`` items: in each process that iterates (``"each"``: every rank x
+        DataLoader worker takes ``n``), or ``n`` for the whole epoch (``"all"``)."""
+        return self._then("take", Taker, n, across=across)
 
     @checks_options
     def repeat(self, times: int | None = None) -> Pipeline:
@@ -171,7 +184,8 @@ class Pipeline(torch.utils.data.IterableDataset):
     @checks_options
     def group_pairs(self, *, required: Sequence[str] | None = None,
                     on_incomplete: Literal["raise", "skip"] = "raise") -> Pipeline:
-        """Group records sharing a key (``a/b.image.png`` -> key ``a/b``) into sample dicts."""
+        """Group records sharing a key (``a/b.image.png`` -> key ``a/b``) into sample dicts, with
+        as many fields as the sample has (the name is historical: not only pairs)."""
         return self._then("group_pairs", PairGrouper, required=required, on_incomplete=on_incomplete)
 
     @checks_options
@@ -218,6 +232,34 @@ class Pipeline(torch.utils.data.IterableDataset):
         """
         return self._then("equalize", Equalizer, total=total, per_shard=per_shard, mode=mode)
 
+    # ---- epoch length -------------------------------------------------------------------
+    @checks_options
+    def with_epoch(self, n: int) -> Pipeline:
+        """Exactly ``n`` items per rank and epoch, split over the DataLoader workers (cut short
+        or wrapped around); ``len()`` is then ``n``. See :mod:`pipeflow.stages.epoch`."""
+        return self._then("with_epoch", EpochSizer, n)
+
+    @checks_options
+    def with_length(self, n: int) -> Pipeline:
+        """The same pipeline with ``len()`` declared as ``n`` (items per rank); iteration is
+        unchanged, so the number is the caller's promise (``with_epoch`` makes it true)."""
+        check_int(n, "with_length(n)", low=0)
+        described = Pipeline(self._node)
+        described._length = n
+        return described
+
+    def __len__(self) -> int:
+        """Items per rank and epoch, when known: after ``with_epoch(n)`` or ``with_length(n)``."""
+        if self._length is not None:
+            return self._length
+        if self._node.stage is EpochSizer:
+            return int(self._node.args[0])
+        raise TypeError("the length of this pipeline is not known; set it with with_epoch(n) "
+                        "(exactly n items per rank) or with_length(n)")
+
+    def __bool__(self) -> bool:  # a pipeline is truthy even when len() is unknown or 0
+        return True
+
     # ---- running ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch used to reseed shuffles on the next iteration (like DistributedSampler)."""
@@ -225,6 +267,7 @@ class Pipeline(torch.utils.data.IterableDataset):
 
     @property
     def epoch(self) -> int:
+        """The epoch set by :meth:`set_epoch` (0 until then)."""
         return self._epoch
 
     def __iter__(self):  # type: ignore[override]

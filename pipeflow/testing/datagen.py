@@ -39,7 +39,7 @@ from typing import IO, Any
 import numpy as np
 
 from .._fs import atomic_write
-from ..errors import ConfigError
+from ..errors import BackendError, ConfigError, ObjectNotFoundError
 
 __all__ = [
     "LAYOUTS",
@@ -220,21 +220,29 @@ class _S3Sink(_Sink):
     def __init__(self, url: str, *, create_bucket: bool, threads: int = 8) -> None:
         self.bucket, self.prefix = split_s3_url(url)
         self.client = s3_client()
-        if create_bucket:
-            self._ensure_bucket()
+        self._ensure_bucket(create=create_bucket)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="pipeflow-datagen")
         self._slots = threading.BoundedSemaphore(2 * threads)
         self._futures: list[Future[Any]] = []
 
-    def _ensure_bucket(self) -> None:
-        from botocore.exceptions import ClientError
+    def _ensure_bucket(self, *, create: bool) -> None:
+        from botocore.exceptions import ClientError, EndpointConnectionError
 
         try:
             self.client.head_bucket(Bucket=self.bucket)
+        except EndpointConnectionError as exc:
+            raise BackendError(f"cannot reach the S3 endpoint {self.client.meta.endpoint_url} "
+                               "(set AWS_ENDPOINT_URL, or start one with `pipeflow serve`)",
+                               url=f"s3://{self.bucket}/", backend="boto3", op="head_bucket") from exc
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             if code not in ("404", "NoSuchBucket", "NotFound"):
                 raise
+            if not create:
+                # checked before generating anything, so a typo costs nothing
+                raise ObjectNotFoundError(f"the bucket {self.bucket!r} does not exist",
+                                          url=f"s3://{self.bucket}/", backend="boto3",
+                                          op="head_bucket") from None
             self.client.create_bucket(Bucket=self.bucket)
 
     def _upload(self, key: str, data: bytes) -> None:
