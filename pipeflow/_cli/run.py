@@ -22,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="print the time of every N steps (default 100, as in the articles)")
     parser.add_argument("--preprocess", action="store_true",
                         help="002 recipes: decode, resize to 224x224 and batch 128 in the pipeline")
+    parser.add_argument("--profile", nargs="?", const="pipeflow-profile.png", default=None, metavar="PNG",
+                        help="print per-stage statistics with the bottleneck and advice, and draw "
+                             "them into PNG (default pipeflow-profile.png; needs pipeflow[plots])")
     parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a recipe option, e.g. -o seed=3 (Python literals are parsed)")
 
@@ -74,4 +77,25 @@ def run(args: argparse.Namespace) -> int:
     print(f"{result.steps} steps, {result.samples} samples in {result.seconds:.2f} s: "
           f"{result.samples_per_s:.1f} samples/s, first batch after {result.first_batch_s:.2f} s, "
           f"average CPU {cpu}")
+    if args.profile:
+        return _profile(pipeline, args.profile)
+    return 0
+
+
+def _profile(pipeline: Any, png: str) -> int:
+    from ..errors import MissingDependencyError
+    from ._profile import plot_stats
+
+    stats_of = getattr(pipeline, "stats", None)
+    if stats_of is None:
+        print("pipeflow run: --profile needs a recipe built from a pipeflow pipeline", file=sys.stderr)
+        return 2
+    stats = stats_of()
+    print(stats)
+    try:
+        plot_stats(stats, png)
+    except MissingDependencyError as exc:
+        print(f"pipeflow run: cannot draw {png}: {exc}", file=sys.stderr)
+        return 0
+    print(f"profile drawn in {png}")
     return 0

@@ -153,3 +153,16 @@ def test_run_prints_statistics_without_the_first_interval(tmp_path):
     # the printed times are rounded to 4 places; the mean is of the last two only
     assert shown_mean == pytest.approx((times[1] + times[2]) / 2, abs=2e-4)
     assert "first interval excluded" in summary
+
+
+def test_run_profile_prints_the_verdict_and_draws_a_png(tmp_path):
+    data = tmp_path / "data"
+    made = pipeflow("make-data", "single", str(data), "--count", "12", "--image-size", "8", "--quiet")
+    assert made.returncode == 0, made.stderr
+    png = tmp_path / "profile.png"
+    out = pipeflow("run", "single-ffm", "--url", str(data), "--batch-size", "2", "--profile", str(png))
+    assert out.returncode == 0, out.stderr
+    assert "bottleneck: " in out.stdout and "advice: " in out.stdout
+    table = out.stdout[out.stdout.index("stage "):]
+    assert "items" in table.splitlines()[0]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
