@@ -126,7 +126,8 @@ class CpuMeter:
 def measure(dataset: Any, *, batch_size: int | None = 4, num_workers: int = 0, epochs: int = 1,
             steps: int | None = None, report_every: int = 100,
             on_report: Callable[[int, float], None] | None = None,
-            loader_kwargs: dict[str, Any] | None = None) -> RunResult:
+            loader_kwargs: dict[str, Any] | None = None,
+            on_batch: Callable[[int], None] | None = None) -> RunResult:
     """Run the empty training loop over ``dataset`` through a ``DataLoader``.
 
     Args:
@@ -138,6 +139,7 @@ def measure(dataset: Any, *, batch_size: int | None = 4, num_workers: int = 0, e
         report_every: steps per timed interval (the articles use 100).
         on_report: called with ``(step, seconds)`` after every interval.
         loader_kwargs: more DataLoader arguments.
+        on_batch: called with the number of samples of every batch (a progress bar).
     """
     import torch.utils.data
 
@@ -154,7 +156,10 @@ def measure(dataset: Any, *, batch_size: int | None = 4, num_workers: int = 0, e
         result.epochs = epoch + 1
         for batch in loader:
             result.steps += 1
-            result.samples += batch_len(batch)
+            n = batch_len(batch)
+            result.samples += n
+            if on_batch is not None:
+                on_batch(n)
             if result.steps == 1:
                 result.first_batch_s = time.perf_counter() - t_start
             if result.steps % report_every == 0:

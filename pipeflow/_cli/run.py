@@ -25,6 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", nargs="?", const="pipeflow-profile.png", default=None, metavar="PNG",
                         help="print per-stage statistics with the bottleneck and advice, and draw "
                              "them into PNG (default pipeflow-profile.png; needs pipeflow[plots])")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a recipe option, e.g. -o seed=3 (Python literals are parsed)")
 
@@ -49,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from .. import recipes
     from ..errors import PipeflowError
     from ._measure import measure
+    from ._progress import progress_bar
 
     try:
         options = parse_options(args.option)
@@ -68,8 +70,13 @@ def run(args: argparse.Namespace) -> int:
     def report(step: int, seconds: float) -> None:
         print(f"Iteration {step} Time {seconds:.4f}", flush=True)
 
-    result = measure(pipeline, batch_size=batch_size, num_workers=args.num_workers, epochs=args.epochs,
-                     steps=args.steps, report_every=args.report_every, on_report=report)
+    bar = progress_bar(f"run {args.recipe}", quiet=args.quiet)
+    try:
+        result = measure(pipeline, batch_size=batch_size, num_workers=args.num_workers,
+                         epochs=args.epochs, steps=args.steps, report_every=args.report_every,
+                         on_report=report, on_batch=bar.update)
+    finally:
+        bar.close()
     mean = "n/a (needs 2 intervals)" if result.mean is None else f"{result.mean:.4f}"
     var = "n/a (needs 3 intervals)" if result.variance is None else f"{result.variance:.6f}"
     cpu = "n/a (pip install psutil)" if result.cpu_percent is None else f"{result.cpu_percent:.1f}%"

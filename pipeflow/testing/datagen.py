@@ -289,7 +289,8 @@ def _open_sink(url: str, *, create_bucket: bool) -> _Sink:
 
 # ---- progress -----------------------------------------------------------------------------------
 class _Progress:
-    """A one-line progress bar on stderr (redrawn at most 10 times a second on a terminal)."""
+    """A tqdm bar on stderr when stdout is a terminal (items, rate, ETA), else one summary line
+    at the end; a hand-drawn bar only when tqdm is not installed."""
 
     def __init__(self, total: int, desc: str, enabled: bool, stream: IO[str] | None = None) -> None:
         self.total = max(total, 1)
@@ -300,11 +301,22 @@ class _Progress:
         self.nbytes = 0
         self.start = time.perf_counter()
         self._last = 0.0
-        self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._tty = bool(getattr(self.stream, "isatty", lambda: False)()) and sys.stdout.isatty()
+        self._tqdm: Any = None
+        if enabled and self._tty:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                pass
+            else:
+                self._tqdm = tqdm(total=total, desc=desc, unit=" samples", file=self.stream)
 
     def update(self, n: int = 1, nbytes: int = 0) -> None:
         self.done += n
         self.nbytes += nbytes
+        if self._tqdm is not None:
+            self._tqdm.update(n)
+            return
         now = time.perf_counter()
         if self.enabled and self._tty and (now - self._last >= 0.1 or self.done >= self.total):
             self._last = now
@@ -319,6 +331,10 @@ class _Progress:
                 f"{self.nbytes / 1e6:.1f} MB {rate:.1f} samples/s")
 
     def finish(self) -> None:
+        if self._tqdm is not None:
+            self._tqdm.close()
+            self.stream.write(self._line(time.perf_counter()).split("] ", 1)[-1] + "\n")
+            return
         if self.enabled:
             self.stream.write(("\r" if self._tty else "") + self._line(time.perf_counter()) + "\n")
             self.stream.flush()

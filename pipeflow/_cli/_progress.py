@@ -1,0 +1,29 @@
+"""Progress bars of the long commands: tqdm on stderr, only when stdout is a terminal."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+__all__ = ["progress_bar"]
+
+
+class _Off:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(desc: str, *, total: int | None = None, unit: str = " samples",
+                 quiet: bool = False) -> Any:
+    """A tqdm bar (items, rate, ETA when ``total`` is known), or one that draws nothing when
+    ``quiet``, when stdout is not a terminal (a log, a pipe) or without tqdm installed."""
+    if quiet or not sys.stdout.isatty():
+        return _Off()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _Off()
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False)
