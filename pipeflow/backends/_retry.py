@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 from .._checks import is_int
 from ..errors import ConfigError, PipeflowError, RetryExhaustedError
+from ..stats import note
 
 __all__ = [
     "TRANSIENT_CODES",
@@ -311,6 +312,7 @@ def retry_call(fn: Callable[[], T], *, policy: RetryPolicy, url: str = "", backe
             if delay is None:
                 raise exhausted(timer, exc, what="request", url=url, backend=backend, op=op,
                                 endpoint=endpoint) from exc
+            note("retries")  # counted for the stage whose request this is (stats())
             if on_retry is not None:
                 on_retry(exc, timer.failures)
             sleep(delay)

@@ -22,6 +22,7 @@ from ..backends.base import Backend, scheme_of
 from ..backends.obstore import usable_here as obstore_usable_here
 from ..backends.registry import backend_for_url
 from ..items import Opened, Record
+from ..stats import Stats
 from ._backends import BackendsByScheme, url_of
 from .base import Stage
 from .map import WindowedStage
@@ -52,11 +53,28 @@ class OpenFn:
     def __init__(self, backend: str | Backend | None, read: bool, options: Mapping[str, Any]) -> None:
         self.read = read
         self.backends = BackendsByScheme(backend, options, what="open", choose=default_backend)
+        #: ``(stats, stage label)`` to count requests, bytes and retries into; set per run
+        self.counts: tuple[Stats, str] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "counts": None}  # counters stay in the process that owns them
 
     def __call__(self, item: Any) -> Opened | Record:
         url = url_of(item, "open")
         scheme_of(url)  # InvalidURLError for non-strings early
         be = self.backends.for_url(url)
+        counts = self.counts
+        if counts is None:
+            return self._open(be, url)
+        stats, label = counts
+        with stats.counting(label):  # retries inside the backend are counted for this stage
+            result = self._open(be, url)
+        stats.incr(label, "requests")
+        if isinstance(result, Record):
+            stats.incr(label, "bytes", len(result.data))
+        return result
+
+    def _open(self, be: Backend, url: str) -> Opened | Record:
         if self.read:
             return Record(name=url, data=be.read(url), url=url)
         return Opened(url, be.open(url))
@@ -96,6 +114,10 @@ class Opener(WindowedStage):
                          in_order=True, max_inflight=max_inflight, on_error=on_error,
                          on_discard=_close_result)
         self._handed_out: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def start(self, state: dict[str, Any] | None) -> None:
+        self._open_fn.counts = (self.context.stats, self.name)
+        super().start(state)
 
     def next(self) -> Any:
         value = super().next()

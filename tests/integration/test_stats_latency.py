@@ -20,3 +20,12 @@ def test_verdict_open_over_latency_wants_more_requests_in_flight(s3, s3_bucket, 
     assert stats.bottleneck == "open", str(stats)
     assert stats.advice.startswith("more requests in flight")
     assert stats["open"]["workers"] == 2 and stats["open"]["items"] == 40
+
+
+def test_open_counts_requests_and_bytes(s3, s3_bucket):
+    urls = s3.put_many(s3_bucket, {f"c/{i}.bin": b"x" * (100 + i) for i in range(10)})
+    pipe = pf.from_items(urls).open(workers=3, read=True)
+    assert len(list(pipe)) == 10
+    counters = pipe.stats().counters("open")
+    assert counters["requests"] == 10
+    assert counters["bytes"] == sum(100 + i for i in range(10))
