@@ -76,3 +76,24 @@ def _flatten_lists(loader):
     for batch in loader:
         out.extend(batch)
     return out
+
+
+def _several_sources():
+    a, b = pf.from_items(range(0, 30)), pf.from_items(range(100, 130))
+    return {
+        "mix": pf.mix([a, b], [1, 1], seed=4),
+        "interleave": pf.interleave([a, b]),
+        "zip": a.zip(b),
+    }
+
+
+@pytest.mark.parametrize("num_workers", [2, 3])
+@pytest.mark.parametrize("how", ["mix", "interleave", "zip"])
+def test_several_sources_are_each_sharded_across_workers(how, num_workers):
+    # no shard_by_rank(): automatic sharding must split every source, not only the first
+    pipe = _several_sources()[how]
+    got = list(DataLoader(pipe, batch_size=None, num_workers=num_workers, collate_fn=lambda x: x))
+    if how == "zip":
+        assert all(y == x + 100 for x, y in got), "each worker zips its own share of both sources"
+        got = [v for pair in got for v in pair]
+    assert sorted(got) == list(range(0, 30)) + list(range(100, 130))

@@ -170,3 +170,38 @@ def test_shuffle_state_holds_indices_not_data():
     it = iter(pipe)
     next(it)
     assert len(pickle.dumps(it.state_dict())) < 2_000
+
+
+def _epoch_dependent():
+    return {
+        "shuffle": lambda: pf.from_items(range(57)).shuffle(10, seed=3),
+        "mix": lambda: pf.mix([pf.from_items(range(40)), pf.from_items(range(100, 130))], [2, 1], seed=1),
+        "everything": lambda: (pf.from_items(range(57)).shuffle(8).map(slow_double, workers=2)
+                               .batch(3).prefetch(2).unbatch().shuffle(4, seed=9)),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_epoch_dependent()))
+@pytest.mark.parametrize("stop_at", [0, 9])
+def test_resume_into_a_fresh_pipeline_left_at_epoch_zero(name, stop_at):
+    # a training script rebuilds the pipeline and loads the checkpoint without calling set_epoch:
+    # the epoch saved in the state, not the new pipeline's 0, decides the rest of the order
+    make = _epoch_dependent()[name]
+    saved_epoch = make()
+    saved_epoch.set_epoch(3)
+    full = list(saved_epoch)
+    assert full != list(make()), "the order must depend on the epoch for this check to mean anything"
+
+    pipe = make()
+    pipe.set_epoch(3)
+    it = iter(pipe)
+    head = [next(it) for _ in range(stop_at)]
+    state = pickle.loads(pickle.dumps(it.state_dict()))
+    it.close()
+
+    fresh = make()
+    assert fresh.epoch == 0
+    resumed = iter(fresh)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == full
+    assert resumed.context.epoch == 3
