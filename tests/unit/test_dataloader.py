@@ -67,8 +67,9 @@ def test_stateful_dataloader_checkpoint_and_resume(num_workers):
     resumed = StatefulDataLoader(make(), batch_size=None, num_workers=num_workers)
     resumed.load_state_dict(state)
     tail = _flatten_lists(resumed)
-    assert sorted(head + tail) == [2 * x for x in range(60)]
-    assert len(head + tail) == 60
+    # the seed fixes the order, and the loader takes batches from its workers in turn: the resumed
+    # run continues exactly where the saved one stopped
+    assert head + tail == full
 
 
 def _flatten_lists(loader):
