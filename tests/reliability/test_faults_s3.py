@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -224,9 +225,15 @@ def test_local_s3_started_from_a_thread_outlives_it():
     starter = threading.Thread(target=lambda: box.setdefault("server", ctx.__enter__()))
     starter.start()
     starter.join(60)
+    # a parent-death signal tied to the starting thread fires when the kernel thread ends, a moment
+    # after join() returns: wait for that, then the server must still answer (a killed one cannot)
+    task = Path(f"/proc/self/task/{starter.native_id}")
+    deadline = time.monotonic() + 10
+    while task.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not task.exists(), "the starting thread never ended"
     try:
-        time.sleep(0.5)
-        assert box["server"].process.poll() is None, "the server died with the thread that started it"
         urllib.request.urlopen(box["server"].endpoint + "/moto-api/", timeout=5).close()
+        assert box["server"].process.poll() is None, "the server died with the thread that started it"
     finally:
         ctx.__exit__(None, None, None)

@@ -97,11 +97,10 @@ def test_map_skip_counts():
 
 
 def test_zip_interleave_mix():
-    a, b = pf.from_items([1, 2, 3]), pf.from_items("xy".split() or ["x", "y"])
+    a = pf.from_items([1, 2, 3])
     assert list(a.zip(pf.from_items(["x", "y"]))) == [(1, "x"), (2, "y")]
     assert list(pf.interleave([a, pf.from_items([10, 20])])) == [1, 10, 2, 20, 3]
     assert list(pf.interleave([a, pf.from_items([10])], stop="first")) == [1, 10, 2]
-    del b
     mixed = list(pf.mix([pf.from_items(range(100)), pf.from_items(range(100, 130))], [3, 1], seed=5))
     assert sorted(mixed) == list(range(130))
     # the mix is weighted: early on, about 3 of 4 items come from the first input
