@@ -50,7 +50,7 @@ def test_a_stalled_server_ends_in_retry_exhausted(s3, obj, backend):
         assert _gets(proxy) >= BUDGET.max_attempts, "the timed-out request was not retried"
 
 
-@pytest.mark.parametrize("backend", ["boto3", "s3fs", "fsspec", "s3torchconnector", "s5cmd"])
+@pytest.mark.parametrize("backend", ["boto3", "s3fs", "fsspec", "iopath", "s3torchconnector", "s5cmd"])
 def test_sdk_retries_do_not_stack_under_the_policy(s3, obj, backend):
     # every GET is answered 503: the store sees at most max_attempts GETs of the object
     # (s5cmd and the CRT retry requests themselves, with the same budget; s5cmd's cat prints

@@ -26,7 +26,11 @@ from .conftest import FIGURES
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]
 
-BACKENDS = ["boto3", "s3fs", "s3torchconnector", "s5cmd"]
+BACKENDS = ["boto3", "s3fs", "s3torchconnector", "s5cmd", "iopath", "iopath-chunked"]
+#: a case name -> (backend, options): iopath downloads whole objects through boto3's transfer
+#: manager, which retries a cut body itself; with chunk_size its ranged reads are cut under
+#: pipeflow's own resume
+VARIANTS = {"iopath-chunked": ("iopath", {"chunk_size": 4096})}
 NUM_SHARDS, PER_SHARD = 6, 8
 #: patient enough for a 30% fault rate, fast enough for CI
 POLICY = RetryPolicy(max_attempts=8, base_delay=0.02, max_delay=0.2, max_resumes=50)
@@ -53,9 +57,14 @@ def _expected():
     return sorted(f"s{i:02d}-{j:03d}" for i in range(NUM_SHARDS) for j in range(PER_SHARD))
 
 
-def _pipeline(urls, backend, endpoint, **extra):
+def _backend(case: str) -> tuple[str, dict]:
+    return VARIANTS.get(case, (case, {}))
+
+
+def _pipeline(urls, case, endpoint, **extra):
+    backend, options = _backend(case)
     return (pf.from_items(urls).shuffle(4, seed=1)
-            .open(backend, workers=2, endpoint=endpoint, retry=POLICY, **extra)
+            .open(backend, workers=2, endpoint=endpoint, retry=POLICY, **options, **extra)
             .untar().group_pairs(required=("bin", "cls")).map(_data.check_sample))
 
 
@@ -98,7 +107,8 @@ def _budget_cases():
 def test_past_the_retry_budget_a_typed_error_within_bounded_time(s3, shards, backend, status):
     budget = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, max_resumes=3)
     with DelayProxy(s3.endpoint, delay_ms=0, faults=Faults(error_rate=1.0, error_status=status)) as proxy:
-        pipe = pf.from_items(shards).open(backend, endpoint=proxy.url, retry=budget).untar()
+        name, options = _backend(backend)
+        pipe = pf.from_items(shards).open(name, endpoint=proxy.url, retry=budget, **options).untar()
         with pytest.raises(PipeflowError) as info:
             list(pipe)
         INJECTED[f"budget-{status}"] += _faults_seen(proxy)
