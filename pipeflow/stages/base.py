@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
 
-from ..context import RunContext
+from ..run_context import RunContext
 
 __all__ = ["Stage", "describe_item"]
 
@@ -33,6 +33,9 @@ class Stage(Generic[T]):
     #: True for stages that split data across ranks/workers; the builder uses it to decide
     #: on automatic sharding and on how shufflers are seeded.
     is_sharder: bool = False
+    #: True for stages that turn every input item into exactly one output item; ``equalize``
+    #: counts the items of a known-length source through them
+    one_to_one: bool = False
 
     def __init__(self, *sources: Stage[Any]) -> None:
         self.sources: tuple[Stage[Any], ...] = sources
@@ -100,6 +103,10 @@ class Stage(Generic[T]):
         if self._needs_reset:
             state, self._pending_state = self._pending_state, None
             self.reset(state)
+
+    def known_length(self) -> int | None:
+        """The number of items this stage yields in an epoch when known without reading data."""
+        return None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"

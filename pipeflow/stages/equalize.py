@@ -25,6 +25,7 @@ import math
 from typing import Any, Literal
 
 from ..errors import ConfigError, EmptyShardError
+from ..graph import find_sharder, known_total
 from .base import Stage
 
 __all__ = ["Equalizer"]
@@ -67,14 +68,14 @@ class Equalizer(Stage[Any]):
 
     # ---- the count ------------------------------------------------------------------------
     def _shards(self) -> int:
-        sharder = _find_sharder(self.source)
+        sharder = find_sharder(self.source)
         return sharder.shard[1] if sharder is not None else self.context.num_shards
 
     def target(self) -> int:
         """The number of items this shard yields in an epoch."""
         if self._per_shard is not None:
             return self._per_shard
-        total = self._total if self._total is not None else _known_total(self.source)
+        total = self._total if self._total is not None else known_total(self.source)
         if total is None:
             raise ConfigError(
                 f"{self.name}: the number of items is not known up front; pass equalize(total=N) "
@@ -120,33 +121,3 @@ class Equalizer(Stage[Any]):
         return {"emitted": self._emitted, "wraps": self._wraps, "pass_items": self._pass_items,
                 "sources": [self.source.state_dict()]}
 
-
-def _find_sharder(stage: Stage[Any]) -> Any:
-    seen = 0
-    while stage is not None and seen < 64:
-        if stage.is_sharder:
-            return stage
-        if len(stage.sources) != 1:
-            return None
-        stage = stage.sources[0]
-        seen += 1
-    return None
-
-
-def _known_total(stage: Stage[Any]) -> int | None:
-    """The item count of a ``from_items`` source reached through one-to-one stages only."""
-    from .map import Mapper
-    from .prefetch import Prefetcher
-    from .shuffle import Shuffler
-    from .source import ItemSource
-
-    one_to_one = (Shuffler, Prefetcher, Mapper)
-    while True:
-        if isinstance(stage, ItemSource):
-            return len(stage)
-        if stage.is_sharder or isinstance(stage, one_to_one):
-            if isinstance(stage, Mapper) and getattr(stage, "_on_error", "raise") != "raise":
-                return None  # skips would make the count an overestimate
-            stage = stage.sources[0]
-            continue
-        return None

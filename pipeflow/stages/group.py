@@ -10,7 +10,7 @@ from ..formats.keys import is_meta_name, split_key
 from ..items import Record
 from .base import Stage
 
-__all__ = ["Grouper"]
+__all__ = ["PairGrouper"]
 
 
 def _record(item: Any) -> tuple[str, bytes, str]:
@@ -27,7 +27,7 @@ def _has(sample: dict[str, Any], name: str) -> bool:
                for f in sample if not f.startswith("__"))
 
 
-class Grouper(Stage[dict[str, Any]]):
+class PairGrouper(Stage[dict[str, Any]]):
     """Groups consecutive records that share a sample key into one sample dict.
 
     Keys follow WebDataset: ``dir/sample001.image.png`` has key ``dir/sample001`` and field

@@ -31,7 +31,7 @@ from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError
 from ..items import ObjectInfo
 from .base import Stage
 
-__all__ = ["ListObjects", "list_now", "read_manifest", "write_manifest"]
+__all__ = ["ObjectLister", "list_now", "read_manifest", "write_manifest"]
 
 MANIFEST_VERSION = 1
 
@@ -105,7 +105,7 @@ def read_manifest(path: str, url: str | None = None, pattern: str | None = None)
     return infos
 
 
-class ListObjects(Stage[ObjectInfo]):
+class ObjectLister(Stage[ObjectInfo]):
     """Yields the objects under ``url`` in sorted order.
 
     Args:

@@ -73,6 +73,7 @@ class Mapper(Stage[Any]):
         self._in_order = in_order
         self._max_inflight = max_inflight or max(2 * workers, 1)
         self._on_error = on_error
+        self.one_to_one = on_error == "raise"  # skips would make equalize's count an overestimate
         self._start_method = start_method
         self._pool: WorkerPool | None = None
         if workers and method == "process":

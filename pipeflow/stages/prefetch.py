@@ -43,6 +43,8 @@ class Prefetcher(Stage[Any]):
         size: queue capacity (>= 1).
     """
 
+    one_to_one = True
+
     def __init__(self, source: Stage[Any], size: int = 2) -> None:
         super().__init__(source)
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:

@@ -30,6 +30,8 @@ class Shuffler(Stage[Any]):
         seed: base seed.
     """
 
+    one_to_one = True
+
     def __init__(self, source: Stage[Any], buffer_size: int, *, seed: int = 0) -> None:
         super().__init__(source)
         if not isinstance(buffer_size, int) or isinstance(buffer_size, bool) or buffer_size < 1:

@@ -52,5 +52,8 @@ class ItemSource(Stage[T]):
     def items(self) -> Sequence[T]:
         return self._items
 
+    def known_length(self) -> int | None:
+        return len(self._items)
+
     def __len__(self) -> int:
         return len(self._items)

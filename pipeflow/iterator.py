@@ -1,71 +1,26 @@
-"""Turning a :class:`~pipeflow.pipeline.Pipeline` description into running stages.
+"""Running one epoch of a pipeline: :class:`PipelineIterator`.
 
-The builder creates fresh stage objects in the process (and DataLoader worker) that iterates,
-binds them to one :class:`~pipeflow.context.RunContext`, and inserts automatic sharding when
-the pipeline has no ``shard_by_rank`` but runs as one of several ranks or workers.
-:class:`PipelineIterator` owns epoch semantics, state and shutdown.
+The iterator builds fresh stages (:func:`pipeflow.graph.build`) in the process and DataLoader
+worker that iterates, and owns epoch semantics, state and shutdown. It is given the
+description, the epoch, the statistics to count into and what to do at the end of the epoch;
+it knows nothing else of the :class:`~pipeflow.pipeline.Pipeline` that made it.
 """
 
 from __future__ import annotations
 
 import logging
-import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from .context import RunContext
 from .errors import ConfigError
+from .graph import Node, build, fingerprint
+from .run_context import RunContext
 from .stages.base import Stage
-from .stages.shard import Sharder
+from .stats import Stats
 
-if TYPE_CHECKING:
-    from .pipeline import Node, Pipeline
-
-__all__ = ["PipelineIterator", "build"]
+__all__ = ["PipelineIterator"]
 
 log = logging.getLogger("pipeflow")
-_announced_auto_shard = False
-
-
-def _has_sharder(node: Node) -> bool:
-    return getattr(node.stage, "is_sharder", False) or any(_has_sharder(i) for i in node.inputs)
-
-
-def build(node: Node, ctx: RunContext) -> Stage[Any]:
-    """Instantiate the stage graph described by ``node`` for ``ctx``.
-
-    Automatic sharding: when the graph contains no sharding stage and ``ctx`` says this process
-    is one of several shards (ranks x DataLoader workers), every source (a stage without
-    inputs) is followed by a ``Sharder``, so each item is read by exactly one shard instead of
-    being silently duplicated. Add ``shard_by_rank()`` yourself to choose the place.
-    """
-    global _announced_auto_shard
-    auto = ctx.num_shards > 1 and not _has_sharder(node)
-    if auto and not _announced_auto_shard:
-        log.info("pipeflow: no shard_by_rank() in the pipeline; sharding each source across "
-                 "%d ranks x workers automatically", ctx.num_shards)
-        _announced_auto_shard = True
-    return _build(node, ctx, auto)[0]
-
-
-def _build(node: Node, ctx: RunContext, auto: bool) -> tuple[Stage[Any], bool]:
-    inputs = [_build(i, ctx, auto) for i in node.inputs]
-    stage = node.stage(*(s for s, _ in inputs), *node.args, **node.kwargs)
-    stage.context = ctx
-    stage.name = node.title()
-    stage.sharded_upstream = any(sharded for _, sharded in inputs)
-    sharded = stage.sharded_upstream or stage.is_sharder
-    if auto and not node.inputs:
-        sharder = Sharder(stage, auto=True)
-        sharder.context = ctx
-        sharder.name = f"auto_shard({stage.name})"
-        return sharder, True
-    return stage, sharded
-
-
-def _fingerprint(stage: Stage[Any]) -> str:
-    """The graph's shape by stage class (options left out, so they may change on resume)."""
-    inner = ",".join(_fingerprint(s) for s in stage.sources)
-    return f"{type(stage).__name__}({inner})" if inner else type(stage).__name__
 
 
 class PipelineIterator:
@@ -77,10 +32,18 @@ class PipelineIterator:
     process the stages started.
     """
 
-    def __init__(self, pipeline: Pipeline) -> None:
-        self._pipeline_ref = weakref.ref(pipeline)
-        self._ctx = RunContext.detect(pipeline.epoch, stats=pipeline._stats)
-        self._root = build(pipeline.node, self._ctx)
+    def __init__(self, node: Node, *, epoch: int = 0, stats: Stats | None = None,
+                 on_epoch_end: Callable[[int], None] | None = None) -> None:
+        """Args:
+            node: the description to build.
+            epoch: the epoch shuffles are seeded with.
+            stats: the counters the stages count into (a fresh set when None).
+            on_epoch_end: called with the epoch when it ends normally (the pipeline uses it
+                to advance its own epoch).
+        """
+        self._on_epoch_end = on_epoch_end
+        self._ctx = RunContext.detect(epoch, stats=stats)
+        self._root = build(node, self._ctx)
         self._done = False
 
     @property
@@ -110,9 +73,8 @@ class PipelineIterator:
     def _finish(self) -> None:
         self._done = True
         self.close()
-        pipeline = self._pipeline_ref()
-        if pipeline is not None and pipeline.epoch == self._ctx.epoch:
-            pipeline.set_epoch(self._ctx.epoch + 1)
+        if self._on_epoch_end is not None:
+            self._on_epoch_end(self._ctx.epoch)
         stats = self._ctx.stats.snapshot()
         skipped = {stage: c for stage, c in stats.items() if c.get("skipped")}
         if skipped:
@@ -130,7 +92,7 @@ class PipelineIterator:
         silently applied to another shard or another pipeline.
         """
         return {"epoch": self._ctx.epoch, "done": self._done, "shard": self._shard(),
-                "graph": _fingerprint(self._root), "stages": self._root.state_dict()}
+                "graph": fingerprint(self._root), "stages": self._root.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state`` at the next item (call before iterating, or at any point).
@@ -148,10 +110,10 @@ class PipelineIterator:
                 f"resume rank {cr} of {cw} (worker {cwid} of {cnw}): the shard a state belongs to "
                 f"must not change between save and load")
         saved_graph = state.get("graph")
-        if saved_graph is not None and saved_graph != _fingerprint(self._root):
+        if saved_graph is not None and saved_graph != fingerprint(self._root):
             raise ConfigError(
                 f"this state belongs to a pipeline of another shape: saved {saved_graph}, "
-                f"loading into {_fingerprint(self._root)}")
+                f"loading into {fingerprint(self._root)}")
         self._ctx.epoch = int(state["epoch"])
         self._done = bool(state.get("done", False))
         self._root.load_state_dict(state["stages"])
