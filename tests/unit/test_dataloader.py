@@ -98,3 +98,10 @@ def test_several_sources_are_each_sharded_across_workers(how, num_workers):
         assert all(y == x + 100 for x, y in got), "each worker zips its own share of both sources"
         got = [v for pair in got for v in pair]
     assert sorted(got) == list(range(0, 30)) + list(range(100, 130))
+
+
+def test_shard_by_rank_without_workers_gives_every_worker_every_item():
+    # workers=False switches the split across DataLoader workers off: each worker reads it all
+    pipe = pf.from_items(range(10)).shard_by_rank(workers=False)
+    got = list(DataLoader(pipe, batch_size=None, num_workers=2))
+    assert sorted(got) == sorted(list(range(10)) * 2)

@@ -205,3 +205,17 @@ def test_resume_into_a_fresh_pipeline_left_at_epoch_zero(name, stop_at):
     resumed.load_state_dict(state)
     assert head + list(resumed) == full
     assert resumed.context.epoch == 3
+
+
+@pytest.mark.parametrize("explicit", [True, False])
+@pytest.mark.parametrize("stop_at", [1, 4])
+def test_state_round_trip_of_a_sharder_on_one_rank_of_several(monkeypatch, explicit, stop_at):
+    # on a single process every item is kept and the sharder's position never matters: only on a
+    # rank of several does a resume have to restore it
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    src = pf.from_items(range(40))
+    pipe = src.shard_by_rank() if explicit else src.map(double)
+    expected = list(range(1, 40, 3)) if explicit else [2 * x for x in range(1, 40, 3)]
+    assert list(pipe) == expected
+    _round_trip(pipe, True, stop_at)
