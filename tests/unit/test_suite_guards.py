@@ -8,6 +8,7 @@ import pytest
 from pytest_socket import SocketConnectBlockedError
 
 
+@pytest.mark.filterwarnings("ignore:A test tried to use socket")
 def test_a_connection_outside_loopback_is_refused_before_it_leaves():
     # 192.0.2.0/24 is reserved for documentation: nothing answers there even if the guard were off
     with pytest.raises(SocketConnectBlockedError):
