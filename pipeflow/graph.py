@@ -10,16 +10,22 @@ iterator, which both import it.
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import OptionError
 from .run_context import RunContext
 from .stages.base import Stage
 from .stages.shard import Sharder
 
 __all__ = ["Node", "build", "find_sharder", "fingerprint", "format_value", "has_sharder",
-           "is_secret", "known_total", "make_label", "validate"]
+           "check_options", "checks_options", "draw", "is_secret", "known_total", "make_label",
+           "short_labels", "validate", "walk"]
 
 log = logging.getLogger("pipeflow")
 _announced_auto_shard = False
@@ -37,6 +43,50 @@ class Node:
 
     def title(self) -> str:
         return self.label or self.stage.__name__
+
+    def short(self) -> str:
+        """The method name the stage was added with (``"map"``), or its class name."""
+        return self.title().split("(", 1)[0]
+
+
+def short_labels(node: Node) -> dict[int, str]:
+    """One short label per node of the description (by ``id``): the method name, numbered from
+    the second use on in pipeline order (``map``, ``map#2``). It names the stage in
+    ``explain()``, ``stats()`` and errors."""
+    labels: dict[int, str] = {}
+    uses: dict[str, int] = {}
+
+    def visit(current: Node) -> None:
+        if id(current) in labels:
+            return
+        for inp in current.inputs:
+            visit(inp)
+        base = current.short()
+        uses[base] = uses.get(base, 0) + 1
+        labels[id(current)] = base if uses[base] == 1 else f"{base}#{uses[base]}"
+
+    visit(node)
+    return labels
+
+
+def _described(node: Node, labels: dict[int, str]) -> str:
+    return labels[id(node)] + node.title()[len(node.short()):]
+
+
+def draw(node: Node) -> str:
+    """A text drawing of the description: one line per stage, its short label and options."""
+    labels = short_labels(node)
+    lines: list[str] = []
+
+    def visit(current: Node, prefix: str, last: bool, root: bool) -> None:
+        connector = "" if root else ("└─ " if last else "├─ ")
+        lines.append(prefix + connector + _described(current, labels))
+        child_prefix = prefix + ("" if root else ("   " if last else "│  "))
+        for i, inp in enumerate(current.inputs):
+            visit(inp, child_prefix, i == len(current.inputs) - 1, False)
+
+    visit(node, "", True, True)
+    return "\n".join(lines)
 
 
 # ---- labels: what explain(), errors and stats() show ------------------------------------------
@@ -74,6 +124,45 @@ def make_label(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
 
 
 # ---- option checks where the pipeline is written -------------------------------------------------
+def _option_names(signature: inspect.Signature) -> list[str]:
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in signature.parameters.values()
+            if p.kind in kinds and p.name not in ("self", "source")]
+
+
+def check_options(what: str, signature: inspect.Signature, kwargs: dict[str, Any]) -> None:
+    """Raise :class:`~pipeflow.errors.OptionError` for a keyword ``signature`` does not take,
+    naming the nearest valid option and all of them."""
+    params = signature.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return  # the rest are passed on (backend options), and checked there
+    valid = _option_names(signature)
+    unknown = [k for k in kwargs if k not in valid]
+    if not unknown:
+        return
+    name = unknown[0]
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise OptionError(f"{what}() has no option {name!r}{hint}; valid options: {', '.join(valid) or 'none'}")
+
+
+def checks_options(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a pipeline-building method so a misspelled keyword is an
+    :class:`~pipeflow.errors.OptionError` with a suggestion, not a bare ``TypeError``."""
+    signature = inspect.signature(method)
+
+    @functools.wraps(method)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            check_options(method.__name__, signature, kwargs)
+            raise OptionError(f"{method.__name__}(): {exc}") from None
+        return method(*args, **kwargs)
+
+    return checked
+
+
 class _Placeholder(Stage[Any]):
     """Stands in for the inputs when a stage is constructed only to validate its options."""
 
@@ -83,6 +172,7 @@ def validate(stage: type[Stage[Any]], n_inputs: int, args: tuple[Any, ...], kwar
     # Stage constructors only check and store options (setup happens in reset), so building
     # one against placeholders reports a bad option where the pipeline is written, not
     # later inside a DataLoader worker.
+    check_options(stage.__name__, inspect.signature(stage.__init__), kwargs)
     stage(*(_Placeholder() for _ in range(n_inputs)), *args, **kwargs).close()
 
 
@@ -106,25 +196,42 @@ def build(node: Node, ctx: RunContext) -> Stage[Any]:
         log.info("pipeflow: no shard_by_rank() in the pipeline; sharding each source across "
                  "%d ranks x workers automatically", ctx.num_shards)
         _announced_auto_shard = True
-    return _build(node, ctx, auto)[0]
+    labels = short_labels(node)
+    return _build(node, ctx, auto, labels, {})[0]
 
 
-def _build(node: Node, ctx: RunContext, auto: bool) -> tuple[Stage[Any], bool]:
-    inputs = [_build(i, ctx, auto) for i in node.inputs]
+def _build(node: Node, ctx: RunContext, auto: bool, labels: dict[int, str],
+           auto_shards: dict[str, int]) -> tuple[Stage[Any], bool]:
+    inputs = [_build(i, ctx, auto, labels, auto_shards) for i in node.inputs]
     stage = node.stage(*(s for s, _ in inputs), *node.args, **node.kwargs)
     stage.context = ctx
-    stage.name = node.title()
+    stage.name = labels[id(node)]
+    stage.description = _described(node, labels)
     stage.sharded_upstream = any(sharded for _, sharded in inputs)
     sharded = stage.sharded_upstream or stage.is_sharder
     if auto and not node.inputs:
         sharder = Sharder(stage, auto=True)
         sharder.context = ctx
-        sharder.name = f"auto_shard({stage.name})"
+        n = auto_shards["n"] = auto_shards.get("n", 0) + 1
+        sharder.name = "auto_shard" if n == 1 else f"auto_shard#{n}"
         return sharder, True
     return stage, sharded
 
 
 # ---- walks over built stages --------------------------------------------------------------------------
+def walk(stage: Stage[Any]) -> Iterator[Stage[Any]]:
+    """Every stage of a built graph, ``stage`` first, each once."""
+    seen: set[int] = set()
+    todo = [stage]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo.extend(current.sources)
+
+
 def fingerprint(stage: Stage[Any]) -> str:
     """The graph's shape by stage class (options left out, so they may change on resume)."""
     inner = ",".join(fingerprint(s) for s in stage.sources)

@@ -13,14 +13,28 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import ConfigError
-from .graph import Node, build, fingerprint
+from .graph import Node, build, fingerprint, walk
 from .run_context import RunContext
 from .stages.base import Stage
 from .stats import Stats
 
-__all__ = ["PipelineIterator"]
+__all__ = ["SKIP_COUNTERS", "PipelineIterator", "skip_counts"]
 
 log = logging.getLogger("pipeflow")
+
+
+#: counters that mean data was not delivered (``on_error="skip"`` and its kin)
+SKIP_COUNTERS = ("skipped", "skipped_objects", "incomplete")
+
+
+def skip_counts(stats: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """``{stage: {counter: n}}`` of every stage's skip counters that are not zero."""
+    out: dict[str, dict[str, int]] = {}
+    for stage, counts in stats.items():
+        found = {c: n for c, n in counts.items() if c in SKIP_COUNTERS and n}
+        if found:
+            out[stage] = found
+    return out
 
 
 class PipelineIterator:
@@ -75,10 +89,11 @@ class PipelineIterator:
         self.close()
         if self._on_epoch_end is not None:
             self._on_epoch_end(self._ctx.epoch)
-        stats = self._ctx.stats.snapshot()
-        skipped = {stage: c for stage, c in stats.items() if c.get("skipped")}
+        skipped = skip_counts(self._ctx.stats.snapshot())
         if skipped:
-            log.warning("pipeflow: epoch %d ended with skipped items: %s", self._ctx.epoch, skipped)
+            shown = "; ".join(f"{stage}: " + ", ".join(f"{n} {what}" for what, n in counts.items())
+                              for stage, counts in skipped.items())
+            log.warning("pipeflow: epoch %d ended with skipped items: %s", self._ctx.epoch, shown)
 
     def _shard(self) -> list[int]:
         ctx = self._ctx
@@ -121,8 +136,12 @@ class PipelineIterator:
     def close(self) -> None:
         """Stop all background work. Idempotent."""
         root = getattr(self, "_root", None)
-        if root is not None:
-            root.close()
+        if root is None:
+            return
+        root.close()
+        for stage in walk(root):  # also the sources of a custom stage whose close() skipped them
+            if not stage.closed:
+                stage.close()
 
     def __del__(self) -> None:
         try:

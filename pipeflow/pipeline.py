@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import torch.utils.data
 
-from .graph import Node, format_value, make_label, validate
+from .graph import Node, checks_options, draw, format_value, make_label, validate
 from .iterator import PipelineIterator
 from .stages.base import Stage
 from .stages.batch import Batcher
@@ -77,14 +77,17 @@ class Pipeline(torch.utils.data.IterableDataset):
         return self._node
 
     # ---- core stages --------------------------------------------------------------------
+    @checks_options
     def shuffle(self, buffer_size: int, *, seed: int = 0) -> Pipeline:
         """Buffer shuffle, reseeded from ``(seed, epoch)`` every epoch."""
         return self._then("shuffle", Shuffler, buffer_size, seed=seed)
 
+    @checks_options
     def shard_by_rank(self, *, ranks: bool = True, workers: bool = True) -> Pipeline:
         """Keep every N-th item, N = ranks x DataLoader workers; disables automatic sharding."""
         return self._then("shard_by_rank", Sharder, ranks=ranks, workers=workers)
 
+    @checks_options
     def map(self, fn: Callable[[Any], Any], *, workers: int = 0,
             method: Literal["thread", "process"] = "thread", in_order: bool = True,
             max_inflight: int | None = None, on_error: Literal["raise", "skip"] = "raise",
@@ -93,31 +96,38 @@ class Pipeline(torch.utils.data.IterableDataset):
         return self._then("map", Mapper, fn, workers=workers, method=method, in_order=in_order,
                           max_inflight=max_inflight, on_error=on_error)
 
+    @checks_options
     def filter(self, predicate: Callable[[Any], bool]) -> Pipeline:
         """Keep the items for which ``predicate`` is true."""
         return self._then("filter", Filterer, predicate)
 
+    @checks_options
     def batch(self, size: int, *, drop_last: bool = False,
               collate: bool | Callable[[list[Any]], Any] = False) -> Pipeline:
         """Group items into lists of ``size``; ``collate=True`` uses torch's default_collate."""
         return self._then("batch", Batcher, size, drop_last=drop_last, collate=collate)
 
+    @checks_options
     def unbatch(self) -> Pipeline:
         """Flatten lists (or tuples) of items back into single items."""
         return self._then("unbatch", Unbatcher)
 
+    @checks_options
     def prefetch(self, size: int = 2) -> Pipeline:
         """Run everything upstream in a background thread, keeping up to ``size`` items ready."""
         return self._then("prefetch", Prefetcher, size)
 
+    @checks_options
     def take(self, n: int) -> Pipeline:
         """Stop after ``n`` items."""
         return self._then("take", Taker, n)
 
+    @checks_options
     def repeat(self, times: int | None = None) -> Pipeline:
         """Restart the upstream stages ``times`` times (forever when None), reshuffling each round."""
         return self._then("repeat", Repeater, times)
 
+    @checks_options
     def zip(self, *others: Pipeline) -> Pipeline:
         """Yield tuples of one item from this pipeline and each of ``others``; stop at the shortest."""
         nodes = (self._node,) + tuple(o._node for o in others)
@@ -125,6 +135,7 @@ class Pipeline(torch.utils.data.IterableDataset):
         return Pipeline(Node(Zipper, (), {}, nodes, f"zip({len(nodes)} inputs)"))
 
     # ---- backends (issue: storage backends) ---------------------------------------------
+    @checks_options
     def open(self, backend: str | Any = None, *, workers: int = 0, read: bool = False,
              on_error: Literal["raise", "skip"] = "raise", **options: Any) -> Pipeline:
         """Open URL / ``ObjectInfo`` items as ``Opened(url, stream)`` (``Record`` with ``read=True``).
@@ -135,6 +146,7 @@ class Pipeline(torch.utils.data.IterableDataset):
         return self._then("open", Opener, backend, workers=workers, read=read, on_error=on_error,
                           **options)
 
+    @checks_options
     def fetch_batch(self, backend: str | Any = "s5cmd", *, batch_size: int = 1000,
                     to: str | None = None, delete: bool = True,
                     output: Literal["bytes", "path"] = "bytes", workers: int = 16,
@@ -146,15 +158,18 @@ class Pipeline(torch.utils.data.IterableDataset):
                           timeout=timeout, options=options)
 
     # ---- formats (issue: formats) -------------------------------------------------------
+    @checks_options
     def untar(self, *, on_error: Literal["raise", "skip"] = "raise") -> Pipeline:
         """Expand opened tar shards (plain/gzip/bz2/xz) into ``Record(member, bytes, url)``."""
         return self._then("untar", Untarrer, on_error=on_error)
 
+    @checks_options
     def group_pairs(self, *, required: Sequence[str] | None = None,
                     on_incomplete: Literal["raise", "skip"] = "raise") -> Pipeline:
         """Group records sharing a key (``a/b.image.png`` -> key ``a/b``) into sample dicts."""
         return self._then("group_pairs", PairGrouper, required=required, on_incomplete=on_incomplete)
 
+    @checks_options
     def decode(self, mode: Literal["pil", "torch", "numpy"] = "pil", *,
                handlers: dict[str, Any] | None = None,
                resize: int | tuple[int, int] | None = None, allow_pickle: bool = False,
@@ -165,6 +180,7 @@ class Pipeline(torch.utils.data.IterableDataset):
         return self._then("decode", Decoder, mode, handlers=handlers, resize=resize,
                           allow_pickle=allow_pickle, on_error=on_error, workers=workers, method=method)
 
+    @checks_options
     def read_tfrecord(self, *, check_crc: bool = True, parse_example: bool = True,
                       on_error: Literal["raise", "skip"] = "raise") -> Pipeline:
         """Read opened TFRecord files; parse ``tf.train.Example`` records into dicts."""
@@ -173,6 +189,7 @@ class Pipeline(torch.utils.data.IterableDataset):
 
 
     # ---- recipes support (issue: recipes) -----------------------------------------------
+    @checks_options
     def cache(self, directory: str, *, max_bytes: int, backend: Any = None, workers: int = 0,
               on_error: Literal["raise", "skip"] = "raise",
               backend_options: dict[str, Any] | None = None) -> Pipeline:
@@ -184,6 +201,7 @@ class Pipeline(torch.utils.data.IterableDataset):
         return self._then("cache", Cacher, directory, max_bytes=max_bytes, backend=backend,
                           workers=workers, on_error=on_error, backend_options=backend_options)
 
+    @checks_options
     def equalize(self, *, total: int | None = None, per_shard: int | None = None,
                  mode: Literal["drop", "pad"] = "drop") -> Pipeline:
         """Make every rank x DataLoader worker yield the same number of items (no DDP hang).
@@ -215,22 +233,14 @@ class Pipeline(torch.utils.data.IterableDataset):
         return PipelineIterator(self._node, epoch=self._epoch, stats=self._stats, on_epoch_end=advance)
 
     def stats(self) -> dict[str, dict[str, int]]:
-        """Counters (skips, retries, ...) of the iterations run by this process, by stage."""
+        """Counters (skips, retries, ...) of the iterations run by this process, by stage: the
+        keys are the short labels :meth:`explain` shows (``"decode"``, ``"map#2"``)."""
         return self._stats.snapshot()
 
     def explain(self) -> str:
-        """A text drawing of the stage graph with every stage's options."""
-        lines: list[str] = []
-
-        def walk(node: Node, prefix: str, last: bool, root: bool) -> None:
-            connector = "" if root else ("└─ " if last else "├─ ")
-            lines.append(prefix + connector + node.title())
-            child_prefix = prefix + ("" if root else ("   " if last else "│  "))
-            for i, inp in enumerate(node.inputs):
-                walk(inp, child_prefix, i == len(node.inputs) - 1, False)
-
-        walk(self._node, "", True, True)
-        return "\n".join(lines)
+        """A text drawing of the stage graph: each stage's short label (the key of its counters
+        in :meth:`stats`, ``map#2`` for the second ``map``) and options."""
+        return draw(self._node)
 
     def __repr__(self) -> str:
         return "Pipeline:\n" + self.explain()
@@ -247,6 +257,7 @@ class Pipeline(torch.utils.data.IterableDataset):
 
 
 # ---- sources and fan-in ----------------------------------------------------------------------
+@checks_options
 def from_items(items: Iterable[Any]) -> Pipeline:
     """A pipeline over the items of a collection (materialised once if not a sequence)."""
     source = ItemSource(items)  # validates, and materialises a generator once, here
@@ -254,6 +265,7 @@ def from_items(items: Iterable[Any]) -> Pipeline:
     return Pipeline(Node(ItemSource, (items,), {}, (), f"from_items({format_value(items)})"))
 
 
+@checks_options
 def mix(pipelines: Sequence[Pipeline], weights: Sequence[float] | Callable[[int, int], Sequence[float]],
         *, seed: int = 0, stop: Literal["first", "all"] = "all") -> Pipeline:
     """Sample items from several pipelines at random with the given weights.
@@ -272,6 +284,7 @@ def mix(pipelines: Sequence[Pipeline], weights: Sequence[float] | Callable[[int,
     return Pipeline(Node(Mixer, (), {"weights": weights, "seed": seed, "stop": stop}, nodes, title))
 
 
+@checks_options
 def interleave(pipelines: Sequence[Pipeline], *, stop: Literal["first", "all"] = "all") -> Pipeline:
     """Round-robin over several pipelines: one item from each in turn."""
     nodes = tuple(p._node for p in pipelines)
@@ -281,6 +294,7 @@ def interleave(pipelines: Sequence[Pipeline], *, stop: Literal["first", "all"] =
 
 
 # ---- formats: pipe-mode source -----------------------------------------------------------------
+@checks_options
 def tfrecord_stream(path: str, *, check_crc: bool = True, parse_example: bool = True) -> Pipeline:
     """A pipeline over one continuous stream of TFRecords (a FIFO, as SageMaker Pipe mode
     delivers it, a pipe or a file). ``path`` may contain ``{epoch}``, ``{rank}``, ``{worker}``.
@@ -293,6 +307,7 @@ def tfrecord_stream(path: str, *, check_crc: bool = True, parse_example: bool = 
 
 
 # ---- backends: listing source ------------------------------------------------------------------
+@checks_options
 def list_objects(url: str, *, pattern: str | None = None, backend: str | Any = None,
                  manifest: str | None = None, **options: Any) -> Pipeline:
     """A pipeline over the objects under ``url`` (``ObjectInfo`` items, sorted by URL).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import multiprocessing.util
 import os
 import tempfile
 import time
@@ -25,12 +26,13 @@ _LEAK_PREFIXES = ("pymp-", "torchelastic_", "pipeflow-", "s5cmd-run-", "tmp")
 _STARTED = time.time()
 _BEFORE = set(os.listdir(_SYSTEM_TMP))
 _LEAKED = pytest.StashKey[list]()
+_OURS: set[str] = set()
 
 
 def _new_in_system_tmp() -> list[str]:
     found = []
     for entry in os.scandir(_SYSTEM_TMP):
-        if entry.name in _BEFORE or not entry.name.startswith(_LEAK_PREFIXES):
+        if entry.name in _BEFORE or entry.name in _OURS or not entry.name.startswith(_LEAK_PREFIXES):
             continue
         try:
             created = entry.stat(follow_symlinks=False).st_mtime
@@ -50,6 +52,10 @@ def private_temp_dir(tmp_path_factory) -> Iterator[Path]:
     multiprocessing's ``pymp-*`` folder, and torchrun leaves a ``torchelastic_*`` folder per
     launch: there they are removed with the rest of pytest's old temporary directories.
     """
+    # this process's own multiprocessing folder stays in the system temp dir: this process exits
+    # normally and removes it then, after pytest has released its temporary directory (which a
+    # concurrent pytest run may then already have deleted)
+    _OURS.add(os.path.basename(multiprocessing.util.get_temp_dir()))
     path = tmp_path_factory.mktemp("tmp", numbered=False)
     patch = pytest.MonkeyPatch()
     patch.setenv("TMPDIR", str(path))

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Literal
 
-from ..errors import ConfigError
+from .._checks import check_choice, check_int
 
 __all__ = ["WorkerPool", "make_pool"]
 
@@ -56,10 +56,8 @@ class WorkerPool:
     def __init__(self, workers: int, method: Literal["thread", "process"], *, name: str = "pipeflow",
                  start_method: str | None = None) -> None:
         global _warned_daemon
-        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-            raise ConfigError(f"workers must be a positive int, got {workers!r}")
-        if method not in ("thread", "process"):
-            raise ConfigError(f"method must be 'thread' or 'process', got {method!r}")
+        check_int(workers, "workers", low=1)
+        check_choice(method, "method", ("thread", "process"))
         if method == "process" and multiprocessing.current_process().daemon:
             # DataLoader workers are daemonic and may not start children: the DataLoader already
             # gives process parallelism, so threads are the sensible substitute.

@@ -24,15 +24,12 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
+from .._checks import check_choice, check_int
 from ..errors import ConfigError, EmptyShardError
 from ..graph import find_sharder, known_total
-from .base import Stage
+from .base import SOURCES_KEY, Stage
 
 __all__ = ["Equalizer"]
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class Equalizer(Stage[Any]):
@@ -52,12 +49,9 @@ class Equalizer(Stage[Any]):
     def __init__(self, source: Stage[Any], *, total: int | None = None, per_shard: int | None = None,
                  mode: Literal["drop", "pad"] = "drop") -> None:
         super().__init__(source)
-        if total is not None and (not _is_int(total) or total < 0):
-            raise ConfigError(f"equalize(total=...) must be a non-negative int, got {total!r}")
-        if per_shard is not None and (not _is_int(per_shard) or per_shard < 0):
-            raise ConfigError(f"equalize(per_shard=...) must be a non-negative int, got {per_shard!r}")
-        if mode not in ("drop", "pad"):
-            raise ConfigError(f"equalize(mode=...) must be 'drop' or 'pad', got {mode!r}")
+        check_int(total, "equalize(total=...)", low=0, optional=True)
+        check_int(per_shard, "equalize(per_shard=...)", low=0, optional=True)
+        check_choice(mode, "equalize(mode=...)", ("drop", "pad"))
         self._total = total
         self._per_shard = per_shard
         self._mode = mode
@@ -84,8 +78,7 @@ class Equalizer(Stage[Any]):
         return total // shards if self._mode == "drop" else math.ceil(total / shards)
 
     # ---- contract -------------------------------------------------------------------------
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        super().reset(state)
+    def start(self, state: dict[str, Any] | None) -> None:
         self._count = self.target()
         self._emitted = int(state["emitted"]) if state else 0
         self._wraps = int(state["wraps"]) if state else 0
@@ -119,5 +112,5 @@ class Equalizer(Stage[Any]):
 
     def get_state(self) -> dict[str, Any]:
         return {"emitted": self._emitted, "wraps": self._wraps, "pass_items": self._pass_items,
-                "sources": [self.source.state_dict()]}
+                SOURCES_KEY: [self.source.state_dict()]}
 

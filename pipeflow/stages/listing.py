@@ -146,8 +146,7 @@ class ObjectLister(Stage[ObjectInfo]):
                     write_manifest(self.manifest, self.url, self.pattern, self._objects)
         return self._objects
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        super().reset(state)
+    def start(self, state: dict[str, Any] | None) -> None:
         self.objects()
         self._index = int(state["index"]) if state else 0
 

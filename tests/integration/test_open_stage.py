@@ -85,7 +85,7 @@ def test_opener_closes_streams_it_handed_out_and_opened_ahead(local_root: str) -
     stage = Opener(ItemSource(urls), workers=4)
     first = next(stage)
     assert not first.stream.closed
-    pending = [t.future for t in stage._pending]
+    pending = stage.window.futures()
     stage.close()
     assert first.stream.closed
     for future in pending:  # opened ahead, never delivered
