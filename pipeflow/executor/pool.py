@@ -8,24 +8,21 @@ shutdown that never leaves a process behind even if a task hangs.
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import os
 import threading
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Literal
 
 from .._checks import check_choice, check_int
+from .._once import first_time
 
 __all__ = ["WorkerPool", "make_pool"]
 
-log = logging.getLogger("pipeflow")
-
 #: how long close() waits for busy process workers before terminating them
 PROCESS_GRACE_SECONDS = 5.0
-
-_warned_daemon = False
 
 
 def _default_start_method() -> str:
@@ -55,20 +52,21 @@ class WorkerPool:
 
     def __init__(self, workers: int, method: Literal["thread", "process"], *, name: str = "pipeflow",
                  start_method: str | None = None) -> None:
-        global _warned_daemon
         check_int(workers, "workers", low=1)
         check_choice(method, "method", ("thread", "process"))
         if method == "process" and multiprocessing.current_process().daemon:
             # DataLoader workers are daemonic and may not start children: the DataLoader already
             # gives process parallelism, so threads are the sensible substitute.
-            if not _warned_daemon:
-                log.warning("pipeflow: %s runs inside a daemonic process (a DataLoader worker?); "
-                            "using threads instead of worker processes", name)
-                _warned_daemon = True
+            if first_time("process_fallback"):
+                warnings.warn(f"pipeflow: {name} runs inside a daemonic process (a DataLoader worker?), "
+                              "which may not start processes; using threads instead of worker "
+                              "processes", RuntimeWarning, stacklevel=2)
             method = "thread"
         self.method = method
         self.workers = workers
         self.name = name
+        #: the multiprocessing start method of process workers (None for threads)
+        self.start_method: str | None = None
         self._lock = threading.Lock()
         self._executor: Executor
         if method == "thread":
@@ -76,6 +74,7 @@ class WorkerPool:
         else:
             method_name = start_method or os.environ.get("PIPEFLOW_START_METHOD") or _default_start_method()
             ctx = multiprocessing.get_context(method_name)
+            self.start_method = method_name
             if method_name == "forkserver":
                 _preload_forkserver(ctx)
             self._executor = ProcessPoolExecutor(workers, mp_context=ctx)
