@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from pipeflow.backends._retry import ResumableStream, RetryPolicy
+from pipeflow.backends._resumable import ResumableStream
+from pipeflow.backends._retry import RetryPolicy
 from pipeflow.errors import RetryExhaustedError
 
 DATA = random.Random(7).randbytes(10_000)
