@@ -204,12 +204,16 @@ class Pipeline(torch.utils.data.IterableDataset):
                handlers: dict[str, Any] | None = None,
                resize: int | tuple[int, int] | None = None, allow_pickle: bool = False,
                on_error: Literal["raise", "skip"] = "raise", workers: int = 0,
-               method: Literal["thread", "process"] = "thread") -> Pipeline:
+               method: Literal["thread", "process"] = "thread",
+               jpeg_decoder: Literal["auto", "pil", "simplejpeg"] = "auto") -> Pipeline:
         """Decode sample fields by extension (images, cls, txt, json, npy, pt; pickle opt-in),
-        inline or on ``workers`` threads/processes."""
+        inline or on ``workers`` threads/processes; ``resize`` decodes JPEGs at a reduced scale.
+        ``jpeg_decoder="auto"`` is resolved here, so explain() shows the decoder in use."""
+        from .formats.images import resolve_jpeg_decoder
         from .stages.decode import Decoder
         return self._then("decode", Decoder, mode, handlers=handlers, resize=resize,
-                          allow_pickle=allow_pickle, on_error=on_error, workers=workers, method=method)
+                          allow_pickle=allow_pickle, on_error=on_error, workers=workers, method=method,
+                          jpeg_decoder=resolve_jpeg_decoder(jpeg_decoder))
 
     def read_tfrecord(self, *, check_crc: bool = True, parse_example: bool = True,
                       on_error: Literal["raise", "skip"] = "raise") -> Pipeline:
