@@ -11,7 +11,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Literal
 
 from ..errors import ConfigError, WorkerCrashedError
-from ..executor.pool import WorkerPool, make_pool
+from ..executor.pool import WorkerPool, lease_pool, return_pool
 from .base import Stage, describe_item
 
 __all__ = ["Mapper"]
@@ -98,8 +98,19 @@ class Mapper(Stage[Any]):
         else:
             self.source.reset(None)
         if self._workers and self._pool is None:
-            self._pool = make_pool(self._workers, self._method, name=self.name,
-                                   start_method=self._start_method)
+            self._pool = lease_pool(self._fn, self._workers, self._method, name=self.name,
+                                    start_method=self._start_method, owner=self._pool_owner())
+
+    def _pool_owner(self) -> object:
+        # Process pools are kept between epochs for as long as the pipeline lives; its stats
+        # object lives exactly as long and reaches every stage of every epoch's graph.
+        return self.context.stats
+
+    def _release_pool(self) -> None:
+        """The epoch ended with nothing in flight: keep the workers warm for the next one."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            return_pool(pool, self._fn, start_method=self._start_method, owner=self._pool_owner())
 
     def _check_picklable(self) -> None:
         try:
@@ -153,7 +164,8 @@ class Mapper(Stage[Any]):
 
     def _fill(self) -> None:
         pool = self._pool
-        assert pool is not None
+        if pool is None:  # released at the end of the epoch: nothing more to pull
+            return
         while not self._exhausted and len(self._pending) < self._max_inflight:
             snapshot = self.source.state_dict()
             try:
@@ -180,7 +192,7 @@ class Mapper(Stage[Any]):
             self._pending.append(_Task(seq, snapshot, item, future))
 
     def next(self) -> Any:
-        if self._pool is None:
+        if not self._workers:
             while True:
                 ok, value = self._apply(next(self.source))
                 if ok:
@@ -188,6 +200,7 @@ class Mapper(Stage[Any]):
         while True:
             self._fill()
             if not self._pending:
+                self._release_pool()
                 raise StopIteration
             if self._in_order:
                 task = self._pending.popleft()
