@@ -12,7 +12,6 @@ import importlib
 from typing import Any
 
 from . import errors
-from .context import RunContext, Stats
 from .errors import (
     BackendError,
     ConfigError,
@@ -26,7 +25,9 @@ from .errors import (
 )
 from .items import ObjectInfo, Opened, Record
 from .pipeline import Pipeline, from_items, interleave, list_objects, mix, tfrecord_stream
+from .run_context import RunContext
 from .stages.base import Stage
+from .stats import Stats
 
 __version__ = "0.1.0"
 

@@ -20,8 +20,10 @@ __all__ = [
     "InvalidURLError",
     "MissingDependencyError",
     "ObjectNotFoundError",
+    "OptionError",
     "PipeflowError",
     "RetryExhaustedError",
+    "StageContractError",
     "StageError",
     "UnknownBackendError",
     "WorkerCrashedError",
@@ -34,6 +36,17 @@ class PipeflowError(Exception):
 
 class ConfigError(PipeflowError, ValueError):
     """An option has the wrong type or value, or stages are combined in an invalid way."""
+
+
+class OptionError(ConfigError, TypeError):
+    """A stage or backend got an option it does not have (a misspelling, usually); the message
+    suggests the nearest valid name and lists them all."""
+
+
+class StageContractError(PipeflowError, TypeError):
+    """A :class:`~pipeflow.stages.base.Stage` subclass bypassed the base class's lifecycle (did
+    not call ``super().__init__()`` or ``super().reset()``), which would otherwise restart the
+    stage on every item and never end."""
 
 
 class MissingDependencyError(PipeflowError, ImportError):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import IO, NamedTuple
+from typing import IO, Any, NamedTuple
 
-__all__ = ["ObjectInfo", "Opened", "Record"]
+__all__ = ["ObjectInfo", "Opened", "Record", "describe_item"]
 
 
 @dataclass(frozen=True)
@@ -47,3 +47,21 @@ class Record(NamedTuple):
     name: str
     data: bytes
     url: str
+
+
+def describe_item(item: Any, limit: int = 120) -> str:
+    """A short description of an item for error messages: its sample key or URL if it has one."""
+    if isinstance(item, dict):
+        for key in ("__key__", "__url__", "url"):
+            if key in item:
+                return f"{key}={item[key]!r}"
+    for attr in ("url", "key"):
+        value = getattr(item, attr, None)
+        if isinstance(value, str):
+            return f"{attr}={value!r}"
+    if isinstance(item, tuple) and item and isinstance(item[0], str):
+        return repr(item[0])[:limit]
+    text = repr(item)
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text

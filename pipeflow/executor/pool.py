@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable
 from concurrent.futures import Executor, Future, InvalidStateError, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Literal
 
-from ..errors import ConfigError
+from .._checks import check_choice, check_int
 from . import lifetime, shm
 
 __all__ = ["WorkerPool", "lease_pool", "make_pool", "return_pool"]
@@ -64,10 +64,8 @@ class WorkerPool:
     def __init__(self, workers: int, method: Literal["thread", "process"], *, name: str = "pipeflow",
                  start_method: str | None = None, preload: tuple[str, ...] = ()) -> None:
         global _warned_daemon
-        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-            raise ConfigError(f"workers must be a positive int, got {workers!r}")
-        if method not in ("thread", "process"):
-            raise ConfigError(f"method must be 'thread' or 'process', got {method!r}")
+        check_int(workers, "workers", low=1)
+        check_choice(method, "method", ("thread", "process"))
         if method == "process" and multiprocessing.current_process().daemon:
             # DataLoader workers are daemonic and may not start children: the DataLoader already
             # gives process parallelism, so threads are the sensible substitute.

@@ -75,9 +75,7 @@ class PipeModeChannel(Stage[Opened]):
         self._error: BaseException | None = None
         self._stop = threading.Event()
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        self._shutdown()
-        super().reset(state)
+    def start(self, state: dict[str, Any] | None) -> None:
         self._done = bool(state and state.get("done"))
 
     def _urls(self, backend: Any) -> list[str]:
@@ -131,7 +129,7 @@ class PipeModeChannel(Stage[Opened]):
     def get_state(self) -> dict[str, Any]:
         return {"done": self._done}
 
-    def _shutdown(self) -> None:
+    def stop(self) -> None:
         self._stop.set()
         reader, self._reader = self._reader, None
         if reader is not None:
@@ -140,6 +138,3 @@ class PipeModeChannel(Stage[Opened]):
         if thread is not None:
             thread.join(timeout=30)
 
-    def close(self) -> None:
-        self._shutdown()
-        super().close()

@@ -5,7 +5,8 @@ first rank/worker reads it; optional per-epoch shuffle of the file order (``Shuf
 
 from __future__ import annotations
 
-from ..pipeline import Node, Pipeline
+from ..graph import Node
+from ..pipeline import Pipeline
 from . import RecipeInfo
 from ._common import example_to_sample
 from ._pipe_mode import PipeModeChannel

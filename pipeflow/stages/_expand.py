@@ -13,9 +13,10 @@ import os
 from collections.abc import Iterator
 from typing import IO, Any, Literal
 
+from .._checks import check_choice
 from ..errors import BackendError, ConfigError, CorruptDataError, PipeflowError
 from ..items import Opened, Record
-from .base import Stage
+from .base import SOURCES_KEY, Stage
 
 __all__ = ["ExpandingStage", "as_stream"]
 
@@ -59,8 +60,7 @@ class ExpandingStage(Stage[Any]):
 
     def __init__(self, source: Stage[Any], *, on_error: OnError = "raise") -> None:
         super().__init__(source)
-        if on_error not in ("raise", "skip"):
-            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        check_choice(on_error, f"{self.verb}(on_error=...)", ("raise", "skip"))
         self.on_error = on_error
         self._iter: Iterator[Any] | None = None
         self._stream: IO[bytes] | None = None
@@ -73,10 +73,13 @@ class ExpandingStage(Stage[Any]):
         """Yield the items of one object, passing over the first ``skip``."""
         raise NotImplementedError
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        self._finish_object()
-        super().reset(state)
+    def start(self, state: dict[str, Any] | None) -> None:
+        self._start_state = None
+        self._count = 0
         self._resume_skip = int(state.get("items", 0)) if state else 0
+
+    def stop(self) -> None:
+        self._finish_object()
 
     def _finish_object(self) -> None:
         it, stream = self._iter, self._stream
@@ -93,8 +96,9 @@ class ExpandingStage(Stage[Any]):
     def next(self) -> Any:
         while True:
             if self._iter is None:
-                self._start_state = self.source.state_dict()
+                start_state = self.source.state_dict()
                 item = next(self.source)
+                self._start_state = start_state
                 url, stream, _owned = as_stream(item, self.verb)
                 self._url, self._stream = url, stream
                 self._count = self._resume_skip
@@ -104,16 +108,18 @@ class ExpandingStage(Stage[Any]):
                 out = next(self._iter)
             except StopIteration:
                 self._finish_object()
+                self._start_state = None
                 self.context.stats.incr(self.name, "objects")
                 continue
             except CorruptDataError as exc:
                 url = self._url
                 self._finish_object()
                 if self.on_error == "skip":
+                    self._start_state = None
                     self.context.stats.incr(self.name, "skipped_objects")
                     log.warning("pipeflow: %s skipped the rest of %s: %s", self.name, url, exc)
                     continue
-                raise
+                raise  # the state stays "this object, after the items delivered"
             except PipeflowError:
                 self._finish_object()
                 raise
@@ -126,10 +132,6 @@ class ExpandingStage(Stage[Any]):
             return out
 
     def get_state(self) -> dict[str, Any]:
-        if self._iter is None:
-            return {"sources": [self.source.state_dict()], "items": self._resume_skip}
-        return {"sources": [self._start_state], "items": self._count}
-
-    def close(self) -> None:
-        self._finish_object()
-        super().close()
+        if self._start_state is None:  # between objects
+            return {SOURCES_KEY: [self.source.state_dict()], "items": self._resume_skip}
+        return {SOURCES_KEY: [self._start_state], "items": self._count}

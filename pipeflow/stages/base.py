@@ -1,30 +1,43 @@
-"""The stage contract every pipeflow stage implements.
+"""The stage contract every pipeflow stage implements, and the lifecycle the base class owns.
 
-A stage is a small iterator class. Subclasses implement four methods:
+A stage is a small iterator class. A subclass implements hooks:
 
-* ``reset(state=None)``: (re)start, from the beginning when ``state`` is falsy, else from a
-  state previously returned by ``get_state``. Expensive setup (threads, connections) lives
-  here, not in ``__init__``. Subclasses call ``super().reset(state)`` first.
 * ``next()``: return the next item or raise ``StopIteration``.
+* ``start(state)``: begin a run, from the beginning when ``state`` is None, else from a state
+  previously returned by ``get_state``. The sources have already been reset (to the states
+  under :data:`SOURCES_KEY`). Expensive setup (threads, connections) lives here, not in
+  ``__init__``.
+* ``stop()``: end the current run: release what ``start`` and ``next`` acquired. Called before
+  every restart and by ``close``; must be idempotent.
 * ``get_state()``: a small, symbolic description of the position (indices, seeds, cursors),
-  from which ``reset`` resumes exactly after the last item returned by ``next``.
-* ``close()``: release resources; idempotent; closes the sources too.
+  from which ``start`` resumes exactly after the last item returned by ``next``. The sources'
+  states go under :data:`SOURCES_KEY`, one per source (the default does just that).
 
-The base class owns ``__iter__``/``__next__``, lazy reset (nothing starts until the first item is
-requested, so ``load_state_dict`` right after construction is cheap) and ``state_dict``.
-The default ``reset``/``get_state`` handle the sources under the key ``"sources"``, so a
-stateless one-input stage needs to implement only ``next``.
+The base class owns the rest, and subclasses do not override it: ``__iter__``/``__next__``,
+``reset`` (stop, reset the sources, start), ``close``, lazy reset (nothing starts until the
+first item is requested, so ``load_state_dict`` right after construction is cheap) and
+``state_dict``, which keeps answering with the position of the last item delivered after an
+error or ``close()``. A subclass that overrides ``reset`` anyway must call
+``super().reset(state)``; one that does not is refused with
+:class:`~pipeflow.errors.StageContractError` at its first item instead of restarting forever.
 """
 
 from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
 
-from ..context import RunContext
+from ..errors import StageContractError
+from ..items import describe_item
+from ..run_context import RunContext
 
-__all__ = ["Stage", "describe_item"]
+__all__ = ["REPLAY_KEY", "SOURCES_KEY", "Rewind", "Stage", "describe_item"]
 
 T = TypeVar("T")
+
+#: the key under which every stage's state holds its sources' states (a list, one per source)
+SOURCES_KEY = "sources"
+#: the key under which a state counts source items to pull and drop before resuming (:class:`Rewind`)
+REPLAY_KEY = "replay"
 
 
 class Stage(Generic[T]):
@@ -33,31 +46,40 @@ class Stage(Generic[T]):
     #: True for stages that split data across ranks/workers; the builder uses it to decide
     #: on automatic sharding and on how shufflers are seeded.
     is_sharder: bool = False
+    #: True for stages that turn every input item into exactly one output item; ``equalize``
+    #: counts the items of a known-length source through them
+    one_to_one: bool = False
 
     def __init__(self, *sources: Stage[Any]) -> None:
         self.sources: tuple[Stage[Any], ...] = sources
         self.context: RunContext = RunContext()
-        #: name shown in errors and stats; the builder sets it to the explain() label
+        #: the short label (``map#2``) keying stats() and naming the stage in errors; set by
+        #: the builder
         self.name: str = type(self).__name__
+        #: the stage's line in explain(), with its options; set by the builder
+        self.description: str = type(self).__name__
         #: set by the builder: True when a sharding stage lies upstream of this one
         self.sharded_upstream: bool = False
         self._needs_reset = True
-        self._pending_state: dict[str, Any] | None = None
+        self._resume_state: dict[str, Any] | None = None
         self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close` until the stage is started again."""
+        return self._closed
 
     @property
     def source(self) -> Stage[Any]:
         """The single input of a one-input stage."""
         return self.sources[0]
 
-    # ---- contract, overridden by subclasses -------------------------------------------
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        """Restart from the beginning (falsy ``state``) or from ``state``."""
-        self._needs_reset = False
-        self._closed = False
-        states = state.get("sources") if state else None
-        for i, src in enumerate(self.sources):
-            src.reset(states[i] if states else None)
+    # ---- hooks, implemented by subclasses -----------------------------------------------
+    def start(self, state: dict[str, Any] | None) -> None:
+        """Begin a run from the beginning (None) or from ``state``; the sources are reset."""
+
+    def stop(self) -> None:
+        """End the current run and release its resources. Idempotent."""
 
     def next(self) -> T:
         """Return the next item; raise ``StopIteration`` at the end."""
@@ -65,59 +87,116 @@ class Stage(Generic[T]):
 
     def get_state(self) -> dict[str, Any]:
         """Return the position after the last item returned by ``next``."""
-        return {"sources": [src.state_dict() for src in self.sources]} if self.sources else {}
+        return {SOURCES_KEY: [src.state_dict() for src in self.sources]} if self.sources else {}
+
+    def known_length(self) -> int | None:
+        """The number of items this stage yields in an epoch when known without reading data."""
+        return None
+
+    # ---- lifecycle, owned by the base class ----------------------------------------------
+    def reset(self, state: dict[str, Any] | None = None) -> None:
+        """Restart from the beginning (falsy ``state``) or from ``state``: stop the current
+        run, reset the sources to their part of ``state``, then :meth:`start`."""
+        self.stop()
+        states = state.get(SOURCES_KEY) if state else None
+        for i, src in enumerate(self.sources):
+            src.reset(states[i] if states else None)
+        self._needs_reset = False
+        self._closed = False
+        self._resume_state = None
+        self.start(state or None)
 
     def close(self) -> None:
-        """Release resources held by this stage and its sources. Idempotent."""
+        """Release resources held by this stage and its sources. Idempotent.
+
+        The position reached is kept: ``state_dict()`` still returns it, and iterating again
+        resumes from it.
+        """
+        if not getattr(self, "_needs_reset", True):
+            # after an error too: the stages' own bookkeeping is only updated for items they
+            # delivered, so this is the position of the last item delivered
+            self._resume_state = self.get_state()
         self._closed = True
         self._needs_reset = True
+        self.stop()
         for src in self.sources:
             src.close()
 
-    # ---- owned by the base class --------------------------------------------------------
     def __iter__(self) -> Stage[T]:
         return self
 
     def __next__(self) -> T:
-        if self._needs_reset:
-            state, self._pending_state = self._pending_state, None
+        try:
+            needs_reset = self._needs_reset
+        except AttributeError:
+            raise StageContractError(
+                f"{type(self).__name__}.__init__ did not call super().__init__(*sources)") from None
+        if needs_reset:
+            state, self._resume_state = self._resume_state, None
             self.reset(state)
+            if self._needs_reset:
+                raise StageContractError(
+                    f"{type(self).__name__}.reset() did not call super().reset(state), so the stage "
+                    "would restart on every item and never end; implement start(state) and stop() "
+                    "instead of reset(), or call super().reset(state) first")
         return self.next()
 
     def state_dict(self) -> dict[str, Any]:
-        """The current position; cheap before the first item (returns the pending state)."""
+        """The current position; cheap before the first item, and kept after ``close()``."""
         if self._needs_reset:
-            return dict(self._pending_state or {})
+            return dict(self._resume_state or {})
         return self.get_state()
 
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         """Resume from ``state`` when the next item is requested."""
-        self._pending_state = dict(state) if state else None
+        self._resume_state = dict(state) if state else None
         self._needs_reset = True
-
-    def ensure_started(self) -> None:
-        """Run the lazy reset now if it is still pending."""
-        if self._needs_reset:
-            state, self._pending_state = self._pending_state, None
-            self.reset(state)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
 
 
-def describe_item(item: Any, limit: int = 120) -> str:
-    """A short description of an item for error messages: its sample key or URL if it has one."""
-    if isinstance(item, dict):
-        for key in ("__key__", "__url__", "url"):
-            if key in item:
-                return f"{key}={item[key]!r}"
-    for attr in ("url", "key"):
-        value = getattr(item, attr, None)
-        if isinstance(value, str):
-            return f"{attr}={value!r}"
-    if isinstance(item, tuple) and item and isinstance(item[0], str):
-        return repr(item[0])[:limit]
-    text = repr(item)
-    if len(text) > limit:
-        text = text[: limit - 3] + "..."
-    return text
+class Rewind:
+    """The position of a one-input stage before items it pulled but had not delivered when an
+    error ended ``next()`` (a half-built batch, the item a function failed on), without saving
+    the source's state for every item.
+
+    The source's state is taken every ``every`` pulls (and whenever the stage reports its
+    position anyway); the items pulled since are counted. After an error the state is that
+    anchor plus how many of those items were delivered, under :data:`REPLAY_KEY`; resuming
+    pulls and drops them again (:meth:`replay`), which costs at most ``every`` upstream items,
+    once.
+    """
+
+    __slots__ = ("anchor", "every", "since")
+
+    def __init__(self, every: int = 1024) -> None:
+        self.every = every
+        self.anchor: dict[str, Any] = {}
+        self.since = 0
+
+    @staticmethod
+    def replay(source: Stage[Any], state: dict[str, Any] | None) -> None:
+        """Pull and drop the items a state says were delivered after its source position."""
+        for _ in range(int(state.get(REPLAY_KEY, 0)) if state else 0):
+            next(source)
+
+    def restart(self, source: Stage[Any]) -> None:
+        self.anchor = source.state_dict()
+        self.since = 0
+
+    def pull(self, source: Stage[Any]) -> Any:
+        if self.since >= self.every:
+            self.restart(source)
+        item = next(source)
+        self.since += 1
+        return item
+
+    def here(self, source: Stage[Any]) -> dict[str, Any]:
+        """The source's state now, which also becomes the anchor (it is paid for anyway)."""
+        self.restart(source)
+        return self.anchor
+
+    def before(self, undelivered: int) -> dict[str, Any]:
+        """The state before the last ``undelivered`` items pulled."""
+        return {SOURCES_KEY: [self.anchor], REPLAY_KEY: self.since - undelivered}

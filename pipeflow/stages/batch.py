@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .._checks import check_int
 from ..errors import ConfigError
-from .base import Stage
+from .base import SOURCES_KEY, Rewind, Stage
 
 __all__ = ["Batcher"]
 
@@ -21,7 +22,8 @@ class Batcher(Stage[Any]):
     """Groups items into lists of ``size``; the last one may be short unless ``drop_last``.
 
     A batch is assembled within one ``next`` call, so the state between calls is just the
-    source's position: no partial batch is ever saved.
+    source's position: no partial batch is ever saved. When an error ends a batch half
+    assembled, the state is the position before its first item, so nothing in it is lost.
 
     Args:
         source: the input stage.
@@ -34,8 +36,7 @@ class Batcher(Stage[Any]):
     def __init__(self, source: Stage[Any], size: int, *, drop_last: bool = False,
                  collate: bool | Callable[[list[Any]], Any] = False) -> None:
         super().__init__(source)
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ConfigError(f"batch() needs a positive int size, got {size!r}")
+        check_int(size, "batch(size=...)", low=1)
         if collate is True:
             collate = _default_collate
         elif collate is not False and not callable(collate):
@@ -43,16 +44,31 @@ class Batcher(Stage[Any]):
         self._size = size
         self._drop_last = drop_last
         self._collate: Callable[[list[Any]], Any] | None = collate or None
+        self._rewind = Rewind()
+        self._undelivered = 0  # items of a batch an error ended
+
+    def start(self, state: dict[str, Any] | None) -> None:
+        Rewind.replay(self.source, state)
+        self._rewind.restart(self.source)
+        self._undelivered = 0
 
     def next(self) -> Any:
         batch: list[Any] = []
-        source, size = self.source, self._size
+        source, size, rewind = self.source, self._size, self._rewind
+        self._undelivered = 0
         try:
             while len(batch) < size:
-                batch.append(next(source))
+                batch.append(rewind.pull(source))
+                self._undelivered = len(batch)
         except StopIteration:
             if not batch or self._drop_last:
+                self._undelivered = 0
                 raise
-        if self._collate is not None:
-            return self._collate(batch)
-        return batch
+        out = self._collate(batch) if self._collate is not None else batch
+        self._undelivered = 0
+        return out
+
+    def get_state(self) -> dict[str, Any]:
+        if self._undelivered:
+            return self._rewind.before(self._undelivered)
+        return {SOURCES_KEY: [self._rewind.here(self.source)]}

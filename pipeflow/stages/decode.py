@@ -8,7 +8,7 @@ from typing import Any, Literal
 from ..errors import ConfigError, DecodeError
 from ..formats.decoders import DecodeOptions, FieldDecodeError, Handler, Mode, decode_sample
 from .base import Stage
-from .map import Mapper
+from .map import WindowedStage
 
 __all__ = ["Decoder"]
 
@@ -32,7 +32,7 @@ class _DecodeFn:
                               stage=self.stage, key=str(sample.get("__key__", ""))) from exc.cause
 
 
-class Decoder(Mapper):
+class Decoder(WindowedStage):
     """Decodes every ``bytes`` field of each sample dict by its extension.
 
     See :mod:`pipeflow.formats.decoders` for the table: images become PIL images, ``uint8``
@@ -69,15 +69,12 @@ class Decoder(Mapper):
         self.options = DecodeOptions(mode=mode, handlers=handlers or {}, resize=resize,
                                      allow_pickle=allow_pickle, jpeg_decoder=jpeg_decoder)
         self._decode_fn = _DecodeFn(self.options)
-        super().__init__(source, self._decode_fn, workers=workers, method=method, on_error=on_error)
+        # only undecodable data is skippable; a pipeline wired wrongly always raises
+        super().__init__(source, self._decode_fn, what="decode", workers=workers, method=method,
+                         on_error=on_error, skippable=lambda exc: not isinstance(exc, ConfigError))
         self.on_error = on_error
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
+    def start(self, state: dict[str, Any] | None) -> None:
         self._decode_fn.stage = self.name
-        super().reset(state)
+        super().start(state)
 
-    def _failed(self, exc: BaseException, item: Any) -> tuple[bool, Any]:
-        # only undecodable data is skippable; a pipeline wired wrongly always raises
-        if isinstance(exc, ConfigError):
-            raise exc
-        return super()._failed(exc, item)

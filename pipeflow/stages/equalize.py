@@ -24,14 +24,12 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
+from .._checks import check_choice, check_int
 from ..errors import ConfigError, EmptyShardError
-from .base import Stage
+from ..graph import find_sharder, known_total
+from .base import SOURCES_KEY, Stage
 
 __all__ = ["Equalizer"]
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class Equalizer(Stage[Any]):
@@ -51,12 +49,9 @@ class Equalizer(Stage[Any]):
     def __init__(self, source: Stage[Any], *, total: int | None = None, per_shard: int | None = None,
                  mode: Literal["drop", "pad"] = "drop") -> None:
         super().__init__(source)
-        if total is not None and (not _is_int(total) or total < 0):
-            raise ConfigError(f"equalize(total=...) must be a non-negative int, got {total!r}")
-        if per_shard is not None and (not _is_int(per_shard) or per_shard < 0):
-            raise ConfigError(f"equalize(per_shard=...) must be a non-negative int, got {per_shard!r}")
-        if mode not in ("drop", "pad"):
-            raise ConfigError(f"equalize(mode=...) must be 'drop' or 'pad', got {mode!r}")
+        check_int(total, "equalize(total=...)", low=0, optional=True)
+        check_int(per_shard, "equalize(per_shard=...)", low=0, optional=True)
+        check_choice(mode, "equalize(mode=...)", ("drop", "pad"))
         self._total = total
         self._per_shard = per_shard
         self._mode = mode
@@ -67,14 +62,14 @@ class Equalizer(Stage[Any]):
 
     # ---- the count ------------------------------------------------------------------------
     def _shards(self) -> int:
-        sharder = _find_sharder(self.source)
+        sharder = find_sharder(self.source)
         return sharder.shard[1] if sharder is not None else self.context.num_shards
 
     def target(self) -> int:
         """The number of items this shard yields in an epoch."""
         if self._per_shard is not None:
             return self._per_shard
-        total = self._total if self._total is not None else _known_total(self.source)
+        total = self._total if self._total is not None else known_total(self.source)
         if total is None:
             raise ConfigError(
                 f"{self.name}: the number of items is not known up front; pass equalize(total=N) "
@@ -83,8 +78,7 @@ class Equalizer(Stage[Any]):
         return total // shards if self._mode == "drop" else math.ceil(total / shards)
 
     # ---- contract -------------------------------------------------------------------------
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        super().reset(state)
+    def start(self, state: dict[str, Any] | None) -> None:
         self._count = self.target()
         self._emitted = int(state["emitted"]) if state else 0
         self._wraps = int(state["wraps"]) if state else 0
@@ -118,35 +112,5 @@ class Equalizer(Stage[Any]):
 
     def get_state(self) -> dict[str, Any]:
         return {"emitted": self._emitted, "wraps": self._wraps, "pass_items": self._pass_items,
-                "sources": [self.source.state_dict()]}
+                SOURCES_KEY: [self.source.state_dict()]}
 
-
-def _find_sharder(stage: Stage[Any]) -> Any:
-    seen = 0
-    while stage is not None and seen < 64:
-        if stage.is_sharder:
-            return stage
-        if len(stage.sources) != 1:
-            return None
-        stage = stage.sources[0]
-        seen += 1
-    return None
-
-
-def _known_total(stage: Stage[Any]) -> int | None:
-    """The item count of a ``from_items`` source reached through one-to-one stages only."""
-    from .map import Mapper
-    from .prefetch import Prefetcher
-    from .shuffle import Shuffler
-    from .source import ItemSource
-
-    one_to_one = (Shuffler, Prefetcher, Mapper)
-    while True:
-        if isinstance(stage, ItemSource):
-            return len(stage)
-        if stage.is_sharder or isinstance(stage, one_to_one):
-            if isinstance(stage, Mapper) and getattr(stage, "_on_error", "raise") != "raise":
-                return None  # skips would make the count an overestimate
-            stage = stage.sources[0]
-            continue
-        return None

@@ -26,10 +26,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from .._checks import check_bool, check_choice, check_int
 from ..backends.base import Backend
 from ..errors import BackendError, ConfigError, StageError
 from ..items import ObjectInfo, Record
-from .base import Stage, describe_item
+from .base import SOURCES_KEY, Stage, describe_item
 
 __all__ = ["BatchFetcher", "BatchHandle", "ThreadPoolBatch"]
 
@@ -223,15 +224,11 @@ class BatchFetcher(Stage[Any]):
                 backend_class(backend)  # raises UnknownBackendError listing the known ones
         if isinstance(backend, Backend) and options:
             raise ConfigError("fetch_batch(): pass options when creating the backend object")
-        for name, value, low in (("batch_size", batch_size, 1), ("workers", workers, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"fetch_batch(): {name} must be an int >= {low}, got {value!r}")
-        if output not in ("bytes", "path"):
-            raise ConfigError(f"fetch_batch(): output must be 'bytes' or 'path', got {output!r}")
-        if on_error not in ("raise", "skip"):
-            raise ConfigError(f"fetch_batch(): on_error must be 'raise' or 'skip', got {on_error!r}")
-        if not isinstance(delete, bool):
-            raise ConfigError(f"fetch_batch(): delete must be True or False, got {delete!r}")
+        check_int(batch_size, "fetch_batch(batch_size=...)", low=1)
+        check_int(workers, "fetch_batch(workers=...)", low=1)
+        check_choice(output, "fetch_batch(output=...)", ("bytes", "path"))
+        check_choice(on_error, "fetch_batch(on_error=...)", ("raise", "skip"))
+        check_bool(delete, "fetch_batch(delete=...)")
         if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ConfigError(f"fetch_batch(): timeout must be a positive number, got {timeout!r}")
         if to is not None and not isinstance(to, (str, os.PathLike)):
@@ -266,11 +263,7 @@ class BatchFetcher(Stage[Any]):
         self._res = None
         self._batches.clear()
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        self._needs_reset = False
-        self._closed = False
-        self._release()
-        self.source.reset(state["source"] if state else None)
+    def start(self, state: dict[str, Any] | None) -> None:
         if self._backend is None:
             from ..backends.registry import get_backend
             self._backend = get_backend(self._backend_spec, **self._options)
@@ -286,12 +279,11 @@ class BatchFetcher(Stage[Any]):
         self._batch_no = 0
         self._exhausted = False
         skip = int(state.get("offset", 0)) if state else 0
-        self._state = {"source": self.source.state_dict(), "offset": skip}
+        self._state = {SOURCES_KEY: [self.source.state_dict()], "offset": skip}
         self._fill(skip)
 
-    def close(self) -> None:
+    def stop(self) -> None:
         self._release()
-        super().close()
 
     # ---- batches ------------------------------------------------------------------------
     def _fill(self, skip: int = 0) -> None:
@@ -387,7 +379,7 @@ class BatchFetcher(Stage[Any]):
                 continue
             urls, grouped, paths = batch.samples[batch.pos]
             batch.pos += 1
-            self._state = {"source": batch.start_state, "offset": batch.skip + batch.pos}
+            self._state = {SOURCES_KEY: [batch.start_state], "offset": batch.skip + batch.pos}
             failure = next(((u, batch.results.get(p)) for u, p in zip(urls, paths)
                             if batch.results.get(p) is not None), None)
             if failure is not None:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ..errors import ConfigError
-from .base import Stage, describe_item
+from .base import SOURCES_KEY, Rewind, Stage, describe_item
 
 __all__ = ["Filterer"]
 
@@ -26,15 +26,30 @@ class Filterer(Stage[T]):
         if not callable(predicate):
             raise ConfigError(f"filter() needs a callable, got {type(predicate).__name__}")
         self._predicate = predicate
+        self._rewind = Rewind()
+        self._failed = False  # the predicate raised on the last item pulled
+
+    def start(self, state: dict[str, Any] | None) -> None:
+        Rewind.replay(self.source, state)
+        self._rewind.restart(self.source)
+        self._failed = False
 
     def next(self) -> T:
-        source, predicate = self.source, self._predicate
+        source, predicate, rewind = self.source, self._predicate, self._rewind
+        self._failed = False
         while True:
-            item = next(source)
+            item = rewind.pull(source)
             try:
                 keep = predicate(item)
             except Exception as exc:
-                exc.add_note(f"pipeflow: raised by the predicate of {self.name} on {describe_item(item)}")
+                self._failed = True  # the state stays before this item
+                exc.add_note(f"pipeflow: raised by the predicate of {self.description} on "
+                             f"{describe_item(item)}")
                 raise
             if keep:
                 return item
+
+    def get_state(self) -> dict[str, Any]:
+        if self._failed:
+            return self._rewind.before(1)
+        return {SOURCES_KEY: [self._rewind.here(self.source)]}

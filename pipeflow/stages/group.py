@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
+from .._checks import check_choice
 from ..errors import ConfigError, IncompleteSampleError
 from ..formats.keys import is_meta_name, split_key
 from ..items import Record
-from .base import Stage
+from .base import SOURCES_KEY, Stage
 
-__all__ = ["Grouper"]
+__all__ = ["PairGrouper"]
 
 
 def _record(item: Any) -> tuple[str, bytes, str]:
@@ -27,7 +28,7 @@ def _has(sample: dict[str, Any], name: str) -> bool:
                for f in sample if not f.startswith("__"))
 
 
-class Grouper(Stage[dict[str, Any]]):
+class PairGrouper(Stage[dict[str, Any]]):
     """Groups consecutive records that share a sample key into one sample dict.
 
     Keys follow WebDataset: ``dir/sample001.image.png`` has key ``dir/sample001`` and field
@@ -64,22 +65,24 @@ class Grouper(Stage[dict[str, Any]]):
             required = (required,)
         if required is not None and not all(isinstance(r, str) and r for r in required):
             raise ConfigError(f"required must be a sequence of field names, got {required!r}")
-        if on_incomplete not in ("raise", "skip"):
-            raise ConfigError(f"on_incomplete must be 'raise' or 'skip', got {on_incomplete!r}")
+        check_choice(on_incomplete, "group_pairs(on_incomplete=...)", ("raise", "skip"))
         self.required = tuple(r.lower() for r in required) if required else ()
         self.on_incomplete = on_incomplete
-        self._pending: tuple[str, bytes, str] | None = None
-        self._pending_state: dict[str, Any] | None = None
+        #: a record read ahead (the first of the next sample) and the upstream state before it
+        self._held: tuple[str, bytes, str] | None = None
+        self._held_state: dict[str, Any] | None = None
+        #: the upstream state before the first record of the sample being collected
+        self._sample_state: dict[str, Any] | None = None
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        super().reset(state)
-        self._pending = None
-        self._pending_state = None
+    def start(self, state: dict[str, Any] | None) -> None:
+        self._held = None
+        self._held_state = None
+        self._sample_state = None
 
     def _pull(self) -> tuple[tuple[str, bytes, str] | None, dict[str, Any] | None]:
-        if self._pending is not None:
-            rec, st = self._pending, self._pending_state
-            self._pending = self._pending_state = None
+        if self._held is not None:
+            rec, st = self._held, self._held_state
+            self._held = self._held_state = None
             return rec, st
         st = self.source.state_dict()
         try:
@@ -94,8 +97,10 @@ class Grouper(Stage[dict[str, Any]]):
                 raise StopIteration
             missing = [r for r in self.required if not _has(sample, r)]
             if not missing:
+                self._sample_state = None
                 return sample
             if self.on_incomplete == "skip":
+                self._sample_state = None
                 self.context.stats.incr(self.name, "incomplete")
                 continue
             present = sorted(k for k in sample if not k.startswith("__"))
@@ -120,10 +125,11 @@ class Grouper(Stage[dict[str, Any]]):
             if sample is not None and (key != sample["__key__"]
                                        or (archive and url != sample["__url__"])
                                        or archive == whole_object):
-                self._pending, self._pending_state = rec, st
+                self._held, self._held_state = rec, st
                 return sample
             if sample is None:
                 sample = {"__key__": key, "__url__": url}
+                self._sample_state = st
                 archive = not whole_object
             if fieldname in sample:
                 raise IncompleteSampleError(
@@ -132,6 +138,8 @@ class Grouper(Stage[dict[str, Any]]):
             sample[fieldname] = data
 
     def get_state(self) -> dict[str, Any]:
-        if self._pending is not None:
-            return {"sources": [self._pending_state]}
-        return {"sources": [self.source.state_dict()]}
+        if self._sample_state is not None:  # a sample was being collected when an error ended it
+            return {SOURCES_KEY: [self._sample_state]}
+        if self._held is not None:
+            return {SOURCES_KEY: [self._held_state]}
+        return {SOURCES_KEY: [self.source.state_dict()]}

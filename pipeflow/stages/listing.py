@@ -31,7 +31,7 @@ from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError
 from ..items import ObjectInfo
 from .base import Stage
 
-__all__ = ["ListObjects", "list_now", "read_manifest", "write_manifest"]
+__all__ = ["ObjectLister", "list_now", "read_manifest", "write_manifest"]
 
 MANIFEST_VERSION = 1
 
@@ -105,7 +105,7 @@ def read_manifest(path: str, url: str | None = None, pattern: str | None = None)
     return infos
 
 
-class ListObjects(Stage[ObjectInfo]):
+class ObjectLister(Stage[ObjectInfo]):
     """Yields the objects under ``url`` in sorted order.
 
     Args:
@@ -146,8 +146,7 @@ class ListObjects(Stage[ObjectInfo]):
                     write_manifest(self.manifest, self.url, self.pattern, self._objects)
         return self._objects
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        super().reset(state)
+    def start(self, state: dict[str, Any] | None) -> None:
         self.objects()
         self._index = int(state["index"]) if state else 0
 

@@ -5,16 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+from .._checks import check_choice
 from .._rng import derive_seed, uniform
 from ..errors import ConfigError
-from .base import Stage
+from .base import SOURCES_KEY, Stage
 
 __all__ = ["Interleaver", "Mixer"]
-
-
-def _check_stop(stop: str) -> None:
-    if stop not in ("first", "all"):
-        raise ConfigError(f"stop must be 'first' or 'all', got {stop!r}")
 
 
 class Mixer(Stage[Any]):
@@ -35,7 +31,7 @@ class Mixer(Stage[Any]):
         super().__init__(*sources)
         if not sources:
             raise ConfigError("mix() needs at least one pipeline")
-        _check_stop(stop)
+        check_choice(stop, "mix(stop=...)", ("first", "all"))
         if not callable(weights):
             self._check_weights(list(weights))
         self._weights = weights
@@ -50,8 +46,7 @@ class Mixer(Stage[Any]):
                 f"mix() needs {len(self.sources)} non-negative weights, not all zero; got {weights!r}")
         return weights
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        super().reset(state)
+    def start(self, state: dict[str, Any] | None) -> None:
         self._step = int(state["step"]) if state else 0
         self._active = list(state["active"]) if state else [True] * len(self.sources)
         shard = self.context.shard_index if self.sharded_upstream else -1
@@ -69,7 +64,6 @@ class Mixer(Stage[Any]):
             if total <= 0:
                 raise StopIteration
             u = uniform(self._stream, self._step) * total
-            self._step += 1
             chosen, acc = len(weights) - 1, 0.0
             for i, w in enumerate(weights):
                 acc += w
@@ -77,15 +71,19 @@ class Mixer(Stage[Any]):
                     chosen = i
                     break
             try:
-                return next(self.sources[chosen])
+                item = next(self.sources[chosen])
             except StopIteration:
+                self._step += 1
                 if self._stop == "first":
                     raise
                 self._active[chosen] = False
+                continue
+            self._step += 1  # only now: a draw whose source failed is drawn again on resume
+            return item
 
     def get_state(self) -> dict[str, Any]:
         return {"step": self._step, "active": list(self._active),
-                "sources": [s.state_dict() for s in self.sources]}
+                SOURCES_KEY: [s.state_dict() for s in self.sources]}
 
 
 class Interleaver(Stage[Any]):
@@ -101,13 +99,12 @@ class Interleaver(Stage[Any]):
         super().__init__(*sources)
         if not sources:
             raise ConfigError("interleave() needs at least one pipeline")
-        _check_stop(stop)
+        check_choice(stop, "interleave(stop=...)", ("first", "all"))
         self._stop = stop
         self._turn = 0
         self._active = [True] * len(sources)
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        super().reset(state)
+    def start(self, state: dict[str, Any] | None) -> None:
         self._turn = int(state["turn"]) if state else 0
         self._active = list(state["active"]) if state else [True] * len(self.sources)
 
@@ -129,4 +126,4 @@ class Interleaver(Stage[Any]):
 
     def get_state(self) -> dict[str, Any]:
         return {"turn": self._turn, "active": list(self._active),
-                "sources": [s.state_dict() for s in self.sources]}
+                SOURCES_KEY: [s.state_dict() for s in self.sources]}

@@ -13,81 +13,40 @@ delivered but still open when this stage is closed, are closed by the stage.
 
 from __future__ import annotations
 
-import threading
 import weakref
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from .._checks import check_bool
 from ..backends.base import Backend, scheme_of
-from ..backends.registry import backend_for_url, get_backend
-from ..errors import ConfigError
-from ..items import ObjectInfo, Opened, Record
+from ..items import Opened, Record
+from ._backends import BackendsByScheme, url_of
 from .base import Stage
-from .map import Mapper
+from .map import WindowedStage
 
 __all__ = ["OpenFn", "Opener"]
-
-
-def _url_of(item: Any) -> str:
-    if isinstance(item, str):
-        return item
-    if isinstance(item, ObjectInfo):
-        return item.url
-    fspath = getattr(item, "__fspath__", None)
-    if fspath is not None:
-        return str(fspath())
-    raise ConfigError(f"open() needs URL strings or ObjectInfo items, got {type(item).__name__}")
 
 
 class OpenFn:
     """The per-item work of :class:`Opener`: pick the backend, open (and maybe read) one object.
 
-    Picklable (backends pickle without clients), thread-safe (one backend per scheme, clients
-    created lazily per process).
+    Picklable and thread-safe (see :class:`~pipeflow.stages._backends.BackendsByScheme`).
     """
 
     def __init__(self, backend: str | Backend | None, read: bool, options: Mapping[str, Any]) -> None:
-        self.backend = backend
         self.read = read
-        self.options = dict(options)
-        self._lock = threading.Lock()
-        self._backends: dict[str, Backend] = {}
-        if backend is not None:
-            self._backends[""] = get_backend(backend, **self.options)  # validates name and options
-        elif self.options:
-            raise ConfigError("open(): backend options need an explicit backend= name")
-
-    def backend_for(self, url: str) -> Backend:
-        if self.backend is not None:
-            return self._backends[""]
-        name = backend_for_url(url)
-        be = self._backends.get(name)
-        if be is None:
-            with self._lock:
-                be = self._backends.get(name)
-                if be is None:
-                    be = self._backends[name] = get_backend(name)
-        return be
+        self.backends = BackendsByScheme(backend, options, what="open")
 
     def __call__(self, item: Any) -> Opened | Record:
-        url = _url_of(item)
+        url = url_of(item, "open")
         scheme_of(url)  # InvalidURLError for non-strings early
-        be = self.backend_for(url)
+        be = self.backends.for_url(url)
         if self.read:
             return Record(name=url, data=be.read(url), url=url)
         return Opened(url, be.open(url))
 
     def close(self) -> None:
-        for be in list(self._backends.values()):
-            be.close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"backend": self.backend, "read": self.read, "options": self.options,
-                "_backends": dict(self._backends)}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self.backends.close()
 
 
 def _close_result(future: Any) -> None:
@@ -98,7 +57,7 @@ def _close_result(future: Any) -> None:
         result.stream.close()
 
 
-class Opener(Mapper):
+class Opener(WindowedStage):
     """Opens every URL of ``source`` with a storage backend.
 
     Args:
@@ -115,11 +74,11 @@ class Opener(Mapper):
     def __init__(self, source: Stage[Any], backend: str | Backend | None = None, *, workers: int = 0,
                  read: bool = False, on_error: Literal["raise", "skip"] = "raise",
                  max_inflight: int | None = None, **options: Any) -> None:
-        if not isinstance(read, bool):
-            raise ConfigError(f"open(read=...) must be a bool, got {read!r}")
+        check_bool(read, "open(read=...)")
         self._open_fn = OpenFn(backend, read, options)
-        super().__init__(source, self._open_fn, workers=workers, method="thread", in_order=True,
-                         max_inflight=max_inflight, on_error=on_error)
+        super().__init__(source, self._open_fn, what="open", workers=workers, method="thread",
+                         in_order=True, max_inflight=max_inflight, on_error=on_error,
+                         on_discard=_close_result)
         self._handed_out: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def next(self) -> Any:
@@ -130,13 +89,6 @@ class Opener(Mapper):
             except TypeError:  # a stream type without weakref support: the consumer closes it
                 pass
         return value
-
-    def _cancel_pending(self) -> None:
-        # opened ahead but never delivered: close them once their open completes
-        for task in self._pending:
-            if not task.future.cancel():
-                task.future.add_done_callback(_close_result)
-        self._pending.clear()
 
     def close(self) -> None:
         super().close()

@@ -8,8 +8,8 @@ import threading
 import time
 from typing import Any
 
-from ..errors import ConfigError
-from .base import Stage
+from .._checks import check_int
+from .base import SOURCES_KEY, Stage
 
 __all__ = ["Prefetcher"]
 
@@ -43,10 +43,11 @@ class Prefetcher(Stage[Any]):
         size: queue capacity (>= 1).
     """
 
+    one_to_one = True
+
     def __init__(self, source: Stage[Any], size: int = 2) -> None:
         super().__init__(source)
-        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ConfigError(f"prefetch() needs a positive int size, got {size!r}")
+        check_int(size, "prefetch(size=...)", low=1)
         self._size = size
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -54,11 +55,7 @@ class Prefetcher(Stage[Any]):
         self._state: dict[str, Any] = {}
         self._finished = False
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        self._needs_reset = False
-        self._closed = False
-        self._stop_thread()
-        self.source.reset(state["source"] if state else None)
+    def start(self, state: dict[str, Any] | None) -> None:
         self._state = self.source.state_dict()
         self._finished = False
         self._stop = threading.Event()
@@ -111,9 +108,9 @@ class Prefetcher(Stage[Any]):
         return item
 
     def get_state(self) -> dict[str, Any]:
-        return {"source": self._state}
+        return {SOURCES_KEY: [self._state]}
 
-    def _stop_thread(self) -> None:
+    def stop(self) -> None:
         thread, self._thread = self._thread, None
         if thread is None:
             return
@@ -129,10 +126,6 @@ class Prefetcher(Stage[Any]):
         if thread.is_alive():
             log.warning("pipeflow: %s: background thread still busy after %.0fs; abandoning it",
                         self.name, JOIN_TIMEOUT)
-
-    def close(self) -> None:
-        self._stop_thread()
-        super().close()
 
     def __del__(self) -> None:
         stop = getattr(self, "_stop", None)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ConfigError
-from .base import Stage
+from .._checks import check_int
+from .base import SOURCES_KEY, Stage
 
 __all__ = ["Repeater"]
 
@@ -23,14 +23,12 @@ class Repeater(Stage[Any]):
 
     def __init__(self, source: Stage[Any], times: int | None = None) -> None:
         super().__init__(source)
-        if times is not None and (not isinstance(times, int) or isinstance(times, bool) or times < 0):
-            raise ConfigError(f"repeat() needs a non-negative int or None, got {times!r}")
+        check_int(times, "repeat(times=...)", low=0, optional=True)
         self._times = times
         self._round = 0
         self._yielded_this_round = False
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        super().reset(state)
+    def start(self, state: dict[str, Any] | None) -> None:
         self._round = int(state["round"]) if state else 0
         self._yielded_this_round = bool(state["yielded"]) if state else False
 
@@ -53,4 +51,4 @@ class Repeater(Stage[Any]):
 
     def get_state(self) -> dict[str, Any]:
         return {"round": self._round, "yielded": self._yielded_this_round,
-                "sources": [self.source.state_dict()]}
+                SOURCES_KEY: [self.source.state_dict()]}

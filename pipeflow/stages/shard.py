@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Stage
+from .base import SOURCES_KEY, Stage
 
 __all__ = ["Sharder"]
 
@@ -41,8 +41,7 @@ class Sharder(Stage[Any]):
         wid, nw = (ctx.worker_id, ctx.num_workers) if self._workers else (0, 1)
         return rank * nw + wid, world * nw
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        super().reset(state)
+    def start(self, state: dict[str, Any] | None) -> None:
         self._pos = int(state["pos"]) if state else 0
         self._index, self._count = self.shard
 
@@ -56,4 +55,4 @@ class Sharder(Stage[Any]):
                 return item
 
     def get_state(self) -> dict[str, Any]:
-        return {"pos": self._pos, "sources": [self.source.state_dict()]}
+        return {"pos": self._pos, SOURCES_KEY: [self.source.state_dict()]}

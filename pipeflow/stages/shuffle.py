@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._checks import check_int
 from .._rng import derive_seed, draw
-from ..errors import ConfigError
-from .base import Stage
+from .base import SOURCES_KEY, Stage
 
 __all__ = ["Shuffler"]
 
@@ -30,12 +30,12 @@ class Shuffler(Stage[Any]):
         seed: base seed.
     """
 
+    one_to_one = True
+
     def __init__(self, source: Stage[Any], buffer_size: int, *, seed: int = 0) -> None:
         super().__init__(source)
-        if not isinstance(buffer_size, int) or isinstance(buffer_size, bool) or buffer_size < 1:
-            raise ConfigError(f"shuffle() needs a positive int buffer_size, got {buffer_size!r}")
-        if not isinstance(seed, int):
-            raise ConfigError(f"shuffle(seed=...) must be an int, got {seed!r}")
+        check_int(buffer_size, "shuffle(buffer_size=...)", low=1)
+        check_int(seed, "shuffle(seed=...)")
         self._size = buffer_size
         self._seed = seed
         self._round = -1  # incremented by every fresh reset (repeat() restarts reshuffle)
@@ -54,13 +54,11 @@ class Shuffler(Stage[Any]):
         shard = ctx.shard_index if self.sharded_upstream else -1
         return derive_seed("shuffle", self._seed, ctx.epoch, self._round, shard)
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        self._needs_reset = False
+    def start(self, state: dict[str, Any] | None) -> None:
         self._init_run()
         if not state:
             self._round += 1
             self._stream = self._stream_seed()
-            self.source.reset(None)
             return
         self._round = int(state["round"])
         self._stream = self._stream_seed()
@@ -68,7 +66,6 @@ class Shuffler(Stage[Any]):
         self._exhausted = bool(state["exhausted"])
         base, pulled = int(state["base"]), int(state["pulled"])
         order: list[int] = list(state["buffer"])
-        self.source.reset(state["source"])
         wanted = set(order)
         found: dict[int, Any] = {}
         for seq in range(base, pulled):
@@ -112,7 +109,7 @@ class Shuffler(Stage[Any]):
         common = {"round": self._round, "step": self._step, "exhausted": self._exhausted,
                   "pulled": self._pulled}
         if not self._buffer:
-            return {**common, "base": self._pulled, "buffer": [], "source": self.source.state_dict()}
+            return {**common, "base": self._pulled, "buffer": [], SOURCES_KEY: [self.source.state_dict()]}
         base = min(self._snapshots)
         return {**common, "base": base, "buffer": [seq for seq, _ in self._buffer],
-                "source": self._snapshots[base]}
+                SOURCES_KEY: [self._snapshots[base]]}

@@ -34,8 +34,7 @@ class ItemSource(Stage[T]):
         self._items: Sequence[T] = items
         self._index = 0
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        super().reset(state)
+    def start(self, state: dict[str, Any] | None) -> None:
         self._index = int(state["index"]) if state else 0
 
     def next(self) -> T:
@@ -51,6 +50,9 @@ class ItemSource(Stage[T]):
     @property
     def items(self) -> Sequence[T]:
         return self._items
+
+    def known_length(self) -> int | None:
+        return len(self._items)
 
     def __len__(self) -> int:
         return len(self._items)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from ..errors import ConfigError
-from .base import Stage
+from .._checks import check_int
+from .base import SOURCES_KEY, Stage
 
 __all__ = ["Taker"]
 
@@ -22,13 +22,11 @@ class Taker(Stage[T]):
 
     def __init__(self, source: Stage[T], n: int) -> None:
         super().__init__(source)
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ConfigError(f"take() needs a non-negative int, got {n!r}")
+        check_int(n, "take(n=...)", low=0)
         self._n = n
         self._taken = 0
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        super().reset(state)
+    def start(self, state: dict[str, Any] | None) -> None:
         self._taken = int(state["taken"]) if state else 0
 
     def next(self) -> T:
@@ -39,4 +37,4 @@ class Taker(Stage[T]):
         return item
 
     def get_state(self) -> dict[str, Any]:
-        return {"taken": self._taken, "sources": [self.source.state_dict()]}
+        return {"taken": self._taken, SOURCES_KEY: [self.source.state_dict()]}

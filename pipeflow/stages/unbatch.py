@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError
-from .base import Stage
+from .base import SOURCES_KEY, Stage
 
 __all__ = ["Unbatcher"]
 
@@ -23,19 +23,14 @@ class Unbatcher(Stage[Any]):
         self._offset = 0
         self._before: dict[str, Any] = {}
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        self._needs_reset = False
+    def start(self, state: dict[str, Any] | None) -> None:
         self._batch, self._offset = [], 0
+        self._before = {}
         if state:
-            self._before = state["before"]
-            self.source.reset(self._before)
             skip = int(state["offset"])
             if skip:
                 self._load_next_batch()
                 self._offset = skip
-        else:
-            self.source.reset(None)
-            self._before = {}
 
     def _load_next_batch(self) -> None:
         self._before = self.source.state_dict()
@@ -53,5 +48,5 @@ class Unbatcher(Stage[Any]):
 
     def get_state(self) -> dict[str, Any]:
         if self._offset >= len(self._batch):
-            return {"before": self.source.state_dict(), "offset": 0}
-        return {"before": self._before, "offset": self._offset}
+            return {SOURCES_KEY: [self.source.state_dict()], "offset": 0}
+        return {SOURCES_KEY: [self._before], "offset": self._offset}

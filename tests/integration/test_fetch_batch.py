@@ -174,7 +174,7 @@ def test_resume_mid_epoch(pairs, k, clean):
     fresh.load_state_dict(state)
     rest = [tuple(r.data for r in s) for s in fresh]
     assert head + rest == full
-    assert k == 0 or set(state) == {"source", "offset"}  # small: a cursor, no data
+    assert k == 0 or set(state) == {"sources", "offset"}  # small: a cursor, no data
 
 
 def test_options_are_validated():

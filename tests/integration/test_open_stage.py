@@ -16,7 +16,7 @@ from pipeflow.backends.local import LocalBackend
 from pipeflow.errors import ConfigError, ObjectNotFoundError
 from pipeflow.items import ObjectInfo, Opened, Record
 from pipeflow.pipeline import list_objects
-from pipeflow.stages.listing import ListObjects
+from pipeflow.stages.listing import ObjectLister
 from pipeflow.stages.open import Opener
 from pipeflow.stages.source import ItemSource
 
@@ -85,7 +85,7 @@ def test_opener_closes_streams_it_handed_out_and_opened_ahead(local_root: str) -
     stage = Opener(ItemSource(urls), workers=4)
     first = next(stage)
     assert not first.stream.closed
-    pending = [t.future for t in stage._pending]
+    pending = stage.window.futures()
     stage.close()
     assert first.stream.closed
     for future in pending:  # opened ahead, never delivered
@@ -130,9 +130,9 @@ def test_open_state_round_trip(s3_root: str) -> None:
 
 def test_listing_state_round_trip(local_root: str) -> None:
     objects = tuple(LocalBackend().list(local_root + "shards/"))
-    stage = ListObjects(local_root + "shards/", objects=objects)
+    stage = ObjectLister(local_root + "shards/", objects=objects)
     head = [next(stage) for _ in range(7)]
-    fresh = ListObjects(local_root + "shards/", objects=objects)
+    fresh = ObjectLister(local_root + "shards/", objects=objects)
     fresh.load_state_dict(stage.state_dict())
     assert head + list(fresh) == list(objects)
 

@@ -12,8 +12,9 @@ import torch.utils.data
 
 import pipeflow as pf
 from pipeflow.backends.local import LocalBackend
+from pipeflow.disk_cache import DiskCache
 from pipeflow.errors import ConfigError, ObjectNotFoundError
-from pipeflow.stages.cache import Cacher, DiskCache
+from pipeflow.stages.cache import Cacher
 from pipeflow.stages.source import ItemSource
 
 

@@ -17,8 +17,8 @@ from pipeflow.formats import encode_example, write_tfrecords
 from ._core_helpers import double, is_even, slow_double
 
 
-def _pipelines():
-    src = pf.from_items(range(57))
+def _pipelines(wrap=lambda p: p):
+    src = wrap(pf.from_items(range(57)))
     return {
         "from_items": (src, True),
         "shuffle": (src.shuffle(10, seed=3), True),
@@ -78,25 +78,31 @@ def _png(seed: int) -> bytes:
     return buf.getvalue()
 
 
-def _io_pipelines(data: dict[str, list[str]]) -> dict[str, tuple[pf.Pipeline, bool]]:
-    shards = pf.from_items(data["shards"])
+def _io_pipelines(data: dict[str, list[str]], wrap=lambda p: p) -> dict[str, tuple[pf.Pipeline, bool]]:
+    shards = wrap(pf.from_items(data["shards"]))
+    singles = wrap(pf.from_items(data["singles"]))
     return {
-        "open": (pf.from_items(data["singles"]).open(workers=3, read=True), True),
-        "list_objects": (pf.list_objects(data["root"][0] + "/single"), True),
+        "open": (singles.open(workers=3, read=True), True),
+        "list_objects": (wrap(pf.list_objects(data["root"][0] + "/single")), True),
         "untar": (shards.open().untar(), True),
         "group_pairs": (shards.open().untar().group_pairs(), True),
         "decode": (shards.open().untar().group_pairs().decode("numpy", workers=2), True),
-        "read_tfrecord": (pf.from_items(data["tfrecords"]).open().read_tfrecord(), True),
-        "cache": (pf.from_items(data["singles"]).cache(data["root"][0] + "/cache", max_bytes=10**6), True),
-        "equalize": (pf.from_items(range(57)).equalize(), True),
+        "read_tfrecord": (wrap(pf.from_items(data["tfrecords"])).open().read_tfrecord(), True),
+        "cache": (singles.cache(data["root"][0] + "/cache", max_bytes=10**6), True),
+        "equalize": (wrap(pf.from_items(range(57))).equalize(), True),
         "shards_everything": (shards.shuffle(3).open().untar().group_pairs().shuffle(5)
                               .decode("numpy").batch(2).prefetch(2), True),
     }
 
 
 @pytest.fixture(scope="module")
-def io_pipelines(tmp_path_factory):
-    return _io_pipelines(_write_data(tmp_path_factory.mktemp("roundtrip")))
+def io_data(tmp_path_factory):
+    return _write_data(tmp_path_factory.mktemp("roundtrip"))
+
+
+@pytest.fixture(scope="module")
+def io_pipelines(io_data):
+    return _io_pipelines(io_data)
 
 
 IO_NAMES = ["open", "list_objects", "untar", "group_pairs", "decode", "read_tfrecord", "cache",
@@ -170,3 +176,71 @@ def test_shuffle_state_holds_indices_not_data():
     it = iter(pipe)
     next(it)
     assert len(pickle.dumps(it.state_dict())) < 2_000
+
+
+# ---- the state survives an error: what was delivered, whatever ended the epoch -------------------
+class Boom(Exception):
+    pass
+
+
+class RaiseOn:
+    """A map function that raises on the item (or the object URL) ``bad`` while armed.
+    Picklable, so pipelines using it cross into process workers."""
+
+    def __init__(self, bad, armed: bool) -> None:
+        self.bad, self.armed = bad, armed
+
+    def __call__(self, item):
+        if self.armed and getattr(item, "url", item) == self.bad:
+            raise Boom(item)
+        return item
+
+
+def _error_round_trip(build, ordered):
+    """``build(armed)`` makes the same pipeline, failing on one item when armed."""
+    clean = build(False)
+    clean.set_epoch(2)
+    full = list(clean)
+    failing = build(True)
+    failing.set_epoch(2)
+    it = iter(failing)
+    head = []
+    with pytest.raises(Boom):
+        for item in it:
+            head.append(item)
+    state = pickle.loads(pickle.dumps(it.state_dict()))  # after the error, as a checkpoint would
+    assert state["stages"], "the position survives the error"
+    resumed = iter(pickle.loads(pickle.dumps(build(False))))
+    resumed.load_state_dict(state)
+    tail = list(resumed)
+    if ordered:
+        assert len(head) + len(tail) == len(full)
+        assert all(map(_same, head + tail, full))
+    else:
+        assert sorted(map(_key, head + tail)) == sorted(map(_key, full))
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINES))
+def test_state_after_an_error_resumes_exactly(name):
+    def build(armed):
+        return _pipelines(lambda p: p.map(RaiseOn(23, armed)))[name][0]
+
+    _error_round_trip(build, PIPELINES[name][1])
+
+
+#: the item (by index into the data lists) whose upstream step fails
+_IO_BAD = {"open": ("singles", 7), "list_objects": ("singles", 7), "untar": ("shards", 1),
+           "group_pairs": ("shards", 1), "decode": ("shards", 2), "read_tfrecord": ("tfrecords", 1),
+           "cache": ("singles", 5), "equalize": (None, 23), "shards_everything": ("shards", 1)}
+
+
+@pytest.mark.parametrize("name", IO_NAMES)
+def test_state_after_an_error_resumes_exactly_for_io_and_format_stages(io_data, name):
+    kind, index = _IO_BAD[name]
+    bad = index if kind is None else io_data[kind][index]
+
+    def build(armed):
+        return _io_pipelines(io_data, lambda p: p.map(RaiseOn(bad, armed)))[name][0]
+
+    _error_round_trip(build, True)
+

@@ -19,8 +19,8 @@ from pipeflow.formats.example import ExampleFormatError, decode_example, encode_
 from pipeflow.formats.tfrecord import TFRecordWriter, iter_tfrecords, write_tfrecords
 from pipeflow.items import Opened, Record
 from pipeflow.pipeline import tfrecord_stream
+from pipeflow.stages.read_tfrecord import TFRecordReader
 from pipeflow.stages.source import ItemSource
-from pipeflow.stages.tfrecord import TFRecordReader
 
 from ._formats_helpers import OneWay, take
 

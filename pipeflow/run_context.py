@@ -1,37 +1,14 @@
-"""Where a pipeline runs: epoch, distributed rank, DataLoader worker, and run statistics."""
+"""Where a pipeline runs: epoch, distributed rank and DataLoader worker (:class:`RunContext`)."""
 
 from __future__ import annotations
 
 import os
-import threading
-from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["RunContext", "Stats", "detect_rank"]
+from .errors import ConfigError
+from .stats import Stats
 
-
-class Stats:
-    """Thread-safe counters keyed by ``(stage name, counter name)``.
-
-    Stages count what they skip (``on_error="skip"``), retry or drop so nothing is lost silently;
-    ``Pipeline.stats()`` returns a snapshot after (or during) an epoch.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counts: Counter[tuple[str, str]] = Counter()
-
-    def incr(self, stage: str, counter: str, n: int = 1) -> None:
-        with self._lock:
-            self._counts[(stage, counter)] += n
-
-    def snapshot(self) -> dict[str, dict[str, int]]:
-        """Returns ``{stage: {counter: value}}``."""
-        out: dict[str, dict[str, int]] = {}
-        with self._lock:
-            for (stage, counter), value in sorted(self._counts.items()):
-                out.setdefault(stage, {})[counter] = value
-        return out
+__all__ = ["RunContext", "detect_rank"]
 
 
 def detect_rank() -> tuple[int, int]:
@@ -50,8 +27,6 @@ def detect_rank() -> tuple[int, int]:
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world < 1 or not 0 <= rank < world:
-        from .errors import ConfigError
-
         raise ConfigError(f"inconsistent RANK={rank} / WORLD_SIZE={world} in the environment")
     return rank, world
 

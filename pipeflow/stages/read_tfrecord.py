@@ -7,6 +7,7 @@ import stat
 from collections.abc import Iterator
 from typing import IO, Any
 
+from .._checks import check_bool
 from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError
 from ..formats.example import ExampleFormatError, decode_example
 from ..formats.tfrecord import iter_tfrecords
@@ -27,11 +28,6 @@ def _item(url: str, index: int, payload: bytes, parse_example: bool) -> Any:
         raise CorruptDataError(f"record {index} is not a tf.train.Example: {exc}",
                                stage="tfrecord", key=url) from exc
     return {"__key__": key, "__url__": url, **features}
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{name} must be a bool, got {value!r}")
 
 
 class TFRecordReader(ExpandingStage):
@@ -58,8 +54,8 @@ class TFRecordReader(ExpandingStage):
     def __init__(self, source: Stage[Any], *, check_crc: bool = True, parse_example: bool = True,
                  on_error: OnError = "raise") -> None:
         super().__init__(source, on_error=on_error)
-        _check_bool("check_crc", check_crc)
-        _check_bool("parse_example", parse_example)
+        check_bool(check_crc, "read_tfrecord(check_crc=...)")
+        check_bool(parse_example, "read_tfrecord(parse_example=...)")
         self.check_crc = check_crc
         self.parse_example = parse_example
 
@@ -95,8 +91,8 @@ class TFRecordStream(Stage[Any]):
         super().__init__()
         if not isinstance(path, (str, os.PathLike)):
             raise ConfigError(f"tfrecord_stream() needs a path, got {type(path).__name__}")
-        _check_bool("check_crc", check_crc)
-        _check_bool("parse_example", parse_example)
+        check_bool(check_crc, "tfrecord_stream(check_crc=...)")
+        check_bool(parse_example, "tfrecord_stream(parse_example=...)")
         self.path = os.fspath(path)
         self.check_crc = check_crc
         self.parse_example = parse_example
@@ -105,9 +101,7 @@ class TFRecordStream(Stage[Any]):
         self._count = 0
         self._url = self.path
 
-    def reset(self, state: dict[str, Any] | None = None) -> None:
-        self._close_file()
-        super().reset(state)
+    def start(self, state: dict[str, Any] | None) -> None:
         self._count = int(state.get("records", 0)) if state else 0
         ctx = self.context
         try:
@@ -140,17 +134,13 @@ class TFRecordStream(Stage[Any]):
     def get_state(self) -> dict[str, Any]:
         return {"records": self._count}
 
-    def _close_file(self) -> None:
+    def stop(self) -> None:
         if self._iter is not None:
             self._iter.close()  # type: ignore[attr-defined]
             self._iter = None
         if self._file is not None:
             self._file.close()
             self._file = None
-
-    def close(self) -> None:
-        self._close_file()
-        super().close()
 
 
 class PerProcessTFRecordStream(TFRecordStream):

@@ -1,0 +1,207 @@
+"""The in-flight window: items pulled from a source, their results computed on a pool, handed
+back in input order (or as they complete), with enough bookkeeping to say where to resume.
+
+Every stage that applies a function to items (``map``, ``open``, ``cache``, ``decode``) runs
+one :class:`Window`. The window pulls from the source in the consumer's thread, so upstream
+stages never run concurrently with themselves, and holds at most ``limit`` items submitted but
+not yet delivered: that bound is the backpressure that caps memory.
+
+Resuming: each task remembers the source's state from just before its item was pulled. The
+position of a window is the state before the oldest item not yet delivered, plus (when results
+are delivered out of order) which later items were already delivered; :meth:`Window.restart`
+takes that skip list back. A task whose result raised stays in the window until the stage
+completes it, so after an error the position is still "before the item that failed".
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Literal, Protocol
+
+from ..errors import WorkerCrashedError
+from ..items import describe_item
+from .pool import WorkerPool, lease_pool, return_pool
+
+__all__ = ["Source", "Task", "Window"]
+
+
+class Source(Protocol):
+    """What a window pulls from: an iterator with a resumable position (a stage)."""
+
+    def __next__(self) -> Any: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+
+class Task:
+    """One item in flight: its sequence number, the source state before it, and its future."""
+
+    __slots__ = ("future", "item", "seq", "snapshot")
+
+    def __init__(self, seq: int, snapshot: dict[str, Any], item: Any, future: Future[Any]) -> None:
+        self.seq, self.snapshot, self.item, self.future = seq, snapshot, item, future
+
+
+def _done(fn: Callable[[Any], Any], item: Any) -> Future[Any]:
+    """Run ``fn(item)`` now, in this thread, as an already completed future."""
+    future: Future[Any] = Future()
+    try:
+        future.set_result(fn(item))
+    except Exception as exc:  # delivered through the future like a worker's failure
+        future.set_exception(exc)
+    return future
+
+
+class Window:
+    """Up to ``limit`` applications of ``fn`` in flight on ``workers`` threads or processes.
+
+    Args:
+        fn: the per-item function (picklable for ``method="process"``).
+        workers: pool size; 0 runs ``fn`` in the consumer's thread, one item at a time.
+        method: ``"thread"`` or ``"process"``.
+        in_order: deliver in input order, else as results complete.
+        limit: items submitted but not yet delivered (ignored when ``workers`` is 0).
+        name: shown in worker thread names and errors.
+        start_method: multiprocessing start method for process workers.
+        inline: optional ``item -> (done, value)`` tried first in the consumer's thread (a
+            cache hit); ``(False, None)`` sends the item to the pool.
+        on_discard: called with the future of every task dropped undelivered whose work could
+            not be cancelled (when it completes), to release what its result holds.
+    """
+
+    def __init__(self, fn: Callable[[Any], Any], *, workers: int = 0,
+                 method: Literal["thread", "process"] = "thread", in_order: bool = True,
+                 limit: int | None = None, name: str = "pipeflow", start_method: str | None = None,
+                 inline: Callable[[Any], tuple[bool, Any]] | None = None,
+                 on_discard: Callable[[Future[Any]], None] | None = None) -> None:
+        self.fn = fn
+        self.workers = workers
+        self.method = method
+        self.in_order = in_order
+        self.limit = (limit or max(2 * workers, 1)) if workers else 1
+        self.name = name
+        self.start_method = start_method
+        self.inline = inline
+        self.on_discard = on_discard
+        #: the object whose lifetime bounds idle process pools kept between epochs (the
+        #: pipeline's stats, set by the stage); None keeps the pool until shutdown()
+        self.owner: Any = None
+        self._pool: WorkerPool | None = None
+        self._pending: deque[Task] = deque()
+        self._clear()
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def restart(self, skip: Iterable[int] = ()) -> None:
+        """Drop what is in flight and start counting from a resume point; ``skip`` lists the
+        offsets (from the resume point) of items delivered before it."""
+        self._clear(skip)
+        if self.workers and self._pool is None:
+            # started lazily: no pool (and no process) exists before the first pass
+            self._pool = lease_pool(self.fn, self.workers, self.method, name=self.name,
+                                    start_method=self.start_method, owner=self.owner)
+
+    def _clear(self, skip: Iterable[int] = ()) -> None:
+        self.cancel()
+        self._exhausted = False
+        self._seq = 0  # sequence number of the next item pulled, relative to the resume point
+        self._skip: set[int] = set(skip)
+        self._delivered: set[int] = set()  # unordered: delivered while older ones are pending
+
+    def _release(self) -> None:
+        """Exhausted, nothing in flight: a process pool goes back to the per-process cache,
+        so the next epoch's window (a new graph) gets the same warm workers."""
+        pool = self._pool
+        if pool is None or self.owner is None or pool.method != "process":
+            return
+        self._pool = None
+        return_pool(pool, self.fn, start_method=self.start_method, owner=self.owner)
+
+    def cancel(self) -> None:
+        """Drop every task not yet delivered."""
+        for task in self._pending:
+            if not task.future.cancel() and self.on_discard is not None:
+                task.future.add_done_callback(self.on_discard)
+        self._pending.clear()
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Drop what is in flight and stop the workers."""
+        self.cancel()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=wait)
+
+    def futures(self) -> list[Future[Any]]:
+        """The futures of the tasks not yet delivered, oldest first."""
+        return [t.future for t in self._pending]
+
+    # ---- work -----------------------------------------------------------------------------
+    def next_task(self, source: Source) -> Task | None:
+        """The task to deliver next (waiting for it), or None when the source is exhausted and
+        nothing is left. The task stays in the window until :meth:`complete`."""
+        self._fill(source)
+        if not self._pending:
+            self._release()
+            return None
+        if self.in_order or len(self._pending) == 1:
+            return self._pending[0]
+        done, _ = wait([t.future for t in self._pending], return_when=FIRST_COMPLETED)
+        return next(t for t in self._pending if t.future in done)
+
+    def complete(self, task: Task) -> None:
+        """``task`` was delivered (or skipped): it leaves the window."""
+        pending = self._pending
+        if pending and pending[0] is task:
+            pending.popleft()
+        else:
+            pending.remove(task)
+            self._delivered.add(task.seq)  # an older task is still pending
+        oldest = pending[0].seq if pending else self._seq
+        self._delivered = {s for s in self._delivered if s >= oldest}
+
+    def _fill(self, source: Source) -> None:
+        while not self._exhausted and len(self._pending) < self.limit:
+            snapshot = source.state_dict()
+            try:
+                item = next(source)
+            except StopIteration:
+                self._exhausted = True
+                return
+            seq = self._seq
+            self._seq += 1
+            if seq in self._skip:
+                self._skip.discard(seq)
+                continue
+            self._pending.append(Task(seq, snapshot, item, self._start(item)))
+
+    def _start(self, item: Any) -> Future[Any]:
+        if self.inline is not None:
+            done, value = self.inline(item)
+            if done:
+                future: Future[Any] = Future()
+                future.set_result(value)
+                return future
+        if self._pool is None:
+            return _done(self.fn, item)
+        try:
+            return self._pool.submit(self.fn, item)
+        except BrokenProcessPool as exc:  # a worker died before this item was queued
+            raise WorkerCrashedError(
+                f"a worker process of {self.name} died (killed, out of memory or crashed); "
+                f"could not submit {describe_item(item)}") from exc
+
+    # ---- position -------------------------------------------------------------------------
+    def position(self, source: Source) -> tuple[dict[str, Any], list[int]]:
+        """``(source state, skip offsets)`` to resume after the last item delivered."""
+        if not self._pending:
+            return source.state_dict(), []
+        oldest = self._pending[0] if self.in_order else min(self._pending, key=lambda t: t.seq)
+        skip = sorted(s - oldest.seq for s in self._delivered if s > oldest.seq)
+        skip += sorted(s - oldest.seq for s in self._skip if s > oldest.seq)
+        return oldest.snapshot, skip
+
+    def __iter__(self) -> Iterator[Task]:
+        return iter(list(self._pending))
+

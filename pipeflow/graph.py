@@ -1,0 +1,264 @@
+"""The stage graph: its description (:class:`Node`), labels, option checks and building.
+
+A pipeline is described by a tree of :class:`Node` s (stage class, options, inputs, label).
+This module turns a description into running stages for one process (:func:`build`), and holds
+every walk over a graph: whether it shards (:func:`has_sharder`), its shape for resume checks
+(:func:`fingerprint`), and the questions ``equalize`` asks (:func:`find_sharder`,
+:func:`known_total`). It imports stages, never the :mod:`pipeflow.pipeline` facade or the
+iterator, which both import it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import OptionError
+from .run_context import RunContext
+from .stages.base import Stage
+from .stages.shard import Sharder
+
+__all__ = ["Node", "build", "find_sharder", "fingerprint", "format_value", "has_sharder",
+           "check_options", "checks_options", "draw", "is_secret", "known_total", "make_label",
+           "short_labels", "validate", "walk"]
+
+log = logging.getLogger("pipeflow")
+_announced_auto_shard = False
+
+
+@dataclass(frozen=True)
+class Node:
+    """One stage in a pipeline description."""
+
+    stage: type[Stage[Any]]
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    inputs: tuple[Node, ...] = ()
+    label: str = ""
+
+    def title(self) -> str:
+        return self.label or self.stage.__name__
+
+    def short(self) -> str:
+        """The method name the stage was added with (``"map"``), or its class name."""
+        return self.title().split("(", 1)[0]
+
+
+def short_labels(node: Node) -> dict[int, str]:
+    """One short label per node of the description (by ``id``): the method name, numbered from
+    the second use on in pipeline order (``map``, ``map#2``). It names the stage in
+    ``explain()``, ``stats()`` and errors."""
+    labels: dict[int, str] = {}
+    uses: dict[str, int] = {}
+
+    def visit(current: Node) -> None:
+        if id(current) in labels:
+            return
+        for inp in current.inputs:
+            visit(inp)
+        base = current.short()
+        uses[base] = uses.get(base, 0) + 1
+        labels[id(current)] = base if uses[base] == 1 else f"{base}#{uses[base]}"
+
+    visit(node)
+    return labels
+
+
+def _described(node: Node, labels: dict[int, str]) -> str:
+    return labels[id(node)] + node.title()[len(node.short()):]
+
+
+def draw(node: Node) -> str:
+    """A text drawing of the description: one line per stage, its short label and options."""
+    labels = short_labels(node)
+    lines: list[str] = []
+
+    def visit(current: Node, prefix: str, last: bool, root: bool) -> None:
+        connector = "" if root else ("└─ " if last else "├─ ")
+        lines.append(prefix + connector + _described(current, labels))
+        child_prefix = prefix + ("" if root else ("   " if last else "│  "))
+        for i, inp in enumerate(current.inputs):
+            visit(inp, child_prefix, i == len(current.inputs) - 1, False)
+
+    visit(node, "", True, True)
+    return "\n".join(lines)
+
+
+# ---- labels: what explain(), errors and stats() show ------------------------------------------
+#: option names whose values are never shown (explain(), reprs, stage names in errors and stats)
+_SECRET_WORDS = ("secret", "token", "password", "passwd", "access_key", "credential", "key_id")
+
+
+def is_secret(name: str) -> bool:
+    """True for an option name whose value must never be shown."""
+    lowered = name.lower()
+    return any(word in lowered for word in _SECRET_WORDS)
+
+
+def _redact(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: ("***" if isinstance(k, str) and is_secret(k) else _redact(v)) for k, v in value.items()}
+    return value
+
+
+def format_value(value: Any) -> str:
+    """A short, redacted rendering of an option value."""
+    if callable(value) and hasattr(value, "__qualname__"):
+        return value.__qualname__
+    if isinstance(value, (list, tuple)) and len(value) > 4:
+        return f"[{len(value)} items]"
+    text = repr(_redact(value))
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def make_label(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """``name(arg, option=value)`` with secrets hidden: a stage's title in explain()."""
+    parts = [format_value(a) for a in args]
+    parts += [f"{k}={'***' if is_secret(k) else format_value(v)}" for k, v in kwargs.items()]
+    return f"{name}({', '.join(parts)})"
+
+
+# ---- option checks where the pipeline is written -------------------------------------------------
+def _option_names(signature: inspect.Signature) -> list[str]:
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in signature.parameters.values()
+            if p.kind in kinds and p.name not in ("self", "source")]
+
+
+def check_options(what: str, signature: inspect.Signature, kwargs: dict[str, Any]) -> None:
+    """Raise :class:`~pipeflow.errors.OptionError` for a keyword ``signature`` does not take,
+    naming the nearest valid option and all of them."""
+    params = signature.parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return  # the rest are passed on (backend options), and checked there
+    valid = _option_names(signature)
+    unknown = [k for k in kwargs if k not in valid]
+    if not unknown:
+        return
+    name = unknown[0]
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise OptionError(f"{what}() has no option {name!r}{hint}; valid options: {', '.join(valid) or 'none'}")
+
+
+def checks_options(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a pipeline-building method so a misspelled keyword is an
+    :class:`~pipeflow.errors.OptionError` with a suggestion, not a bare ``TypeError``."""
+    signature = inspect.signature(method)
+
+    @functools.wraps(method)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        try:
+            signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            check_options(method.__name__, signature, kwargs)
+            raise OptionError(f"{method.__name__}(): {exc}") from None
+        return method(*args, **kwargs)
+
+    return checked
+
+
+class _Placeholder(Stage[Any]):
+    """Stands in for the inputs when a stage is constructed only to validate its options."""
+
+
+def validate(stage: type[Stage[Any]], n_inputs: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Construct ``stage`` against placeholders so a bad option fails here, not in a worker."""
+    # Stage constructors only check and store options (setup happens in reset), so building
+    # one against placeholders reports a bad option where the pipeline is written, not
+    # later inside a DataLoader worker.
+    check_options(stage.__name__, inspect.signature(stage.__init__), kwargs)
+    stage(*(_Placeholder() for _ in range(n_inputs)), *args, **kwargs).close()
+
+
+# ---- building ---------------------------------------------------------------------------------------
+def has_sharder(node: Node) -> bool:
+    """True when the description contains a stage that splits data across shards."""
+    return getattr(node.stage, "is_sharder", False) or any(has_sharder(i) for i in node.inputs)
+
+
+def build(node: Node, ctx: RunContext) -> Stage[Any]:
+    """Instantiate the stage graph described by ``node`` for ``ctx``.
+
+    Automatic sharding: when the graph contains no sharding stage and ``ctx`` says this process
+    is one of several shards (ranks x DataLoader workers), every source (a stage without
+    inputs) is followed by a ``Sharder``, so each item is read by exactly one shard instead of
+    being silently duplicated. Add ``shard_by_rank()`` yourself to choose the place.
+    """
+    global _announced_auto_shard
+    auto = ctx.num_shards > 1 and not has_sharder(node)
+    if auto and not _announced_auto_shard:
+        log.info("pipeflow: no shard_by_rank() in the pipeline; sharding each source across "
+                 "%d ranks x workers automatically", ctx.num_shards)
+        _announced_auto_shard = True
+    labels = short_labels(node)
+    return _build(node, ctx, auto, labels, {})[0]
+
+
+def _build(node: Node, ctx: RunContext, auto: bool, labels: dict[int, str],
+           auto_shards: dict[str, int]) -> tuple[Stage[Any], bool]:
+    inputs = [_build(i, ctx, auto, labels, auto_shards) for i in node.inputs]
+    stage = node.stage(*(s for s, _ in inputs), *node.args, **node.kwargs)
+    stage.context = ctx
+    stage.name = labels[id(node)]
+    stage.description = _described(node, labels)
+    stage.sharded_upstream = any(sharded for _, sharded in inputs)
+    sharded = stage.sharded_upstream or stage.is_sharder
+    if auto and not node.inputs:
+        sharder = Sharder(stage, auto=True)
+        sharder.context = ctx
+        n = auto_shards["n"] = auto_shards.get("n", 0) + 1
+        sharder.name = "auto_shard" if n == 1 else f"auto_shard#{n}"
+        return sharder, True
+    return stage, sharded
+
+
+# ---- walks over built stages --------------------------------------------------------------------------
+def walk(stage: Stage[Any]) -> Iterator[Stage[Any]]:
+    """Every stage of a built graph, ``stage`` first, each once."""
+    seen: set[int] = set()
+    todo = [stage]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo.extend(current.sources)
+
+
+def fingerprint(stage: Stage[Any]) -> str:
+    """The graph's shape by stage class (options left out, so they may change on resume)."""
+    inner = ",".join(fingerprint(s) for s in stage.sources)
+    return f"{type(stage).__name__}({inner})" if inner else type(stage).__name__
+
+
+def find_sharder(stage: Stage[Any]) -> Any:
+    """The nearest sharding stage upstream through one-input stages, or None."""
+    seen = 0
+    while stage is not None and seen < 64:
+        if stage.is_sharder:
+            return stage
+        if len(stage.sources) != 1:
+            return None
+        stage = stage.sources[0]
+        seen += 1
+    return None
+
+
+def known_total(stage: Stage[Any]) -> int | None:
+    """The item count of a source that knows it (``from_items``) reached through one-to-one
+    stages and sharders only, or None."""
+    while True:
+        total = stage.known_length()
+        if total is not None:
+            return total
+        if (stage.is_sharder or stage.one_to_one) and len(stage.sources) == 1:
+            stage = stage.sources[0]
+            continue
+        return None

@@ -1,0 +1,150 @@
+"""Running one epoch of a pipeline: :class:`PipelineIterator`.
+
+The iterator builds fresh stages (:func:`pipeflow.graph.build`) in the process and DataLoader
+worker that iterates, and owns epoch semantics, state and shutdown. It is given the
+description, the epoch, the statistics to count into and what to do at the end of the epoch;
+it knows nothing else of the :class:`~pipeflow.pipeline.Pipeline` that made it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .errors import ConfigError
+from .graph import Node, build, fingerprint, walk
+from .run_context import RunContext
+from .stages.base import Stage
+from .stats import Stats
+
+__all__ = ["SKIP_COUNTERS", "PipelineIterator", "skip_counts"]
+
+log = logging.getLogger("pipeflow")
+
+
+#: counters that mean data was not delivered (``on_error="skip"`` and its kin)
+SKIP_COUNTERS = ("skipped", "skipped_objects", "incomplete")
+
+
+def skip_counts(stats: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """``{stage: {counter: n}}`` of every stage's skip counters that are not zero."""
+    out: dict[str, dict[str, int]] = {}
+    for stage, counts in stats.items():
+        found = {c: n for c, n in counts.items() if c in SKIP_COUNTERS and n}
+        if found:
+            out[stage] = found
+    return out
+
+
+class PipelineIterator:
+    """One pass (epoch) over a pipeline.
+
+    Supports ``state_dict()``/``load_state_dict()`` so ``StatefulDataLoader`` (or your own
+    loop) can checkpoint mid-epoch and resume in a fresh process. Closing (explicitly, at the
+    end of the epoch, on any exception, or on garbage collection) stops every thread and
+    process the stages started.
+    """
+
+    def __init__(self, node: Node, *, epoch: int = 0, stats: Stats | None = None,
+                 on_epoch_end: Callable[[int], None] | None = None) -> None:
+        """Args:
+            node: the description to build.
+            epoch: the epoch shuffles are seeded with.
+            stats: the counters the stages count into (a fresh set when None).
+            on_epoch_end: called with the epoch when it ends normally (the pipeline uses it
+                to advance its own epoch).
+        """
+        self._on_epoch_end = on_epoch_end
+        self._ctx = RunContext.detect(epoch, stats=stats)
+        self._root = build(node, self._ctx)
+        self._done = False
+
+    @property
+    def context(self) -> RunContext:
+        return self._ctx
+
+    @property
+    def root(self) -> Stage[Any]:
+        """The last stage of the built graph."""
+        return self._root
+
+    def __iter__(self) -> PipelineIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self._done:
+            raise StopIteration
+        try:
+            return next(self._root)
+        except StopIteration:
+            self._finish()
+            raise
+        except BaseException:
+            self.close()
+            raise
+
+    def _finish(self) -> None:
+        self._done = True
+        self.close()
+        if self._on_epoch_end is not None:
+            self._on_epoch_end(self._ctx.epoch)
+        skipped = skip_counts(self._ctx.stats.snapshot())
+        if skipped:
+            shown = "; ".join(f"{stage}: " + ", ".join(f"{n} {what}" for what, n in counts.items())
+                              for stage, counts in skipped.items())
+            log.warning("pipeflow: epoch %d ended with skipped items: %s", self._ctx.epoch, shown)
+
+    def _shard(self) -> list[int]:
+        ctx = self._ctx
+        return [ctx.rank, ctx.world_size, ctx.worker_id, ctx.num_workers]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position after the last item returned: small and JSON/pickle friendly.
+
+        Besides the stages' positions it records which shard (rank, world size, DataLoader
+        worker, worker count) saved it and the shape of the stage graph, so a state is never
+        silently applied to another shard or another pipeline.
+        """
+        return {"epoch": self._ctx.epoch, "done": self._done, "shard": self._shard(),
+                "graph": fingerprint(self._root), "stages": self._root.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state`` at the next item (call before iterating, or at any point).
+
+        Raises:
+            ConfigError: the state was saved by another shard (different rank, world size,
+                DataLoader worker or worker count) or by a pipeline of another shape.
+        """
+        saved_shard = state.get("shard")
+        if saved_shard is not None and list(saved_shard) != self._shard():
+            r, w, wid, nw = saved_shard
+            cr, cw, cwid, cnw = self._shard()
+            raise ConfigError(
+                f"this state was saved by rank {r} of {w} (DataLoader worker {wid} of {nw}) and cannot "
+                f"resume rank {cr} of {cw} (worker {cwid} of {cnw}): the shard a state belongs to "
+                f"must not change between save and load")
+        saved_graph = state.get("graph")
+        if saved_graph is not None and saved_graph != fingerprint(self._root):
+            raise ConfigError(
+                f"this state belongs to a pipeline of another shape: saved {saved_graph}, "
+                f"loading into {fingerprint(self._root)}")
+        self._ctx.epoch = int(state["epoch"])
+        self._done = bool(state.get("done", False))
+        self._root.load_state_dict(state["stages"])
+
+    def close(self) -> None:
+        """Stop all background work. Idempotent."""
+        root = getattr(self, "_root", None)
+        if root is None:
+            return
+        root.close()
+        for stage in walk(root):  # also the sources of a custom stage whose close() skipped them
+            if not stage.closed:
+                stage.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # never raise from a finaliser
+            pass
