@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
-from . import shm
+from .shm import set_worker_prefix, sweep_owner
 
 if TYPE_CHECKING:
     from .pool import WorkerPool
@@ -50,7 +50,7 @@ def _set_pdeathsig() -> None:
 
 
 def _owner_gone(owner_pid: int) -> None:
-    shm.sweep_owner(owner_pid)
+    sweep_owner(owner_pid)
     os._exit(1)  # no atexit handlers: they may wait on the dead owner's pipes
 
 
@@ -73,7 +73,7 @@ def _watch(owner_pid: int, pidfd: int | None) -> None:
 def arm_worker(owner_pid: int, shm_prefix: str) -> None:
     """Initializer of every process worker: die with the owner, know where results go."""
     _set_pdeathsig()
-    shm.set_worker_prefix(shm_prefix)
+    set_worker_prefix(shm_prefix)
     pidfd = None
     with contextlib.suppress(AttributeError, OSError):
         pidfd = os.pidfd_open(owner_pid)

@@ -20,7 +20,9 @@ from concurrent.futures import Executor, Future, InvalidStateError, ProcessPoolE
 from typing import Any, Literal
 
 from .._checks import check_choice, check_int
-from . import lifetime, shm
+from .lifetime import arm_worker, pool_cache
+from .shm import available as shm_available
+from .shm import discard, pool_prefix, restore, run_task, sweep, sweep_dead_owners
 
 __all__ = ["WorkerPool", "lease_pool", "make_pool", "return_pool"]
 
@@ -87,17 +89,17 @@ class WorkerPool:
             ctx = multiprocessing.get_context(method_name)
             if method_name == "forkserver":
                 _preload_forkserver(ctx, preload)
-            if shm.available():
-                shm.sweep_dead_owners()
-                self._shm_prefix = shm.pool_prefix(next(_pool_ids))
-            self._executor = ProcessPoolExecutor(workers, mp_context=ctx, initializer=lifetime.arm_worker,
+            if shm_available():
+                sweep_dead_owners()
+                self._shm_prefix = pool_prefix(next(_pool_ids))
+            self._executor = ProcessPoolExecutor(workers, mp_context=ctx, initializer=arm_worker,
                                                  initargs=(os.getpid(), self._shm_prefix))
         self._closed = False
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         if self.method == "thread":
             return self._executor.submit(fn, *args)
-        return _restoring(self._executor.submit(shm.run_task, fn, *args))
+        return _restoring(self._executor.submit(run_task, fn, *args))
 
     def usable(self) -> bool:
         """Not shut down and no worker died: fit to be reused by another epoch."""
@@ -125,7 +127,7 @@ class WorkerPool:
             executor.shutdown(wait=True)
         if self._shm_prefix:
             # results a crashed worker wrote, or that were cancelled before anyone read them
-            shm.sweep(self._shm_prefix)
+            sweep(self._shm_prefix)
 
 
 def _restoring(inner: Future[Any]) -> Future[Any]:
@@ -146,12 +148,12 @@ def _restoring(inner: Future[Any]) -> Future[Any]:
             return
         value = done.result()
         if outer.cancelled():
-            shm.discard(value)
+            discard(value)
             return
         try:
-            restored = shm.restore(value)
+            restored = restore(value)
         except Exception as err:  # noqa: BLE001 - delivered to the consumer
-            shm.discard(value)
+            discard(value)
             _set(outer, exc=err)
             return
         _set(outer, value=restored)
@@ -193,7 +195,7 @@ def lease_pool(fn: Callable[..., Any], workers: int, method: Literal["thread", "
     module = getattr(fn, "__module__", None) or type(fn).__module__
     preload = (module,) if module and module != "__main__" else ()
     key = (id(owner), _pool_key(fn, workers, method, start_method))
-    return lifetime.pool_cache.acquire(
+    return pool_cache.acquire(
         key, lambda: make_pool(workers, method, name=name, start_method=start_method, preload=preload))
 
 
@@ -205,4 +207,4 @@ def return_pool(pool: WorkerPool, fn: Callable[..., Any], *, start_method: str |
         pool.shutdown(wait=True)
         return
     key = (id(owner), _pool_key(fn, pool.workers, "process", start_method))
-    lifetime.pool_cache.release(key, pool, owner)
+    pool_cache.release(key, pool, owner)
