@@ -151,15 +151,29 @@ def _read(handle: _Handle) -> Any:
     fd = os.open(path, os.O_RDWR)
     try:
         os.unlink(path)  # from here on the mapping is the only reference: freed with the result
-        mm = mmap.mmap(fd, handle.nbytes)
+        try:
+            buf: Any = mmap.mmap(fd, handle.nbytes)
+        except OSError:  # out of mappings (vm.max_map_count, many results held): a private copy
+            buf = _read_all(fd, handle.nbytes)
     finally:
         os.close(fd)
-    array = np.frombuffer(mm, dtype=np.dtype(handle.dtype)).reshape(handle.shape)
+    array = np.frombuffer(buf, dtype=np.dtype(handle.dtype)).reshape(handle.shape)
     if handle.kind == "torch":
         import torch
 
         return torch.from_numpy(array)
     return array
+
+
+def _read_all(fd: int, nbytes: int) -> bytearray:
+    buf = bytearray(nbytes)
+    view, got = memoryview(buf), 0
+    while got < nbytes:
+        n = os.readv(fd, [view[got:]])
+        if n == 0:
+            raise OSError(f"shared-memory segment shorter than {nbytes} bytes")
+        got += n
+    return buf
 
 
 def sweep(prefix: str) -> None:
