@@ -2,65 +2,128 @@
 
 Build a pipeline from a source (:func:`from_items`, :func:`list_objects`,
 :func:`tfrecord_stream`) by chaining :class:`Pipeline` methods; iterate it or hand it to a
-``DataLoader``. Submodules load on first use: ``pipeflow.recipes``, ``pipeflow.testing``,
-``pipeflow.formats``, ``pipeflow.backends``.
+``DataLoader``. Every error pipeflow raises on purpose is importable from here and from
+:mod:`pipeflow.errors`.
+
+Names load on first use, so ``import pipeflow`` is quick and imports neither torch nor any
+storage SDK (the ``pipeflow`` command starts without them); ``pipeflow.Pipeline`` imports torch,
+a backend imports its SDK when a pipeline first uses it. Submodules: ``pipeflow.backends``,
+``pipeflow.errors``, ``pipeflow.formats``, ``pipeflow.recipes``, ``pipeflow.testing``.
 """
 
-from __future__ import annotations
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
-import importlib
-from typing import Any
-
-from . import errors
-from .errors import (
-    BackendError,
-    ConfigError,
-    CorruptDataError,
-    DecodeError,
-    IncompleteSampleError,
-    MissingDependencyError,
-    ObjectNotFoundError,
-    PipeflowError,
-    StageError,
-)
-from .items import ObjectInfo, Opened, Record
-from .pipeline import Pipeline, from_items, interleave, list_objects, mix, tfrecord_stream
-from .run_context import RunContext
-from .stages.base import Stage
-from .stats import Stats
+# before any DataLoader forks its workers, so that "said once" flags are shared with them
+from . import _once  # noqa: F401
 
 __version__ = "0.1.0"
 
+# public name -> the module that defines it
+_EXPORTS: dict[str, str] = {
+    "RunContext": "run_context",
+    "Stats": "stats",
+    "ObjectInfo": "items",
+    "Opened": "items",
+    "Record": "items",
+    "Pipeline": "pipeline",
+    "from_items": "pipeline",
+    "interleave": "pipeline",
+    "list_objects": "pipeline",
+    "mix": "pipeline",
+    "tfrecord_stream": "pipeline",
+    "Stage": "stages.base",
+    "RetryPolicy": "backends._retry",
+    **{name: "errors" for name in (
+        "AccessDeniedError", "BackendError", "CommandError", "ConfigError", "CorruptDataError",
+        "DecodeError", "EmptyShardError", "IncompleteSampleError", "InvalidURLError",
+        "MissingDependencyError", "ObjectNotFoundError", "OptionError", "PipeflowError",
+        "RetryExhaustedError", "StageContractError", "StageError", "UnknownBackendError",
+        "WorkerCrashedError")},
+}
+
+_SUBMODULES = ("backends", "errors", "formats", "recipes", "testing")
+
 __all__ = [
+    "AccessDeniedError",
     "BackendError",
+    "CommandError",
     "ConfigError",
     "CorruptDataError",
     "DecodeError",
+    "EmptyShardError",
     "IncompleteSampleError",
+    "InvalidURLError",
     "MissingDependencyError",
     "ObjectInfo",
     "ObjectNotFoundError",
     "Opened",
+    "OptionError",
     "PipeflowError",
     "Pipeline",
     "Record",
+    "RetryExhaustedError",
+    "RetryPolicy",
     "RunContext",
     "Stage",
+    "StageContractError",
     "StageError",
     "Stats",
+    "UnknownBackendError",
+    "WorkerCrashedError",
+    "backends",
     "errors",
+    "formats",
     "from_items",
     "interleave",
     "list_objects",
     "mix",
+    "recipes",
+    "testing",
     "tfrecord_stream",
 ]
 
-_LAZY_SUBMODULES = ("backends", "formats", "recipes", "testing")
+if _TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ loads on demand
+    from . import backends, errors, formats, recipes, testing
+    from .backends._retry import RetryPolicy
+    from .errors import (
+        AccessDeniedError,
+        BackendError,
+        CommandError,
+        ConfigError,
+        CorruptDataError,
+        DecodeError,
+        EmptyShardError,
+        IncompleteSampleError,
+        InvalidURLError,
+        MissingDependencyError,
+        ObjectNotFoundError,
+        OptionError,
+        PipeflowError,
+        RetryExhaustedError,
+        StageContractError,
+        StageError,
+        UnknownBackendError,
+        WorkerCrashedError,
+    )
+    from .items import ObjectInfo, Opened, Record
+    from .pipeline import Pipeline, from_items, interleave, list_objects, mix, tfrecord_stream
+    from .run_context import RunContext
+    from .stages.base import Stage
+    from .stats import Stats
 
 
-def __getattr__(name: str) -> Any:
-    # pf.recipes.load(...) works without importing every recipe at `import pipeflow`
-    if name in _LAZY_SUBMODULES:
+def __getattr__(name: str) -> object:
+    import importlib
+
+    if name in _SUBMODULES:
         return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*__all__, "__version__"])

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -17,13 +19,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("pipeflow._cli.run", "run one recipe through a DataLoader and report throughput"),
     "recipes": ("pipeflow._cli.recipes", "list the named recipes"),
     "make-data": ("pipeflow._cli.make_data", "generate the articles' synthetic datasets"),
+    "convert": ("pipeflow._cli.convert", "turn a prefix of single-sample objects into tar/TFRecord shards"),
     "serve": ("pipeflow._cli.serve", "run a local S3-compatible server on 127.0.0.1"),
     "bench": ("pipeflow._cli.bench", "benchmark pipeflow against peer libraries"),
+    "cache": ("pipeflow._cli.cache", "list or clear the disk caches pipeflow keeps (ls, clear)"),
 }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="pipeflow", description="Streaming training data into PyTorch.")
+    parser.add_argument("--version", action="version", version=f"pipeflow {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = argv[0] if argv and argv[0] in COMMANDS else None
@@ -36,7 +43,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     module = importlib.import_module(COMMANDS[args.command][0])
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except BrokenPipeError:
+        # the reader went away (`pipeflow recipes | head`): stop quietly, as other tools do;
+        # point stdout at /dev/null so the interpreter's final flush cannot fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

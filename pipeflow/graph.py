@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._once import first_time
 from .errors import OptionError
 from .run_context import RunContext
 from .stages.base import Stage
@@ -28,9 +29,6 @@ __all__ = ["Node", "build", "find_sharder", "fingerprint", "format_value", "has_
            "short_labels", "validate", "walk"]
 
 log = logging.getLogger("pipeflow")
-_announced_auto_shard = False
-
-
 @dataclass(frozen=True)
 class Node:
     """One stage in a pipeline description."""
@@ -190,12 +188,11 @@ def build(node: Node, ctx: RunContext) -> Stage[Any]:
     inputs) is followed by a ``Sharder``, so each item is read by exactly one shard instead of
     being silently duplicated. Add ``shard_by_rank()`` yourself to choose the place.
     """
-    global _announced_auto_shard
     auto = ctx.num_shards > 1 and not has_sharder(node)
-    if auto and not _announced_auto_shard:
+    # one line for the whole run: from the first shard only, and once across worker processes
+    if auto and ctx.shard_index == 0 and first_time("auto_shard"):
         log.info("pipeflow: no shard_by_rank() in the pipeline; sharding each source across "
                  "%d ranks x workers automatically", ctx.num_shards)
-        _announced_auto_shard = True
     labels = short_labels(node)
     return _build(node, ctx, auto, labels, {})[0]
 

@@ -16,13 +16,16 @@ from typing import Any, Literal
 
 import torch.utils.data
 
+from ._checks import check_int
 from .formats.images import resolve_jpeg_decoder
 from .graph import Node, checks_options, draw, format_value, make_label, validate
 from .iterator import PipelineIterator
+from .sinks import shards as _shards
 from .stages.base import Stage
 from .stages.batch import Batcher
 from .stages.cache import Cacher
 from .stages.decode import Decoder
+from .stages.epoch import EpochSizer
 from .stages.equalize import Equalizer
 from .stages.fetch_batch import BatchFetcher
 from .stages.filter import Filterer
@@ -53,6 +56,8 @@ class Pipeline(torch.utils.data.IterableDataset):
     returns a new pipeline. The only mutable thing is the epoch (:meth:`set_epoch`), as with
     ``DistributedSampler``.
     """
+
+    _length: int | None = None
 
     def __init__(self, node: Node) -> None:
         super().__init__()
@@ -119,9 +124,10 @@ class Pipeline(torch.utils.data.IterableDataset):
         return self._then("prefetch", Prefetcher, size)
 
     @checks_options
-    def take(self, n: int) -> Pipeline:
-        """Stop after ``n`` items."""
-        return self._then("take", Taker, n)
+    def take(self, n: int, *, across: Literal["each", "all"] = "each") -> Pipeline:
+        """Stop after ``n`` items: in each process that iterates (``"each"``: every rank x
+        DataLoader worker takes ``n``), or ``n`` for the whole epoch (``"all"``)."""
+        return self._then("take", Taker, n, across=across)
 
     @checks_options
     def repeat(self, times: int | None = None) -> Pipeline:
@@ -186,10 +192,11 @@ class Pipeline(torch.utils.data.IterableDataset):
 
     @checks_options
     def read_tfrecord(self, *, check_crc: bool = True, parse_example: bool = True,
-                      on_error: Literal["raise", "skip"] = "raise") -> Pipeline:
+                      on_error: Literal["raise", "skip"] = "raise",
+                      compression: Literal["auto", "none", "gzip", "zlib"] = "auto") -> Pipeline:
         """Read opened TFRecord files; parse ``tf.train.Example`` records into dicts."""
         return self._then("read_tfrecord", TFRecordReader, check_crc=check_crc,
-                          parse_example=parse_example, on_error=on_error)
+                          parse_example=parse_example, on_error=on_error, compression=compression)
 
 
     # ---- recipes support (issue: recipes) -----------------------------------------------
@@ -216,6 +223,34 @@ class Pipeline(torch.utils.data.IterableDataset):
         """
         return self._then("equalize", Equalizer, total=total, per_shard=per_shard, mode=mode)
 
+    # ---- epoch length -------------------------------------------------------------------
+    @checks_options
+    def with_epoch(self, n: int) -> Pipeline:
+        """Exactly ``n`` items per rank and epoch, split over the DataLoader workers (cut short
+        or wrapped around); ``len()`` is then ``n``. See :mod:`pipeflow.stages.epoch`."""
+        return self._then("with_epoch", EpochSizer, n)
+
+    @checks_options
+    def with_length(self, n: int) -> Pipeline:
+        """The same pipeline with ``len()`` declared as ``n`` (items per rank); iteration is
+        unchanged, so the number is the caller's promise (``with_epoch`` makes it true)."""
+        check_int(n, "with_length(n)", low=0)
+        described = Pipeline(self._node)
+        described._length = n
+        return described
+
+    def __len__(self) -> int:
+        """Items per rank and epoch, when known: after ``with_epoch(n)`` or ``with_length(n)``."""
+        if self._length is not None:
+            return self._length
+        if self._node.stage is EpochSizer:
+            return int(self._node.args[0])
+        raise TypeError("the length of this pipeline is not known; set it with with_epoch(n) "
+                        "(exactly n items per rank) or with_length(n)")
+
+    def __bool__(self) -> bool:  # a pipeline is truthy even when len() is unknown or 0
+        return True
+
     # ---- running ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch used to reseed shuffles on the next iteration (like DistributedSampler)."""
@@ -223,6 +258,7 @@ class Pipeline(torch.utils.data.IterableDataset):
 
     @property
     def epoch(self) -> int:
+        """The epoch set by :meth:`set_epoch` (0 until then)."""
         return self._epoch
 
     def __iter__(self):  # type: ignore[override]
@@ -240,6 +276,19 @@ class Pipeline(torch.utils.data.IterableDataset):
         """Counters (skips, retries, ...) of the iterations run by this process, by stage: the
         keys are the short labels :meth:`explain` shows (``"decode"``, ``"map#2"``)."""
         return self._stats.snapshot()
+
+    @checks_options
+    def write_shards(self, url: str, *, format: Literal["tar", "tfrecord"] = "tar",
+                     max_size: int | None = 256 << 20, max_count: int | None = None,
+                     name: str = "shard-{index:06d}", workers: int = 4, backend: str | Any = None,
+                     overwrite: bool = False, progress: Callable[[int, int], None] | None = None,
+                     backend_options: dict[str, Any] | None = None) -> Any:
+        """Run the pipeline once and write its samples as tar or TFRecord shards under ``url``
+        (each shard atomic, a rerun continues an interrupted write, ``manifest.json`` beside
+        them); returns the :class:`~pipeflow.sinks.ShardManifest`. See docs/formats.md."""
+        return _shards.write_shards(self, url, format=format, max_size=max_size, max_count=max_count,
+                            name=name, workers=workers, backend=backend, overwrite=overwrite,
+                            progress=progress, backend_options=backend_options)
 
     def explain(self) -> str:
         """A text drawing of the stage graph: each stage's short label (the key of its counters
@@ -299,13 +348,14 @@ def interleave(pipelines: Sequence[Pipeline], *, stop: Literal["first", "all"] =
 
 # ---- formats: pipe-mode source -----------------------------------------------------------------
 @checks_options
-def tfrecord_stream(path: str, *, check_crc: bool = True, parse_example: bool = True) -> Pipeline:
+def tfrecord_stream(path: str, *, check_crc: bool = True, parse_example: bool = True,
+                    compression: Literal["auto", "none", "gzip", "zlib"] = "auto") -> Pipeline:
     """A pipeline over one continuous stream of TFRecords (a FIFO, as SageMaker Pipe mode
     delivers it, a pipe or a file). ``path`` may contain ``{epoch}``, ``{rank}``, ``{worker}``.
     """
     per_process = "{rank}" in str(path) or "{worker}" in str(path)
     cls = PerProcessTFRecordStream if per_process else TFRecordStream
-    kwargs = {"check_crc": check_crc, "parse_example": parse_example}
+    kwargs = {"check_crc": check_crc, "parse_example": parse_example, "compression": compression}
     validate(cls, 0, (path,), kwargs)
     return Pipeline(Node(cls, (path,), kwargs, (), make_label("tfrecord_stream", (path,), kwargs)))
 

@@ -55,6 +55,7 @@ class RunContext:
 
     @classmethod
     def detect(cls, epoch: int = 0, stats: Stats | None = None) -> RunContext:
+        """The context of the calling process: rank and world size, DataLoader worker id and count."""
         rank, world = detect_rank()
         worker_id, num_workers = _detect_worker()
         return cls(epoch=epoch, rank=rank, world_size=world, worker_id=worker_id,
@@ -67,8 +68,10 @@ class RunContext:
 
     @property
     def num_shards(self) -> int:
+        """The number of shards the data is split into: ranks times DataLoader workers."""
         return self.world_size * self.num_workers
 
     @property
     def in_dataloader_worker(self) -> bool:
+        """True inside a DataLoader worker process."""
         return self.num_workers > 1 or _detect_worker() != (0, 1)

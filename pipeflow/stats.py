@@ -20,6 +20,7 @@ class Stats:
         self._counts: Counter[tuple[str, str]] = Counter()
 
     def incr(self, stage: str, counter: str, n: int = 1) -> None:
+        """Add ``n`` to ``counter`` of ``stage`` (thread-safe)."""
         with self._lock:
             self._counts[(stage, counter)] += n
 

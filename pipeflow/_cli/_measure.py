@@ -38,14 +38,16 @@ class RunResult:
 
     @property
     def mean(self) -> float | None:
-        """Mean time per interval, without the first (warm-up) one, as in the articles."""
-        times = self.interval_times[1:] or self.interval_times
+        """Mean time per interval without the first (warm-up) one, as in the articles; None
+        with fewer than 2 intervals."""
+        times = self.interval_times[1:]
         return statistics.mean(times) if times else None
 
     @property
     def variance(self) -> float | None:
-        """Variance of the time per interval, without the first one (None with < 2 values)."""
-        times = self.interval_times[1:] if len(self.interval_times) > 2 else self.interval_times
+        """Variance of the time per interval without the first one; None with fewer than 3
+        intervals (two after the warm-up one)."""
+        times = self.interval_times[1:]
         return statistics.variance(times) if len(times) >= 2 else None
 
     @property

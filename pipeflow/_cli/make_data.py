@@ -29,13 +29,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import PipeflowError
+    from ..errors import ObjectNotFoundError, PipeflowError
     from ..testing.datagen import generate
 
     try:
         result = generate(args.layout, args.url, count=args.count, image_size=args.image_size,
                           seed=args.seed, shard_mb=args.shard_mb, progress=not args.quiet,
                           create_bucket=args.create_bucket)
+    except ObjectNotFoundError as exc:
+        hint = "; pass --create-bucket to create it" if exc.op == "head_bucket" else ""
+        print(f"pipeflow make-data: {exc}{hint}", file=sys.stderr)
+        return 2
     except PipeflowError as exc:
         print(f"pipeflow make-data: {exc}", file=sys.stderr)
         return 2

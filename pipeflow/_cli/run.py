@@ -67,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
 
     result = measure(pipeline, batch_size=batch_size, num_workers=args.num_workers, epochs=args.epochs,
                      steps=args.steps, report_every=args.report_every, on_report=report)
-    mean = "n/a" if result.mean is None else f"{result.mean:.4f}"
-    var = "n/a" if result.variance is None else f"{result.variance:.6f}"
+    mean = "n/a (needs 2 intervals)" if result.mean is None else f"{result.mean:.4f}"
+    var = "n/a (needs 3 intervals)" if result.variance is None else f"{result.variance:.6f}"
     cpu = "n/a (pip install psutil)" if result.cpu_percent is None else f"{result.cpu_percent:.1f}%"
     print(f"mean {mean} variance {var}  (seconds per {args.report_every} steps, first interval excluded)")
     print(f"{result.steps} steps, {result.samples} samples in {result.seconds:.2f} s: "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import shlex
 import signal
+import socket
+import sys
 import threading
 
 __all__ = ["add_arguments", "run"]
@@ -16,9 +18,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="create this bucket at start (repeatable)")
 
 
+def port_problem(port: int) -> str | None:
+    """Why the server could not listen on ``127.0.0.1:port``, or None when it can."""
+    if not 0 < port < 65536:
+        return f"--port must be between 1 and 65535, got {port}"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            return (f"cannot listen on 127.0.0.1:{port}: {exc.strerror or exc} "
+                    "(another program uses it; pick another --port, or omit it for a free one)")
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
+    from ..errors import PipeflowError
     from ..testing import local_s3
 
+    problem = None if args.port is None else port_problem(args.port)
+    if problem:
+        print(f"pipeflow serve: {problem}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -36,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
                         return 1
             except KeyboardInterrupt:
                 pass
+    except PipeflowError as exc:
+        print(f"pipeflow serve: {exc}", file=sys.stderr)
+        return 2
     finally:
         signal.signal(signal.SIGTERM, previous)
     print("# stopped")

@@ -164,6 +164,20 @@ class Boto3Backend(Backend):
         spool.seek(start)
         return spool  # type: ignore[return-value]
 
+    # ---- writing ---------------------------------------------------------------------------
+    def upload(self, path: str, url: str) -> None:
+        """Upload the local file ``path`` as ``url``. S3 makes an object visible only once its
+        PUT (or multipart upload, used above 64 MiB and aborted on failure) completes, so
+        readers never see a part of it."""
+        from boto3.s3.transfer import TransferConfig
+
+        loc = parse_s3_url(url, backend=self.name, op="upload")
+        client = self._client()
+        config = TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=64 << 20,
+                                max_concurrency=4)
+        self._call(lambda: client.upload_file(path, loc.bucket, loc.key, Config=config), url,
+                   "upload")
+
     def close(self) -> None:
         client, self._client_obj = self._client_obj, None
         if client is not None and hasattr(client, "close"):

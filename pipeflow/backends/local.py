@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
@@ -122,6 +125,31 @@ class LocalBackend(Backend):
                 return _read_n(fh, max(0, end - lo))
         except OSError as exc:
             raise self._error(exc, url, "read") from exc
+
+    def upload(self, path: str, url: str) -> None:
+        """Publish the local file ``path`` as ``url`` atomically: readers of ``url`` see the
+        previous file or the whole new one, never a part (a temporary file in the same
+        directory is renamed over it)."""
+        dest = local_path(url, backend=self.name, op="upload")
+        directory = os.path.dirname(dest) or "."
+        try:
+            os.makedirs(directory, exist_ok=True)
+            # not mkstemp: its files are 0600, and a published file should get the usual
+            # permissions (0666 less the umask), like any file this process writes
+            tmp = os.path.join(directory, f".upload-{secrets.token_hex(8)}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            try:
+                with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 20)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(tmp, dest)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        except OSError as exc:
+            raise self._error(exc, url, "upload") from exc
 
 
 def _read_n(fh: IO[bytes], n: int) -> bytes:

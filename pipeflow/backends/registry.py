@@ -136,12 +136,27 @@ def backend_class(name: str) -> type[Backend]:
     return cls
 
 
+#: schemes that only ever name remote stores; "s3:/x" is a typo for "s3://x", never a local path
+_REMOTE_SCHEMES = frozenset({"s3", "gs", "gcs", "az", "abfs", "abfss", "http", "https", "hf"})
+
+
+def _refuse_malformed_scheme(url: str) -> None:
+    head, sep, rest = url.partition(":")
+    scheme = head.lower()
+    if sep and (scheme in _REMOTE_SCHEMES or (scheme not in ("", "file") and scheme in _scheme_default)):
+        fixed = f"{head}://{rest.lstrip('/')}"
+        raise InvalidURLError(f"malformed URL: the scheme {head!r} must be followed by '://' "
+                              f"(did you mean {fixed!r}?)", url=url)
+
+
 def backend_for_url(url: str) -> str:
     """The default backend name for a URL's scheme (``s3://`` -> boto3, bare path -> local).
 
     Schemes without a registered default go to ``fsspec``, which knows many more protocols.
     """
     scheme = scheme_of(url)
+    if not scheme:
+        _refuse_malformed_scheme(url)
     name = _scheme_default.get(scheme)
     if name is not None:
         return name
@@ -160,7 +175,10 @@ def get_backend(name: str | Backend | None = None, *, url: str | None = None, **
         **options: the backend's options (fields of its ``Options`` dataclass).
 
     Raises:
-        UnknownBackendError, MissingDependencyError, InvalidURLError, ConfigError.
+        UnknownBackendError: no backend is registered under ``name``.
+        MissingDependencyError: the backend's SDK is not installed.
+        InvalidURLError: ``url`` is malformed or no backend handles its scheme.
+        ConfigError: an unknown or invalid option.
     """
     if isinstance(name, Backend):
         if options:

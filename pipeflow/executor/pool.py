@@ -11,27 +11,25 @@ process that started them (:mod:`.lifetime`), large results through shared memor
 from __future__ import annotations
 
 import itertools
-import logging
 import multiprocessing
 import os
 import threading
+import warnings
 from collections.abc import Callable, Hashable
 from concurrent.futures import Executor, Future, InvalidStateError, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Literal
 
 from .._checks import check_choice, check_int
+from .._once import first_time
 from .lifetime import arm_worker, pool_cache
 from .shm import available as shm_available
 from .shm import discard, pool_prefix, restore, run_task, sweep, sweep_dead_owners
 
 __all__ = ["WorkerPool", "lease_pool", "make_pool", "return_pool"]
 
-log = logging.getLogger("pipeflow")
-
 #: how long close() waits for busy process workers before terminating them
 PROCESS_GRACE_SECONDS = 5.0
 
-_warned_daemon = False
 _pool_ids = itertools.count()
 _BASE_PRELOAD = ("__main__", "pipeflow", "pipeflow.stages.map", "pipeflow.executor.lifetime")
 
@@ -65,20 +63,21 @@ class WorkerPool:
 
     def __init__(self, workers: int, method: Literal["thread", "process"], *, name: str = "pipeflow",
                  start_method: str | None = None, preload: tuple[str, ...] = ()) -> None:
-        global _warned_daemon
         check_int(workers, "workers", low=1)
         check_choice(method, "method", ("thread", "process"))
         if method == "process" and multiprocessing.current_process().daemon:
             # DataLoader workers are daemonic and may not start children: the DataLoader already
             # gives process parallelism, so threads are the sensible substitute.
-            if not _warned_daemon:
-                log.warning("pipeflow: %s runs inside a daemonic process (a DataLoader worker?); "
-                            "using threads instead of worker processes", name)
-                _warned_daemon = True
+            if first_time("process_fallback"):
+                warnings.warn(f"pipeflow: {name} runs inside a daemonic process (a DataLoader worker?), "
+                              "which may not start processes; using threads instead of worker "
+                              "processes", RuntimeWarning, stacklevel=2)
             method = "thread"
         self.method = method
         self.workers = workers
         self.name = name
+        #: the multiprocessing start method of process workers (None for threads)
+        self.start_method: str | None = None
         self._lock = threading.Lock()
         self._executor: Executor
         self._shm_prefix = ""
@@ -87,6 +86,7 @@ class WorkerPool:
         else:
             method_name = start_method or os.environ.get("PIPEFLOW_START_METHOD") or _default_start_method()
             ctx = multiprocessing.get_context(method_name)
+            self.start_method = method_name
             if method_name == "forkserver":
                 _preload_forkserver(ctx, preload)
             if shm_available():

@@ -23,6 +23,7 @@ from typing import Any, Literal, Protocol
 
 from ..errors import WorkerCrashedError
 from ..items import describe_item
+from ._bootstrap import crashed_error
 from .pool import WorkerPool, lease_pool, return_pool
 
 __all__ = ["Source", "Task", "Window"]
@@ -188,9 +189,12 @@ class Window:
         try:
             return self._pool.submit(self.fn, item)
         except BrokenProcessPool as exc:  # a worker died before this item was queued
-            raise WorkerCrashedError(
-                f"a worker process of {self.name} died (killed, out of memory or crashed); "
-                f"could not submit {describe_item(item)}") from exc
+            raise self.crashed(f"could not submit {describe_item(item)}") from exc
+
+    def crashed(self, detail: str) -> WorkerCrashedError:
+        """The error for a dead process worker (says when a missing main guard is the cause)."""
+        start_method = self._pool.start_method if self._pool is not None else None
+        return crashed_error(self.name, start_method, detail)
 
     # ---- position -------------------------------------------------------------------------
     def position(self, source: Source) -> tuple[dict[str, Any], list[int]]:

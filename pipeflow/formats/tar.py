@@ -9,6 +9,9 @@ the formats real shard writers produce:
 * POSIX ustar (with the ``prefix`` field), PAX extended headers (``x`` per member, ``g``
   global: ``path`` and ``size`` are honoured) and GNU long names (``L``) and long link names
   (``K``), base-256 sizes;
+* GNU sparse members, old GNU (type ``S``) and PAX 0.0, 0.1 and 1.0 (what
+  ``tar --sparse`` writes), expanded to the file's bytes with its holes as zeros, under the
+  file's real name, as :mod:`tarfile` gives them;
 * only regular files are yielded; directories, links, devices and FIFOs are skipped;
   zero-length members are yielded with ``b""``.
 
@@ -24,53 +27,36 @@ The module has no dependency on the rest of pipeflow's stages and can be used on
 
 from __future__ import annotations
 
-import bz2
-import lzma
-import zlib
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
+from .._io import read_exact
 from ..errors import CorruptDataError
+from ._compression import Decompressor, Prefixed, sniff
 
 __all__ = ["BLOCK", "TarMember", "iter_tar", "open_decompressed"]
 
 BLOCK = 512
-_CHUNK = 1 << 20          # read size for decompression and large members
-_MAX_READ = 1 << 26       # never ask a stream for more than this at once (file.read(n) preallocates n)
-_READAHEAD = 1 << 18      # plain streams are read at least this much at a time
 _MAX_SIZE = 1 << 44       # a member larger than 16 TiB is a corrupt size field
+#: a sparse member is expanded in memory; beyond this real size it is refused, not inflated
+MAX_SPARSE_SIZE = 1 << 32
 
-_GZIP_MAGIC = b"\x1f\x8b"
-_BZ2_MAGIC = b"BZh"
-_XZ_MAGIC = b"\xfd7zXZ\x00"
-
-_REGULAR = (b"0", b"\x00", b"7")
+_REGULAR = (b"0", b"\x00", b"7", b"S")
 _SKIPPED_NO_DATA = (b"1", b"2", b"3", b"4", b"5", b"6")   # links, devices, dirs, fifos: no data
+_EXTENDED = (b"x", b"g", b"L", b"K")
+_NONE: dict[str, bytes] = {}  # the PAX fields of a member without any (never modified)
 
 
-class TarMember(tuple):
-    """``(name, data, offset)``: a regular file from the archive.
+class TarMember(NamedTuple):
+    """A regular file from the archive.
 
     ``offset`` is the byte offset in the uncompressed tar stream of the member's first header
     (its PAX or GNU long-name header, if it has one).
     """
 
-    __slots__ = ()
-
-    def __new__(cls, name: str, data: bytes, offset: int) -> TarMember:
-        return tuple.__new__(cls, (name, data, offset))
-
-    @property
-    def name(self) -> str:
-        return self[0]
-
-    @property
-    def data(self) -> bytes:
-        return self[1]
-
-    @property
-    def offset(self) -> int:
-        return self[2]
+    name: str
+    data: bytes
+    offset: int
 
 
 def _corrupt(message: str, url: str, member: str | None = None, offset: int | None = None
@@ -84,163 +70,23 @@ def _corrupt(message: str, url: str, member: str | None = None, offset: int | No
     return CorruptDataError(text, stage="untar", key=url)
 
 
-class _Decompressor:
-    """A ``read(n)`` view of a compressed stream, decompressed on the fly.
-
-    Output is produced at most ``_CHUNK`` bytes beyond what was asked for, so a small
-    compressed stream that inflates to gigabytes (a "bomb") cannot exhaust memory by itself.
-    Concatenated members (``cat a.gz b.gz``) are decoded one after another.
-    """
-
-    def __init__(self, raw: IO[bytes], head: bytes, kind: str, url: str) -> None:
-        self._raw = raw
-        self._kind = kind
-        self._url = url
-        self._dec: Any = self._new()
-        self._input = head            # compressed bytes read but not yet fed
-        self._need_input = True
-        self._buf = bytearray()
-        self._pos = 0                 # compressed bytes read from the raw stream
-
-    def _new(self) -> Any:
-        if self._kind == "gzip":
-            return zlib.decompressobj(wbits=31)
-        if self._kind == "bz2":
-            return bz2.BZ2Decompressor()
-        return lzma.LZMADecompressor()
-
-    def _error(self, message: str) -> CorruptDataError:
-        return _corrupt(f"{self._kind} stream {message}", self._url, offset=self._pos)
-
-    def _raw_read(self) -> bytes:
-        data = self._raw.read(_CHUNK) or b""
-        self._pos += len(data)
-        return data
-
-    def _fill(self, want: int) -> None:
-        while len(self._buf) < want:
-            if self._dec is None:  # between members of a multi-member stream
-                data = self._input or self._raw_read()
-                self._input = b""
-                if not data:
-                    return  # clean end of stream
-                if data.count(0) == len(data):
-                    continue  # zero padding after the last member (as gzip(1) allows)
-                if not data.startswith(_MAGICS[self._kind][: len(data)]):
-                    raise self._error("has trailing garbage after a complete member")
-                self._dec = self._new()
-                self._input = data
-                self._need_input = True
-            if self._need_input:
-                data = self._input or self._raw_read()
-                self._input = b""
-                if not data:
-                    if self._kind == "gzip":
-                        self._buf += self._dec.flush()
-                        if self._dec.eof:
-                            self._dec = None
-                            continue
-                    raise self._error("is truncated")
-            else:
-                data = getattr(self._dec, "unconsumed_tail", b"")
-            try:
-                self._buf += self._dec.decompress(data, max(want - len(self._buf), _CHUNK))
-            except (zlib.error, OSError, lzma.LZMAError, EOFError, ValueError) as exc:
-                raise self._error(f"is corrupt: {exc}") from exc
-            if self._dec.eof:
-                self._input = self._dec.unused_data
-                self._dec = None
-            elif self._kind == "gzip":
-                self._need_input = not self._dec.unconsumed_tail
-            else:
-                self._need_input = self._dec.needs_input
-
-    def read(self, n: int) -> bytes:
-        if len(self._buf) < n:
-            self._fill(n)
-        out = bytes(self._buf[:n])
-        del self._buf[:n]
-        return out
-
-    def finish(self) -> None:
-        """Decode to the end of the stream so the trailing checksums are verified."""
-        while True:
-            self._buf.clear()
-            self._fill(_CHUNK)
-            if not self._buf:
-                return
-
-
-_MAGICS = {"gzip": _GZIP_MAGIC, "bz2": _BZ2_MAGIC, "xz": _XZ_MAGIC}
-
-
 def open_decompressed(stream: IO[bytes], url: str = "") -> tuple[Any, str]:
     """Return ``(readable, kind)`` where ``kind`` is ``"tar"``, ``"gzip"``, ``"bz2"`` or ``"xz"``.
 
     The compression is detected from the first bytes, so the stream need not be seekable.
     An empty stream raises :class:`CorruptDataError`.
     """
-    head = _read_exact(stream, 6)
+    head = read_exact(stream, 6)
     if not head:
         raise _corrupt("empty archive (0 bytes)", url, offset=0)
-    if head.startswith(_GZIP_MAGIC):
-        return _Decompressor(stream, head, "gzip", url), "gzip"
-    if head.startswith(_BZ2_MAGIC):
-        return _Decompressor(stream, head, "bz2", url), "bz2"
-    if head.startswith(_XZ_MAGIC):
-        return _Decompressor(stream, head, "xz", url), "xz"
-    return _Prefixed(stream, head), "tar"
+    kind = sniff(head)
+    if kind is None:
+        return Prefixed(stream, head), "tar"
 
+    def error(message: str, offset: int) -> CorruptDataError:
+        return _corrupt(message, url, offset=offset)
 
-class _Prefixed:
-    """A plain stream read in large blocks, with already-read bytes pushed back in front.
-
-    Tar members are read as header, data and padding: three small reads per member. On a
-    network stream each read is a trip through the SDK and the retry layer, so reads smaller
-    than ``_READAHEAD`` are served from one large block instead.
-    """
-
-    def __init__(self, raw: IO[bytes], head: bytes) -> None:
-        self._raw = raw
-        self._buf = bytearray(head)
-        self._pos = 0
-
-    def read(self, n: int) -> bytes:
-        available = len(self._buf) - self._pos
-        if available >= n:
-            start = self._pos
-            self._pos += n
-            return bytes(self._buf[start:self._pos])
-        parts = [bytes(self._buf[self._pos:])] if available else []
-        self._buf = bytearray()
-        self._pos = 0
-        want = n - available
-        if want >= _READAHEAD:  # large members go straight through, without a copy
-            parts.append(_read_exact(self._raw, want))
-            return b"".join(parts)
-        block = _read_exact(self._raw, _READAHEAD)
-        take = block[:want]
-        parts.append(take)
-        self._buf = bytearray(block[len(take):])
-        return b"".join(parts)
-
-
-def _read_exact(stream: Any, n: int) -> bytes:
-    """Read ``n`` bytes, looping over short reads; fewer only at end of stream."""
-    data = stream.read(min(n, _MAX_READ))
-    if data is None:
-        data = b""
-    if len(data) == n or not data:
-        return bytes(data)
-    parts = [data]
-    got = len(data)
-    while got < n:
-        chunk = stream.read(min(n - got, _MAX_READ))
-        if not chunk:
-            break
-        parts.append(chunk)
-        got += len(chunk)
-    return b"".join(parts)
+    return Decompressor(stream, head, kind, error), kind
 
 
 def _nts(field: bytes) -> bytes:
@@ -273,8 +119,9 @@ def _checksum_ok(header: bytes, url: str, offset: int) -> bool:
     return stored == unsigned - 256 * sum(1 for b in body if b > 127)
 
 
-def _parse_pax(data: bytes, url: str, offset: int) -> dict[str, bytes]:
-    fields: dict[str, bytes] = {}
+def _parse_pax(data: bytes, url: str, offset: int) -> list[tuple[str, bytes]]:
+    """The records of a PAX header in order (a key may repeat: GNU sparse 0.0 maps do)."""
+    records: list[tuple[str, bytes]] = []
     pos = 0
     while pos < len(data):
         if data[pos] == 0:  # some writers pad with NULs
@@ -291,13 +138,241 @@ def _parse_pax(data: bytes, url: str, offset: int) -> dict[str, bytes]:
                 or b"=" not in record:
             raise _corrupt("malformed PAX header record", url, offset=offset)
         key, _, value = record[:-1].partition(b"=")
-        fields[key.decode("utf-8", "surrogateescape")] = value
+        records.append((key.decode("utf-8", "surrogateescape"), value))
         pos += length
-    return fields
+    return records
 
 
 def _decode_name(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
+
+
+class _Sparse:
+    """Where the data blocks of a sparse member go: ``[(offset, size), ...]`` in a file of
+    ``real_size`` bytes. ``map_in_data`` (PAX 1.0) means the map precedes the data blocks."""
+
+    def __init__(self, real_size: int, chunks: list[tuple[int, int]] | None,
+                 map_in_data: bool = False) -> None:
+        self.real_size = real_size
+        self.chunks = chunks or []
+        self.map_in_data = map_in_data
+
+
+def _int_field(value: bytes, what: str, url: str, offset: int) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise _corrupt(f"bad {what} {value!r} in a sparse member's PAX header", url,
+                       offset=offset) from None
+    if number < 0:
+        raise _corrupt(f"negative {what} in a sparse member's PAX header", url, offset=offset)
+    return number
+
+
+def _pax_sparse(records: list[tuple[str, bytes]], url: str, offset: int) -> _Sparse | None:
+    """The sparse layout a member's PAX records describe (GNU 0.0, 0.1 or 1.0), or None."""
+    fields = dict(records)
+    if not any(key.startswith("GNU.sparse.") for key in fields):
+        return None
+    if "GNU.sparse.major" in fields:
+        version = b".".join((fields["GNU.sparse.major"], fields.get("GNU.sparse.minor", b"?")))
+        if version != b"1.0":
+            raise _corrupt("unsupported GNU sparse format version "
+                           f"{version.decode(errors='replace')}", url, offset=offset)
+        real = fields.get("GNU.sparse.realsize", fields.get("GNU.sparse.size"))
+        if real is None:
+            raise _corrupt("sparse member without GNU.sparse.realsize", url, offset=offset)
+        return _Sparse(_int_field(real, "real size", url, offset), None, map_in_data=True)
+    if "GNU.sparse.size" not in fields:
+        raise _corrupt("sparse member without GNU.sparse.size", url, offset=offset)
+    real_size = _int_field(fields["GNU.sparse.size"], "real size", url, offset)
+    if "GNU.sparse.map" in fields:  # 0.1: one comma-separated list
+        numbers = [_int_field(v, "sparse map entry", url, offset)
+                   for v in fields["GNU.sparse.map"].split(b",") if v]
+    else:  # 0.0: repeated offset/numbytes records, in order
+        numbers = [_int_field(v, "sparse map entry", url, offset) for k, v in records
+                   if k in ("GNU.sparse.offset", "GNU.sparse.numbytes")]
+    if len(numbers) % 2:
+        raise _corrupt("sparse map has an odd number of entries", url, offset=offset)
+    return _Sparse(real_size, list(zip(numbers[::2], numbers[1::2], strict=True)))
+
+
+def _expand_sparse(sparse: _Sparse, stored: bytes, url: str, name: str, offset: int) -> bytes:
+    """The file a sparse member describes: its data blocks placed at their offsets, zeros between."""
+    if sparse.real_size > MAX_SPARSE_SIZE:
+        raise _corrupt(f"sparse member expands to {sparse.real_size} bytes, more than the "
+                       f"{MAX_SPARSE_SIZE} pipeflow expands in memory", url, member=name,
+                       offset=offset)
+    out = bytearray(sparse.real_size)
+    pos = 0
+    end = 0
+    for start, size in sparse.chunks:
+        if start < end or start + size > sparse.real_size or pos + size > len(stored):
+            raise _corrupt("sparse member has an invalid sparse map", url, member=name,
+                           offset=offset)
+        out[start:start + size] = stored[pos:pos + size]
+        pos += size
+        end = start + size
+    if pos != len(stored):
+        raise _corrupt(f"sparse member's map covers {pos} of its {len(stored)} stored bytes",
+                       url, member=name, offset=offset)
+    return bytes(out)
+
+
+def _split_map_block(data: bytes, url: str, name: str, offset: int
+                     ) -> tuple[list[tuple[int, int]], bytes]:
+    """PAX 1.0: parse the decimal sparse map at the start of the data; return (map, rest)."""
+    numbers: list[int] = []
+    pos = 0
+    count = None
+    while count is None or len(numbers) < 2 * count:
+        nl = data.find(b"\n", pos)
+        if nl < 0 or nl - pos > 20:
+            raise _corrupt("sparse member's map is truncated or malformed", url, member=name,
+                           offset=offset)
+        try:
+            value = int(data[pos:nl])
+        except ValueError:
+            raise _corrupt("sparse member's map is malformed", url, member=name,
+                           offset=offset) from None
+        if count is None:
+            count = value
+        else:
+            numbers.append(value)
+        pos = nl + 1
+    map_end = (pos + BLOCK - 1) // BLOCK * BLOCK
+    return list(zip(numbers[::2], numbers[1::2], strict=True)), data[map_end:]
+
+
+class _Reader:
+    """The state of one forward pass over an archive: position, pending extended headers."""
+
+    def __init__(self, stream: IO[bytes], url: str) -> None:
+        self.stream, _kind = open_decompressed(stream, url)
+        self.url = url
+        self.offset = 0
+        self.global_pax: dict[str, bytes] = {}
+        self.pending_pax: list[tuple[str, bytes]] = []
+        self.long_name: bytes | None = None
+        self.entry_start: int | None = None  # first header of the current entry
+
+    def read(self, n: int, what: str, member: str | None = None) -> bytes:
+        data = read_exact(self.stream, n)
+        if len(data) < n:
+            raise _corrupt(f"{what} is truncated ({len(data)} of {n} bytes)", self.url,
+                           member=member, offset=self.offset)
+        return data
+
+    def header(self) -> bytes | None:
+        """The next header block, or None at the end-of-archive block."""
+        header = read_exact(self.stream, BLOCK)
+        if len(header) < BLOCK:
+            if not header and self.offset > 0:
+                raise _corrupt("archive ends without an end-of-archive block (truncated?)",
+                               self.url, offset=self.offset)
+            raise _corrupt(f"truncated tar header ({len(header)} of {BLOCK} bytes)",
+                           self.url, offset=self.offset)
+        if header.count(0) == BLOCK:
+            # For compressed streams, decode the rest so the gzip/bz2/xz checksums are
+            # verified: the tar format itself has no data checksum.
+            finish = getattr(self.stream, "finish", None)
+            if finish is not None:
+                finish()
+            return None
+        if not _checksum_ok(header, self.url, self.offset):
+            raise _corrupt("tar header checksum mismatch (corrupt or not a tar archive)",
+                           self.url, offset=self.offset)
+        if self.entry_start is None:
+            self.entry_start = self.offset
+        return header
+
+    def size_of(self, header: bytes, fields: dict[str, bytes]) -> int:
+        size = _number(header[124:136], "size", self.url, self.offset)
+        if "size" in fields:
+            try:
+                size = int(fields["size"])
+            except ValueError:
+                raise _corrupt("bad PAX size", self.url, offset=self.offset) from None
+        if size < 0 or size > _MAX_SIZE:
+            raise _corrupt(f"impossible member size {size}", self.url, offset=self.offset)
+        return size
+
+    def extended(self, typeflag: bytes, size: int) -> None:
+        """Read a PAX (``x``/``g``) or GNU long-name (``L``/``K``) header's data."""
+        padded = (size + BLOCK - 1) // BLOCK * BLOCK
+        data = self.read(padded, "extended header")[:size]
+        if typeflag == b"x":
+            self.pending_pax = _parse_pax(data, self.url, self.offset)
+        elif typeflag == b"g":
+            self.global_pax.update(_parse_pax(data, self.url, self.offset))
+        elif typeflag == b"L":
+            self.long_name = _nts(data)
+        self.offset += BLOCK + padded
+
+    def name_of(self, header: bytes, fields: dict[str, bytes]) -> str:
+        if "GNU.sparse.name" in fields:  # the real name of a PAX 0.1/1.0 sparse member
+            return _decode_name(fields["GNU.sparse.name"])
+        if "path" in fields:
+            return _decode_name(fields["path"])
+        if self.long_name is not None:
+            return _decode_name(self.long_name)
+        raw = _nts(header[0:100])
+        prefix = _nts(header[345:500]) if header[257:263] == b"ustar\x00" else b""
+        return _decode_name(prefix + b"/" + raw if prefix else raw)
+
+    def gnu_sparse(self, header: bytes, name: str) -> _Sparse:
+        """Old GNU (type ``S``): 4 map entries in the header, 21 in each extension block
+        that follows it (read here, so ``offset`` moves past them)."""
+        chunks = self._sparse_entries(header[386:482], 4)
+        extended = header[482]
+        real_size = _number(header[483:495], "real size", self.url, self.offset)
+        while extended:
+            block = self.read(BLOCK, "sparse extension header", member=name)
+            chunks += self._sparse_entries(block[:504], 21)
+            extended = block[504]
+            self.offset += BLOCK
+        return _Sparse(real_size, chunks)
+
+    def _sparse_entries(self, raw: bytes, count: int) -> list[tuple[int, int]]:
+        entries = []
+        for i in range(count):
+            field = raw[i * 24:(i + 1) * 24]
+            start = _number(field[:12], "sparse offset", self.url, self.offset)
+            size = _number(field[12:], "sparse size", self.url, self.offset)
+            if size:
+                entries.append((start, size))
+        return entries
+
+
+def _read_member(reader: _Reader, header: bytes, typeflag: bytes, fields: dict[str, bytes],
+                 sparse: _Sparse | None, name: str) -> bytes | None:
+    """Read one entry's data (and padding); None for an entry that is not a regular file."""
+    size = reader.size_of(header, fields)
+    header_offset = reader.offset
+    if typeflag == b"M":
+        raise _corrupt("unsupported GNU multi-volume member", reader.url, member=name,
+                       offset=header_offset)
+    is_regular = typeflag in _REGULAR and not (typeflag == b"\x00" and name.endswith("/"))
+    reader.offset += BLOCK
+    if not is_regular and (typeflag in _SKIPPED_NO_DATA or typeflag == b"\x00"):
+        return None  # no data blocks follow these (as tarfile assumes)
+    if typeflag == b"S":
+        sparse = reader.gnu_sparse(header, name)
+    padded = (size + BLOCK - 1) // BLOCK * BLOCK
+    data = read_exact(reader.stream, size)
+    if len(data) < size:
+        raise _corrupt(f"member is truncated ({len(data)} of {size} bytes)", reader.url,
+                       member=name, offset=header_offset)
+    if padded > size:
+        reader.read(padded - size, "member padding", member=name)
+    reader.offset += padded
+    if not is_regular:
+        return None  # unknown type with data (e.g. a vendor extension): skipped like tarfile
+    if sparse is None:
+        return data
+    if sparse.map_in_data:
+        sparse.chunks, data = _split_map_block(data, reader.url, name, header_offset)
+    return _expand_sparse(sparse, data, reader.url, name, header_offset)
 
 
 def iter_tar(stream: IO[bytes], url: str = "", *, skip: int = 0) -> Iterator[TarMember]:
@@ -313,95 +388,27 @@ def iter_tar(stream: IO[bytes], url: str = "", *, skip: int = 0) -> Iterator[Tar
         :class:`TarMember` ``(name, data, offset)`` tuples.
 
     Raises:
-        CorruptDataError: the archive is empty, truncated, has a bad header or a broken
-            compressed stream. The message names ``url`` and the member or byte offset.
+        CorruptDataError: the archive is empty, truncated, has a bad header, a sparse member
+            whose map does not fit its data, or a broken compressed stream. The message names
+            ``url`` and the member or byte offset.
     """
-    reader, _kind = open_decompressed(stream, url)
-    offset = 0
-    global_pax: dict[str, bytes] = {}
-    pending_pax: dict[str, bytes] = {}
-    long_name: bytes | None = None
+    reader = _Reader(stream, url)
     to_skip = skip
-    entry_start: int | None = None  # first header of the current entry (extended headers too)
-    while True:
-        header = _read_exact(reader, BLOCK)
-        if len(header) < BLOCK:
-            if not header and offset > 0:
-                raise _corrupt("archive ends without an end-of-archive block (truncated?)",
-                               url, offset=offset)
-            raise _corrupt(f"truncated tar header ({len(header)} of {BLOCK} bytes)",
-                           url, offset=offset)
-        if header.count(0) == BLOCK:
-            # End of archive. For compressed streams, decode the rest so the gzip/bz2/xz
-            # checksums are verified: the tar format itself has no data checksum.
-            finish = getattr(reader, "finish", None)
-            if finish is not None:
-                finish()
-            return
-        if not _checksum_ok(header, url, offset):
-            raise _corrupt("tar header checksum mismatch (corrupt or not a tar archive)",
-                           url, offset=offset)
+    while (header := reader.header()) is not None:
         typeflag = header[156:157]
-        if entry_start is None:
-            entry_start = offset
-        size = _number(header[124:136], "size", url, offset)
-        fields = {**global_pax, **pending_pax}
-        if "size" in fields:
-            try:
-                size = int(fields["size"])
-            except ValueError:
-                raise _corrupt("bad PAX size", url, offset=offset) from None
-        if size < 0 or size > _MAX_SIZE:
-            raise _corrupt(f"impossible member size {size}", url, offset=offset)
-        data_offset = offset + BLOCK
-        padded = (size + BLOCK - 1) // BLOCK * BLOCK
-
-        if typeflag in (b"x", b"g", b"L", b"K"):
-            data = _read_exact(reader, padded)
-            if len(data) < padded:
-                raise _corrupt("truncated extended header", url, offset=offset)
-            data = data[:size]
-            if typeflag == b"x":
-                pending_pax = _parse_pax(data, url, offset)
-            elif typeflag == b"g":
-                global_pax.update(_parse_pax(data, url, offset))
-            elif typeflag == b"L":
-                long_name = _nts(data)
-            offset = data_offset + padded
+        pending = reader.pending_pax
+        fields = {**reader.global_pax, **dict(pending)} if pending or reader.global_pax else _NONE
+        if typeflag in _EXTENDED:
+            reader.extended(typeflag, reader.size_of(header, fields))
             continue
-
-        if "path" in fields:
-            name = _decode_name(fields["path"])
-        elif long_name is not None:
-            name = _decode_name(long_name)
-        else:
-            raw = _nts(header[0:100])
-            prefix = _nts(header[345:500]) if header[257:263] == b"ustar\x00" else b""
-            name = _decode_name(prefix + b"/" + raw if prefix else raw)
-        pending_pax = {}
-        long_name = None
-        member_offset, entry_start = entry_start, None
-
-        is_regular = typeflag in _REGULAR and not (typeflag == b"\x00" and name.endswith("/"))
-        if typeflag in (b"S", b"M"):
-            raise _corrupt(f"unsupported GNU {'sparse' if typeflag == b'S' else 'multi-volume'}"
-                           " member", url, member=name, offset=offset)
-        if not is_regular and (typeflag in _SKIPPED_NO_DATA or typeflag == b"\x00"):
-            offset = data_offset  # no data blocks follow these (as tarfile assumes)
+        sparse = _pax_sparse(pending, url, reader.offset) if pending else None
+        name = reader.name_of(header, fields)
+        member_offset = reader.entry_start
+        reader.pending_pax, reader.long_name, reader.entry_start = [], None, None
+        data = _read_member(reader, header, typeflag, fields, sparse, name)
+        if data is None:
             continue
-        data = _read_exact(reader, size)
-        if len(data) < size:
-            raise _corrupt(f"member is truncated ({len(data)} of {size} bytes)",
-                           url, member=name, offset=offset)
-        pad = padded - size
-        if pad:
-            got = len(_read_exact(reader, pad))
-            if got < pad:
-                raise _corrupt("member padding is truncated", url, member=name, offset=offset)
-        offset = data_offset + padded
-        if not is_regular:
-            continue  # unknown type with data (e.g. a vendor extension): skipped like tarfile
         if to_skip:
             to_skip -= 1
             continue
-        yield TarMember(name, data, member_offset)
+        yield TarMember(name, data, member_offset if member_offset is not None else 0)

@@ -7,11 +7,9 @@ one, so recipes pickle into DataLoader workers under any start method.
 from __future__ import annotations
 
 import functools
-import hashlib
-import os
-import tempfile
 from typing import Any
 
+from .._usercache import dataset_cache_dir
 from ..errors import ConfigError
 from ..pipeline import Pipeline
 
@@ -72,9 +70,9 @@ def preprocess_002(pipeline: Pipeline, *, enabled: bool, size: int = PREPROCESS_
 
 
 def default_cache_dir(url: str) -> str:
-    """A per-dataset cache directory under the system temporary directory."""
-    digest = hashlib.sha256(url.encode()).hexdigest()[:16]
-    return os.path.join(tempfile.gettempdir(), "pipeflow-cache", digest)
+    """A per-dataset cache directory under the user's cache directory
+    (``$XDG_CACHE_HOME/pipeflow/datasets/<hash of url>``), listed by ``pipeflow cache ls``."""
+    return dataset_cache_dir(url)
 
 
 #: a shuffle buffer that holds every URL of a listing: a full permutation per epoch

@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 from .._rng import derive_seed
+from ..backends import get_backend
 from ..items import Opened
 from ..stages.base import Stage
 
@@ -87,8 +88,6 @@ class PipeModeChannel(Stage[Opened]):
     def next(self) -> Opened:
         if self._done or self.context.shard_index != 0:
             raise StopIteration
-        from ..backends import get_backend
-
         backend = get_backend(self.backend_spec, url=self.url)
         urls = self._urls(backend)
         read_fd, write_fd = os.pipe()

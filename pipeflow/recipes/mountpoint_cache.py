@@ -1,10 +1,18 @@
 """mountpoint-cache (article 002): Mountpoint with its local data cache: the first epoch reads
 every object and keeps a copy on local disk (LRU beyond ``max_bytes``); later epochs are served
 from the cache and send no GET. Give it the mounted directory, or an ``s3://`` prefix to read
-misses straight from S3 (the cache then stands in for Mountpoint)."""
+misses straight from S3 (the cache then stands in for Mountpoint).
+
+The cache stays on disk after the run, so a second run starts warm: by default under the user's
+cache directory (``$XDG_CACHE_HOME/pipeflow/datasets/``, one directory per dataset URL). Where it
+is and how much it holds is printed when the pipeline is built; ``pipeflow cache ls`` lists the
+caches and ``pipeflow cache clear`` removes them."""
 
 from __future__ import annotations
 
+import sys
+
+from .._usercache import human_bytes, register, usage
 from ..pipeline import Pipeline
 from . import RecipeInfo
 from ._common import PREPROCESS_BATCH, default_cache_dir, random_access_chain
@@ -22,8 +30,17 @@ def build(url: str, *, seed: int = 0, workers: int = 16, preprocess: bool = Fals
     """Args: ``url`` the mounted directory or an ``s3://`` prefix; ``seed`` the permutation
     seed; ``workers`` reads in flight per DataLoader worker; ``preprocess`` decode, resize to
     224x224 and batch 128; ``cache_dir`` the cache directory (default: one per dataset under
-    the temporary directory); ``max_bytes`` the cache budget (default 10 GiB)."""
+    ``$XDG_CACHE_HOME/pipeflow/datasets``, kept between runs); ``max_bytes`` the cache budget
+    (default 10 GiB)."""
     backend = "local" if not url.startswith("s3://") else None
-    cache = (cache_dir or default_cache_dir(url), max_bytes)
-    return random_access_chain(url, backend, seed=seed, workers=workers, preprocess=preprocess,
-                               cache=cache)
+    directory = cache_dir or default_cache_dir(url)
+    pipeline = random_access_chain(url, backend, seed=seed, workers=workers, preprocess=preprocess,
+                                   cache=(directory, max_bytes))
+    if cache_dir is None:
+        register(directory, url, max_bytes)
+    nbytes, files = usage(directory)
+    # a cache that outlives the run is a surprise unless it is announced
+    print(f"mountpoint-cache: caching {url} in {directory}: {human_bytes(nbytes)} in {files} files "
+          f"now, budget {human_bytes(max_bytes)}; kept after the run (`pipeflow cache ls`, "
+          "`pipeflow cache clear`)", file=sys.stderr)
+    return pipeline

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import IO, Any, Literal
 
 from .._checks import check_choice
-from ..errors import BackendError, ConfigError, CorruptDataError, PipeflowError
+from ..errors import BackendError, ConfigError, CorruptDataError, ObjectNotFoundError, PipeflowError
 from ..items import Opened, Record
 from .base import SOURCES_KEY, Stage
 
@@ -45,8 +45,6 @@ def as_stream(item: Any, stage: str) -> tuple[str, IO[bytes], bool]:
         try:
             return path, open(path, "rb"), True  # noqa: SIM115 - closed by the stage
         except FileNotFoundError as exc:
-            from ..errors import ObjectNotFoundError
-
             raise ObjectNotFoundError(str(exc), url=path, backend="local", op="open") from exc
     raise ConfigError(f"{stage}() needs opened objects (Opened(url, stream), (url, stream), "
                       f"a Record or a local path), got {type(item).__name__}")

@@ -161,17 +161,19 @@ class Rewind:
     error ended ``next()`` (a half-built batch, the item a function failed on), without saving
     the source's state for every item.
 
-    The source's state is taken every ``every`` pulls (and whenever the stage reports its
-    position anyway); the items pulled since are counted. After an error the state is that
-    anchor plus how many of those items were delivered, under :data:`REPLAY_KEY`; resuming
-    pulls and drops them again (:meth:`replay`), which costs at most ``every`` upstream items,
-    once.
+    The source's state is taken at an item boundary (:meth:`boundary`) once ``EVERY`` items
+    were pulled since the last time, and whenever the stage reports its position anyway; the
+    items pulled since are counted. After an error the state is that anchor plus how many of
+    those items were delivered, under :data:`REPLAY_KEY`; resuming pulls and drops them again
+    (:meth:`replay`), which costs at most about ``EVERY`` upstream items, once.
     """
 
-    __slots__ = ("anchor", "every", "since")
+    #: pulls between two saved source states
+    EVERY = 1024
 
-    def __init__(self, every: int = 1024) -> None:
-        self.every = every
+    __slots__ = ("anchor", "since")
+
+    def __init__(self) -> None:
         self.anchor: dict[str, Any] = {}
         self.since = 0
 
@@ -185,9 +187,12 @@ class Rewind:
         self.anchor = source.state_dict()
         self.since = 0
 
-    def pull(self, source: Stage[Any]) -> Any:
-        if self.since >= self.every:
+    def boundary(self, source: Stage[Any]) -> None:
+        """Nothing pulled is undelivered now: take a new anchor if the last one is old."""
+        if self.since >= self.EVERY:
             self.restart(source)
+
+    def pull(self, source: Stage[Any]) -> Any:
         item = next(source)
         self.since += 1
         return item

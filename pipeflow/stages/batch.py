@@ -5,17 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from torch.utils.data import default_collate
+
 from .._checks import check_int
 from ..errors import ConfigError
 from .base import SOURCES_KEY, Rewind, Stage
 
 __all__ = ["Batcher"]
-
-
-def _default_collate(batch: list[Any]) -> Any:
-    from torch.utils.data import default_collate
-
-    return default_collate(batch)
 
 
 class Batcher(Stage[Any]):
@@ -38,7 +34,7 @@ class Batcher(Stage[Any]):
         super().__init__(source)
         check_int(size, "batch(size=...)", low=1)
         if collate is True:
-            collate = _default_collate
+            collate = default_collate
         elif collate is not False and not callable(collate):
             raise ConfigError(f"batch(collate=...) must be a bool or a callable, got {collate!r}")
         self._size = size
@@ -56,6 +52,7 @@ class Batcher(Stage[Any]):
         batch: list[Any] = []
         source, size, rewind = self.source, self._size, self._rewind
         self._undelivered = 0
+        rewind.boundary(source)
         try:
             while len(batch) < size:
                 batch.append(rewind.pull(source))

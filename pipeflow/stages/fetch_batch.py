@@ -28,6 +28,7 @@ from typing import Any, Literal, Protocol
 
 from .._checks import check_bool, check_choice, check_int
 from ..backends.base import Backend
+from ..backends.registry import backend_class, get_backend, known_backends
 from ..errors import BackendError, ConfigError, StageError
 from ..items import ObjectInfo, Record
 from .base import SOURCES_KEY, Stage, describe_item
@@ -217,11 +218,8 @@ class BatchFetcher(Stage[Any]):
         super().__init__(source)
         if not isinstance(backend, (str, Backend)):
             raise ConfigError(f"fetch_batch(): backend must be a name or a Backend, got {backend!r}")
-        if isinstance(backend, str):
-            from ..backends.registry import known_backends
-            if backend not in known_backends():
-                from ..backends.registry import backend_class
-                backend_class(backend)  # raises UnknownBackendError listing the known ones
+        if isinstance(backend, str) and backend not in known_backends():
+            backend_class(backend)  # raises UnknownBackendError listing the known ones
         if isinstance(backend, Backend) and options:
             raise ConfigError("fetch_batch(): pass options when creating the backend object")
         check_int(batch_size, "fetch_batch(batch_size=...)", low=1)
@@ -265,7 +263,6 @@ class BatchFetcher(Stage[Any]):
 
     def start(self, state: dict[str, Any] | None) -> None:
         if self._backend is None:
-            from ..backends.registry import get_backend
             self._backend = get_backend(self._backend_spec, **self._options)
         parent = self._to or tempfile.gettempdir()
         try:

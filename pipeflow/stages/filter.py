@@ -38,6 +38,7 @@ class Filterer(Stage[T]):
         source, predicate, rewind = self.source, self._predicate, self._rewind
         self._failed = False
         while True:
+            rewind.boundary(source)
             item = rewind.pull(source)
             try:
                 keep = predicate(item)

@@ -16,7 +16,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Literal
 
 from .._checks import check_choice, check_int
-from ..errors import ConfigError, WorkerCrashedError
+from ..errors import ConfigError
 from ..executor.window import Window
 from .base import SOURCES_KEY, Rewind, Stage, describe_item
 
@@ -130,6 +130,7 @@ class WindowedStage(Stage[Any]):
         rewind, source, inline = self._rewind, self.source, self._inline
         self._undelivered = 0
         while True:
+            rewind.boundary(source)
             item = rewind.pull(source)
             self._undelivered = 1
             try:
@@ -148,9 +149,8 @@ class WindowedStage(Stage[Any]):
 
     def _failed(self, exc: BaseException, item: Any) -> None:
         if isinstance(exc, BrokenProcessPool):
-            raise WorkerCrashedError(
-                f"a worker process of {self.name} died (killed, out of memory or crashed) while items "
-                f"were in flight, the oldest being {describe_item(item)}") from exc
+            oldest = describe_item(item)
+            raise self._window.crashed(f"items were in flight, the oldest being {oldest}") from exc
         if self._on_error == "skip" and (self._skippable is None or self._skippable(exc)):
             self.context.stats.incr(self.name, "skipped")
             log.warning("pipeflow: %s skipped %s: %s: %s", self.name, describe_item(item),

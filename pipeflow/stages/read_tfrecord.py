@@ -7,10 +7,10 @@ import stat
 from collections.abc import Iterator
 from typing import IO, Any
 
-from .._checks import check_bool
+from .._checks import check_bool, check_choice
 from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError
 from ..formats.example import ExampleFormatError, decode_example
-from ..formats.tfrecord import iter_tfrecords
+from ..formats.tfrecord import COMPRESSIONS, iter_records
 from ..items import Record
 from ._expand import ExpandingStage, OnError
 from .base import Stage
@@ -18,16 +18,22 @@ from .base import Stage
 __all__ = ["PerProcessTFRecordStream", "TFRecordReader", "TFRecordStream"]
 
 
-def _item(url: str, index: int, payload: bytes, parse_example: bool) -> Any:
+def _item(url: str, index: int, offset: int, payload: bytes, parse_example: bool) -> Any:
     key = f"{url}#{index}"
     if not parse_example:
         return Record(key, payload, url)
     try:
         features = decode_example(payload)
     except ExampleFormatError as exc:
-        raise CorruptDataError(f"record {index} is not a tf.train.Example: {exc}",
+        raise CorruptDataError(f"not a tf.train.Example: {exc} (record {index}, offset {offset})",
                                stage="tfrecord", key=url) from exc
     return {"__key__": key, "__url__": url, **features}
+
+
+def _check_options(verb: str, check_crc: Any, parse_example: Any, compression: Any) -> None:
+    check_bool(check_crc, f"{verb}(check_crc=...)")
+    check_bool(parse_example, f"{verb}(parse_example=...)")
+    check_choice(compression, f"{verb}(compression=...)", COMPRESSIONS)
 
 
 class TFRecordReader(ExpandingStage):
@@ -45,6 +51,9 @@ class TFRecordReader(ExpandingStage):
         on_error: ``"raise"`` :class:`~pipeflow.errors.CorruptDataError` (CRC mismatch,
             truncation, a payload that is not an Example) naming URL, record index and
             offset, or ``"skip"`` the rest of that file and count it as ``skipped_objects``.
+        compression: ``"auto"`` reads plain, gzip- and zlib-compressed files (TensorFlow's
+            ``GZIP``/``ZLIB``; TFX writes gzip), told apart by content; ``"none"``,
+            ``"gzip"`` or ``"zlib"`` insist on one kind.
 
     State: the upstream position of the current file and the records read from it.
     """
@@ -52,18 +61,17 @@ class TFRecordReader(ExpandingStage):
     verb = "read_tfrecord"
 
     def __init__(self, source: Stage[Any], *, check_crc: bool = True, parse_example: bool = True,
-                 on_error: OnError = "raise") -> None:
+                 on_error: OnError = "raise", compression: str = "auto") -> None:
         super().__init__(source, on_error=on_error)
-        check_bool(check_crc, "read_tfrecord(check_crc=...)")
-        check_bool(parse_example, "read_tfrecord(parse_example=...)")
+        _check_options("read_tfrecord", check_crc, parse_example, compression)
         self.check_crc = check_crc
         self.parse_example = parse_example
+        self.compression = compression
 
     def expand(self, url: str, stream: IO[bytes], skip: int) -> Iterator[Any]:
-        index = skip
-        for payload in iter_tfrecords(stream, url, check_crc=self.check_crc, skip=skip):
-            yield _item(url, index, payload, self.parse_example)
-            index += 1
+        for index, offset, payload in iter_records(stream, url, check_crc=self.check_crc,
+                                                   skip=skip, compression=self.compression):
+            yield _item(url, index, offset, payload, self.parse_example)
 
 
 class TFRecordStream(Stage[Any]):
@@ -81,23 +89,25 @@ class TFRecordStream(Stage[Any]):
         path: the FIFO or file path (a template, see above).
         check_crc: verify CRCs (on by default).
         parse_example: parse payloads as ``tf.train.Example``.
+        compression: ``"auto"`` (plain, gzip or zlib, by content), ``"none"``, ``"gzip"`` or
+            ``"zlib"``.
 
     State: the number of records consumed; resuming reopens the stream and passes over them
     (for a FIFO the writer must replay the stream from its start).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, check_crc: bool = True,
-                 parse_example: bool = True) -> None:
+                 parse_example: bool = True, compression: str = "auto") -> None:
         super().__init__()
         if not isinstance(path, (str, os.PathLike)):
             raise ConfigError(f"tfrecord_stream() needs a path, got {type(path).__name__}")
-        check_bool(check_crc, "tfrecord_stream(check_crc=...)")
-        check_bool(parse_example, "tfrecord_stream(parse_example=...)")
+        _check_options("tfrecord_stream", check_crc, parse_example, compression)
         self.path = os.fspath(path)
         self.check_crc = check_crc
         self.parse_example = parse_example
+        self.compression = compression
         self._file: IO[bytes] | None = None
-        self._iter: Iterator[bytes] | None = None
+        self._iter: Iterator[tuple[int, int, bytes]] | None = None
         self._count = 0
         self._url = self.path
 
@@ -120,14 +130,14 @@ class TFRecordStream(Stage[Any]):
                 f"runs as {ctx.num_shards} ranks x workers; put {{rank}}/{{worker}} in the path "
                 "(one stream each) or use num_workers=0")
         self._file = open(self._url, "rb")  # noqa: SIM115 - closed in close()
-        self._iter = iter_tfrecords(self._file, self._url, check_crc=self.check_crc,
-                                    skip=self._count)
+        self._iter = iter_records(self._file, self._url, check_crc=self.check_crc,
+                                  skip=self._count, compression=self.compression)
 
     def next(self) -> Any:
         if self._iter is None:
             raise StopIteration
-        payload = next(self._iter)
-        item = _item(self._url, self._count, payload, self.parse_example)
+        index, offset, payload = next(self._iter)
+        item = _item(self._url, index, offset, payload, self.parse_example)
         self._count += 1
         return item
 

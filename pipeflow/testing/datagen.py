@@ -39,7 +39,7 @@ from typing import IO, Any
 import numpy as np
 
 from .._fs import atomic_write
-from ..errors import ConfigError
+from ..errors import BackendError, ConfigError, ObjectNotFoundError
 
 __all__ = [
     "LAYOUTS",
@@ -220,21 +220,29 @@ class _S3Sink(_Sink):
     def __init__(self, url: str, *, create_bucket: bool, threads: int = 8) -> None:
         self.bucket, self.prefix = split_s3_url(url)
         self.client = s3_client()
-        if create_bucket:
-            self._ensure_bucket()
+        self._ensure_bucket(create=create_bucket)
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="pipeflow-datagen")
         self._slots = threading.BoundedSemaphore(2 * threads)
         self._futures: list[Future[Any]] = []
 
-    def _ensure_bucket(self) -> None:
-        from botocore.exceptions import ClientError
+    def _ensure_bucket(self, *, create: bool) -> None:
+        from botocore.exceptions import ClientError, EndpointConnectionError
 
         try:
             self.client.head_bucket(Bucket=self.bucket)
+        except EndpointConnectionError as exc:
+            raise BackendError(f"cannot reach the S3 endpoint {self.client.meta.endpoint_url} "
+                               "(set AWS_ENDPOINT_URL, or start one with `pipeflow serve`)",
+                               url=f"s3://{self.bucket}/", backend="boto3", op="head_bucket") from exc
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             if code not in ("404", "NoSuchBucket", "NotFound"):
                 raise
+            if not create:
+                # checked before generating anything, so a typo costs nothing
+                raise ObjectNotFoundError(f"the bucket {self.bucket!r} does not exist",
+                                          url=f"s3://{self.bucket}/", backend="boto3",
+                                          op="head_bucket") from None
             self.client.create_bucket(Bucket=self.bucket)
 
     def _upload(self, key: str, data: bytes) -> None:
@@ -441,33 +449,47 @@ def generate(layout: str, url: str, *, count: int = 1000, image_size: int | None
     if shard_mb <= 0:
         raise ConfigError(f"shard_mb must be > 0, got {shard_mb}")
     size = image_size or default_image_size(layout)
-    encode = None
-    if info.suffix == ".tar":
-        encode = _encode_tar
-    elif info.suffix == ".tfrecord":
-        encode = _tfrecord_encoder(tfrecord_writer or _tfrecord_writer())
+    encode = _encoder(info, tfrecord_writer)
     sink = _open_sink(url, create_bucket=create_bucket)
     bar = _Progress(count, f"{layout} -> {url}", progress)
     writer = _ShardWriter(sink, info.suffix, int(shard_mb * 1e6), encode) if encode else None
     try:
-        names: list[str] = []
-        nbytes = 0
-        for key, fields in iter_samples(layout, count, image_size=size, seed=seed):
-            if writer is not None:
-                writer.add(key, fields)
-            else:
-                for name, data in fields.items():
-                    sink.put(f"{key}.{name}", data)
-                    names.append(f"{key}.{name}")
-            sample_bytes = sum(len(v) for v in fields.values())
-            nbytes += sample_bytes
-            bar.update(1, sample_bytes)
-        if writer is not None:
-            writer.flush()
-            names, nbytes = writer.names, writer.nbytes
+        samples = iter_samples(layout, count, image_size=size, seed=seed)
+        names, nbytes = _write_samples(samples, sink, writer, bar)
         sink.close()
     except BaseException:
         sink.abort()
         raise
     bar.finish()
     return GeneratedDataset(layout, url, count, size, seed, tuple(names), nbytes)
+
+
+def _encoder(info: LayoutInfo, tfrecord_writer: Callable[[IO[bytes], Iterable[bytes]], Any] | None
+             ) -> Callable[[list[tuple[str, dict[str, bytes]]]], bytes] | None:
+    """How a shard of ``info``'s layout is encoded, or None for one object per field."""
+    if info.suffix == ".tar":
+        return _encode_tar
+    if info.suffix == ".tfrecord":
+        return _tfrecord_encoder(tfrecord_writer or _tfrecord_writer())
+    return None
+
+
+def _write_samples(samples: Iterable[tuple[str, dict[str, bytes]]], sink: _Sink,
+                   writer: _ShardWriter | None, bar: _Progress) -> tuple[list[str], int]:
+    """Write every sample (as shards when ``writer`` is given); ``(object names, bytes)``."""
+    names: list[str] = []
+    nbytes = 0
+    for key, fields in samples:
+        if writer is not None:
+            writer.add(key, fields)
+        else:
+            for name, data in fields.items():
+                sink.put(f"{key}.{name}", data)
+                names.append(f"{key}.{name}")
+        sample_bytes = sum(len(v) for v in fields.values())
+        nbytes += sample_bytes
+        bar.update(1, sample_bytes)
+    if writer is not None:
+        writer.flush()
+        return writer.names, writer.nbytes
+    return names, nbytes

@@ -47,7 +47,7 @@ import subprocess
 import sys
 import threading
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -204,78 +204,87 @@ class _Framer:
         response (which request it answered), so the caller handles each event before the
         next is framed.
         """
-        pos, n = 0, len(data)
-        while pos < n:
+        pos = 0
+        while pos < len(data):
             state = self._state
             if state == self._HEAD:
-                self._buf += data[pos:]
-                pos = n
-                if self._buf.startswith(b"\r\n"):  # tolerate stray CRLFs between messages
-                    del self._buf[:2]
-                    data, pos, n = bytes(self._buf), 0, len(self._buf)
-                    self._buf.clear()
-                    continue
-                end = self._buf.find(b"\r\n\r\n")
-                if end < 0:
-                    if len(self._buf) > _MAX_HEAD:
-                        raise ValueError("HTTP head larger than 64 KiB")
-                    return
-                head = _Head(bytes(self._buf[: end + 4]))
-                data, pos, n = bytes(self._buf[end + 4:]), 0, len(self._buf) - end - 4
-                self._buf.clear()
-                yield (("head", head))
-                mode, length = self._body_mode(head)
-                if mode == "length":
-                    if length == 0:
-                        yield (("end", None))
-                    else:
-                        self._state, self._remaining = self._LENGTH, length
-                elif mode == "chunked":
-                    self._state = self._CHUNK_SIZE
-                else:
-                    self._state = self._CLOSE
-            elif state == self._LENGTH or state == self._CHUNK_DATA:
-                take = min(self._remaining, n - pos)
-                yield (("body", data[pos:pos + take]))
-                pos += take
-                self._remaining -= take
-                if self._remaining == 0:
-                    if state == self._LENGTH:
-                        self._state = self._HEAD
-                        yield (("end", None))
-                    else:
-                        self._state, self._remaining = self._CHUNK_CRLF, 2
-            elif state == self._CHUNK_CRLF:
-                take = min(self._remaining, n - pos)
-                yield (("body", data[pos:pos + take]))
-                pos += take
-                self._remaining -= take
-                if self._remaining == 0:
-                    self._state = self._CHUNK_SIZE
+                data, pos = yield from self._head(data, pos)
+            elif state in (self._LENGTH, self._CHUNK_DATA, self._CHUNK_CRLF):
+                pos = yield from self._counted(data, pos)
             elif state == self._CLOSE:
-                yield (("body", data[pos:]))
-                pos = n
-            else:  # a line of the chunked encoding: a chunk size, or a trailer line
-                nl = data.find(b"\n", pos)
-                stop = n if nl < 0 else nl + 1
-                self._buf += data[pos:stop]
-                yield (("body", data[pos:stop]))
-                pos = stop
-                if nl < 0:
-                    if len(self._buf) > _MAX_HEAD:
-                        raise ValueError("chunked-encoding line larger than 64 KiB")
-                    continue
-                line = bytes(self._buf).strip()
-                self._buf.clear()
-                if state == self._CHUNK_SIZE:
-                    size = int(line.split(b";", 1)[0], 16)
-                    if size == 0:
-                        self._state = self._TRAILER
-                    else:
-                        self._state, self._remaining = self._CHUNK_DATA, size
-                elif not line:  # the empty line that ends the trailer
-                    self._state = self._HEAD
-                    yield (("end", None))
+                yield ("body", data[pos:])
+                pos = len(data)
+            else:
+                pos = yield from self._line(data, pos)
+
+    def _head(self, data: bytes, pos: int) -> Generator[tuple[str, Any], None, tuple[bytes, int]]:
+        """Buffer a message head; once complete, emit it and return the bytes after it."""
+        self._buf += data[pos:]
+        if self._buf.startswith(b"\r\n"):  # tolerate stray CRLFs between messages
+            del self._buf[:2]
+            rest = bytes(self._buf)
+            self._buf.clear()
+            return rest, 0
+        end = self._buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self._buf) > _MAX_HEAD:
+                raise ValueError("HTTP head larger than 64 KiB")
+            return b"", 0
+        head = _Head(bytes(self._buf[: end + 4]))
+        rest = bytes(self._buf[end + 4:])
+        self._buf.clear()
+        yield ("head", head)
+        mode, length = self._body_mode(head)
+        if mode == "length":
+            if length == 0:
+                yield ("end", None)
+            else:
+                self._state, self._remaining = self._LENGTH, length
+        elif mode == "chunked":
+            self._state = self._CHUNK_SIZE
+        else:
+            self._state = self._CLOSE
+        return rest, 0
+
+    def _counted(self, data: bytes, pos: int) -> Generator[tuple[str, Any], None, int]:
+        """Pass on body bytes of a known count: a sized body, a chunk, or a chunk's CRLF."""
+        state = self._state
+        take = min(self._remaining, len(data) - pos)
+        yield ("body", data[pos:pos + take])
+        pos += take
+        self._remaining -= take
+        if self._remaining == 0:
+            if state == self._LENGTH:
+                self._state = self._HEAD
+                yield ("end", None)
+            elif state == self._CHUNK_DATA:
+                self._state, self._remaining = self._CHUNK_CRLF, 2
+            else:
+                self._state = self._CHUNK_SIZE
+        return pos
+
+    def _line(self, data: bytes, pos: int) -> Generator[tuple[str, Any], None, int]:
+        """A line of the chunked encoding: a chunk size, or a trailer line."""
+        nl = data.find(b"\n", pos)
+        stop = len(data) if nl < 0 else nl + 1
+        self._buf += data[pos:stop]
+        yield ("body", data[pos:stop])
+        if nl < 0:
+            if len(self._buf) > _MAX_HEAD:
+                raise ValueError("chunked-encoding line larger than 64 KiB")
+            return stop
+        line = bytes(self._buf).strip()
+        self._buf.clear()
+        if self._state == self._CHUNK_SIZE:
+            size = int(line.split(b";", 1)[0], 16)
+            if size == 0:
+                self._state = self._TRAILER
+            else:
+                self._state, self._remaining = self._CHUNK_DATA, size
+        elif not line:  # the empty line that ends the trailer
+            self._state = self._HEAD
+            yield ("end", None)
+        return stop
 
     def eof(self) -> list[tuple[str, Any]]:
         """The peer closed: a body delimited by the close ends here."""

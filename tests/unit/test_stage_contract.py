@@ -9,7 +9,7 @@ import pytest
 
 import pipeflow as pf
 from pipeflow.errors import StageContractError
-from pipeflow.stages.base import SOURCES_KEY, Stage
+from pipeflow.stages.base import SOURCES_KEY, Rewind, Stage
 from pipeflow.stages.source import ItemSource
 
 
@@ -202,4 +202,30 @@ def test_zip_keeps_the_item_of_an_input_read_before_another_failed():
     again = iter(build(False))
     again.load_state_dict(it.state_dict())
     assert got + list(again) == [(i, 100 + i) for i in range(10)]
+
+
+@pytest.mark.parametrize("every", [1, 3, 7])
+def test_the_position_after_an_error_holds_whenever_the_anchor_was_taken(monkeypatch, every):
+    # a small anchor interval, so anchors fall inside batches and between failures
+    monkeypatch.setattr(Rewind, "EVERY", every)
+
+    def build(fail: bool) -> pf.Pipeline:
+        fn = _fail_on_29 if fail else abs
+        return (pf.from_items(range(60)).map(abs).filter(lambda x: x % 5).map(fn).batch(4)
+                .unbatch())
+
+    it = iter(build(True))
+    got = []
+    with pytest.raises(_Boom):
+        for x in it:
+            got.append(x)
+    again = iter(build(False))
+    again.load_state_dict(it.state_dict())
+    assert got + list(again) == [x for x in range(60) if x % 5]
+
+
+def _fail_on_29(x: int) -> int:
+    if x == 29:
+        raise _Boom(x)
+    return x
 

@@ -1,0 +1,155 @@
+"""The ``pipeflow`` command as a user meets it, every case through a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipeflow._cli._measure import RunResult
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pipeflow(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
+             **kwargs) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "pipeflow.cli", *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout, **kwargs)
+
+
+def test_version():
+    import pipeflow as pf
+
+    out = pipeflow("--version")
+    assert out.returncode == 0
+    assert out.stdout.strip() == f"pipeflow {pf.__version__}"
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], []])
+def test_help_and_version_import_neither_torch_nor_numpy(args):
+    code = ("import sys\nfrom pipeflow.cli import main\n"
+            f"try:\n    main({args!r})\nexcept SystemExit:\n    pass\n"
+            "print('LOADED', sorted(m for m in ('torch', 'numpy', 'boto3', 'PIL') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "LOADED []" in out.stdout
+    for command in ("demo", "run", "recipes", "make-data", "serve", "cache"):
+        if args == ["--help"]:
+            assert command in out.stdout
+
+
+def test_serve_on_a_busy_port_says_why():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = pipeflow("serve", "--port", str(port), timeout=60)
+    assert out.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in out.stderr
+    assert "export" not in out.stdout and "Traceback" not in out.stderr
+
+
+def test_serve_refuses_an_impossible_port():
+    out = pipeflow("serve", "--port", "70000")
+    assert out.returncode == 2 and "between 1 and 65535" in out.stderr
+
+
+@pytest.mark.s3
+def test_make_data_to_a_missing_bucket_is_one_line(s3):
+    out = pipeflow("make-data", "jpeg", "s3://no-such-bucket-here/x", "--count", "2", "--image-size", "8",
+                   "--quiet", env=s3.env())
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert "'no-such-bucket-here' does not exist" in lines[0] and "--create-bucket" in lines[0]
+    # nothing was written, and --create-bucket then works
+    ok = pipeflow("make-data", "jpeg", "s3://no-such-bucket-here/x", "--count", "2", "--image-size", "8",
+                  "--quiet", "--create-bucket", env=s3.env())
+    assert ok.returncode == 0, ok.stderr
+    assert "wrote 2 samples" in ok.stdout
+
+
+def test_make_data_to_an_unreachable_endpoint_is_one_line():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed once the block ends: nothing listens there
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_EC2_METADATA_DISABLED": "true", "AWS_MAX_ATTEMPTS": "1"}
+    out = pipeflow("make-data", "jpeg", "s3://b/x", "--count", "1", "--quiet", env=env)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "cannot reach the S3 endpoint" in out.stderr
+
+
+def test_recipes_table_fits_100_columns_and_lists_every_recipe():
+    from pipeflow.recipes import names
+
+    out = pipeflow("recipes", env={"COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert max(len(line) for line in out.stdout.splitlines()) <= 100
+    for name in names():
+        assert f"\n{name} " in out.stdout
+
+
+def test_recipes_name_shows_options_with_defaults():
+    out = pipeflow("recipes", "mountpoint-cache")
+    assert out.returncode == 0, out.stderr
+    assert "max_bytes" in out.stdout and "cache_dir" in out.stdout and "workers" in out.stdout
+    assert max(len(line) for line in out.stdout.splitlines()) <= 100
+    wrong = pipeflow("recipes", "mountpoint-cach")
+    assert wrong.returncode == 2 and "did you mean 'mountpoint-cache'" in wrong.stderr
+
+
+def test_recipes_json_has_real_values():
+    out = pipeflow("recipes", "--json")
+    assert out.returncode == 0, out.stderr
+    by_name = {r["name"]: r for r in json.loads(out.stdout)}
+    cache = by_name["mountpoint-cache"]["options"]
+    assert cache["workers"] == 16 and cache["preprocess"] is False and cache["cache_dir"] is None
+    one = json.loads(pipeflow("recipes", "single-boto3", "--json").stdout)
+    assert one["options"] == {"method": "download_fileobj", "workers": 0}
+
+
+def test_recipes_into_a_closed_pipe_ends_quietly():
+    reader = subprocess.Popen(["head", "-n", "2"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "pipeflow.cli", "recipes"], stdout=reader.stdin,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    reader.stdin.close()
+    _, err = proc.communicate(timeout=60)
+    reader.wait(timeout=60)
+    assert "Traceback" not in err and "BrokenPipe" not in err
+    assert proc.returncode in (0, 141)
+
+
+@pytest.mark.parametrize("intervals, mean, variance", [
+    ([9.0], None, None),
+    ([9.0, 1.0], 1.0, None),
+    ([9.0, 1.0, 3.0], 2.0, 2.0),
+    ([100.0, 2.0, 2.0, 2.0], 2.0, 0.0),
+])
+def test_run_statistics_exclude_the_first_interval(intervals, mean, variance):
+    result = RunResult(interval_times=intervals)
+    assert result.mean == mean
+    assert result.variance == variance
+
+
+def test_run_prints_statistics_without_the_first_interval(tmp_path):
+    data = tmp_path / "data"
+    made = pipeflow("make-data", "single", str(data), "--count", "12", "--image-size", "8", "--quiet")
+    assert made.returncode == 0, made.stderr
+    out = pipeflow("run", "single-ffm", "--url", str(data), "--batch-size", "1", "--report-every", "4")
+    assert out.returncode == 0, out.stderr
+    times = [float(line.split()[-1]) for line in out.stdout.splitlines() if line.startswith("Iteration")]
+    assert len(times) == 3
+    summary = next(line for line in out.stdout.splitlines() if line.startswith("mean"))
+    shown_mean = float(summary.split()[1])
+    # the printed times are rounded to 4 places; the mean is of the last two only
+    assert shown_mean == pytest.approx((times[1] + times[2]) / 2, abs=2e-4)
+    assert "first interval excluded" in summary
