@@ -276,13 +276,13 @@ def resume_node(node: Node, merged: dict[str, Any]) -> Node:
     nodes = _node_chain(node)
     root = build(node, RunContext(epoch=epoch))
     try:
-        if fingerprint(root) != merged["graph"]:
-            raise ConfigError(f"this merged state belongs to a pipeline of another shape: saved "
-                              f"{merged['graph']}, resuming {fingerprint(root)}")
         stages = [root]
         while stages[-1].sources:
             stages.append(stages[-1].sources[0])
         sharder, point = drop_point([type(s) for s in stages])
+        if fingerprint(root) != merged["graph"]:
+            raise ConfigError(f"this merged state belongs to a pipeline of another shape: saved "
+                              f"{merged['graph']}, resuming {fingerprint(root)}")
         _check_graph(stages, sharder, point)
     finally:
         root.close()
