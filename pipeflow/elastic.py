@@ -93,6 +93,29 @@ def _subclasses(cls: type) -> list[type]:
     return out
 
 
+_ELASTIC = (ElasticRemaining, ElasticDropper)
+
+
+def _fingerprint_of(chain: list[type]) -> str:
+    return "".join(f"{c.__name__}(" for c in chain[:-1]) + chain[-1].__name__ + ")" * (len(chain) - 1)
+
+
+def _strip(state: dict[str, Any], chain: list[type], epoch: int) -> dict[str, Any]:
+    """An iterator state of a resumed pipeline without the levels of its two elastic stages."""
+    def strip(st: Any, level: int) -> Any:
+        if level >= len(chain) or not isinstance(st, dict) or not st.get(SOURCES_KEY):
+            return st
+        if chain[level] in _ELASTIC:
+            if int(st.get("resumed_epoch", -1)) == epoch:
+                raise ConfigError("merge_states(): these states were saved in the epoch an "
+                                  "elastic resume continued; change the topology again from the "
+                                  "next epoch on, or resume this one on the same topology")
+            return strip(st[SOURCES_KEY][0], level + 1)
+        return {**st, SOURCES_KEY: [strip(st[SOURCES_KEY][0], level + 1)]}
+
+    return {**state, "stages": strip(state["stages"], 0)}
+
+
 def drop_point(chain: list[type]) -> tuple[int, int]:
     """``(index of the sharder, index of the drop point)`` in a root-first chain: the drop point
     is the first ``shuffle``/``batch`` above the sharder (its input is where items are named),
@@ -151,11 +174,15 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
     if len(epochs) != 1 or len(graphs) != 1:
         raise ConfigError(f"merge_states() needs states of one epoch and one pipeline, got "
                           f"epochs {sorted(epochs)} and {len(graphs)} graph shape(s)")
-    graph = graphs.pop()
-    chain = _chain_classes(graph)
-    if any(issubclass(c, (ElasticRemaining, ElasticDropper)) for c in chain):
-        raise ConfigError("merge_states(): these states come from an elastically resumed "
-                          "pipeline; change the topology again only at an epoch boundary")
+    chain = _chain_classes(graphs.pop())
+    epoch = epochs.pop()
+    if any(c in _ELASTIC for c in chain):
+        # a pipeline resume_from() returned: outside its resumed epoch its two stages pass
+        # everything, so its states read as the original pipeline's
+        started = [(_strip(it, chain, epoch) if it else it) for it, _ in shards]
+        shards = [(it, where) for it, (_, where) in zip(started, shards)]
+        chain = [c for c in chain if c not in _ELASTIC]
+    graph = _fingerprint_of(chain)
     done: list[list[Any]] = []
     windows: list[dict[str, Any]] = []
     for it, where in shards:
@@ -170,18 +197,31 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
             done.append(cursor["done"])
         if cursor["window"] is not None:
             windows.append(cursor["window"])
-    return {FORMAT: 1, "epoch": epochs.pop(), "graph": graph, "done": done, "windows": windows}
+    return {FORMAT: 1, "epoch": epoch, "graph": graph, "done": done, "windows": windows}
 
 
 # ---- resuming -------------------------------------------------------------------------------
 def _node_chain(node: Node) -> list[Node]:
+    """The description as a list, root first, without the stages of an earlier resume."""
     chain = [node]
     while chain[-1].inputs:
         if len(chain[-1].inputs) != 1:
             raise ConfigError(f"elastic resume needs a single chain of stages; "
                               f"{chain[-1].short()} has {len(chain[-1].inputs)} inputs")
         chain.append(chain[-1].inputs[0])
-    return chain
+    chain = [n for n in chain if n.stage not in _ELASTIC]
+    current = None
+    for n in reversed(chain):  # relink: an earlier resume's stages must not stay in the inputs
+        current = Node(n.stage, n.args, n.kwargs, (current,) if current is not None else (), n.label)
+    return _linked(current)
+
+
+def _linked(node: Node | None) -> list[Node]:
+    out = []
+    while node is not None:
+        out.append(node)
+        node = node.inputs[0] if node.inputs else None
+    return out
 
 
 def _check_graph(stages: list[Stage[Any]], sharder: int, point: int) -> None:
@@ -274,6 +314,7 @@ def resume_node(node: Node, merged: dict[str, Any]) -> Node:
         raise ConfigError("resume_from() needs the value merge_states() returned")
     epoch = int(merged["epoch"])
     nodes = _node_chain(node)
+    node = nodes[0]
     root = build(node, RunContext(epoch=epoch))
     try:
         stages = [root]

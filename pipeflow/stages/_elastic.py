@@ -126,7 +126,7 @@ class ElasticRemaining(Stage[Any]):
                 return item
 
     def get_state(self) -> dict[str, Any]:
-        return {"pos": self._pos, SOURCES_KEY: [self.source.state_dict()]}
+        return {"pos": self._pos, "resumed_epoch": self.epoch, SOURCES_KEY: [self.source.state_dict()]}
 
 
 class ElasticDropper(Stage[Any]):
@@ -175,4 +175,5 @@ class ElasticDropper(Stage[Any]):
             return item
 
     def get_state(self) -> dict[str, Any]:
-        return {"obj": self._obj, "count": self._count, SOURCES_KEY: [self.source.state_dict()]}
+        return {"obj": self._obj, "count": self._count, "resumed_epoch": self.epoch,
+                SOURCES_KEY: [self.source.state_dict()]}

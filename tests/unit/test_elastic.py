@@ -5,6 +5,7 @@ of the epoch; the union must be the epoch, each item once."""
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 
 import pytest
@@ -177,3 +178,34 @@ def test_merge_refuses_states_of_different_moments_or_kinds(monkeypatch):
         pf.merge_states([{"foo": 1}])
     with pytest.raises(ConfigError, match="merge_states"):
         census(False).resume_from(a)
+
+
+def test_a_resumed_pipeline_changes_topology_again_from_the_next_epoch(monkeypatch):
+    _, _, merged = save_and_resume(monkeypatch, lambda: census(True), 2, 3, 2)
+    resumed = census(True).resume_from(merged)
+    # during the resumed epoch: refused
+    states = [run_rank(monkeypatch, resumed, r, 3, batches=1)[1] for r in range(3)]
+    with pytest.raises(ConfigError, match="next epoch"):
+        pf.merge_states(states)
+    # in the next epoch: its states merge like the original pipeline's, on either pipeline
+    monkeypatch.setattr(sys.modules[__name__], "EPOCH", EPOCH + 1)
+    before, states = [], []
+    for rank in range(3):
+        got, state = run_rank(monkeypatch, resumed, rank, 3, batches=2)
+        before += got
+        states.append(state)
+    merged2 = pf.merge_states(json.loads(json.dumps(states)))
+    assert merged2["epoch"] == 3 and merged2["graph"] == merge_graph_of(census(True))
+    for pipe in (census(True), resumed):
+        again = pipe.resume_from(merged2)
+        after = []
+        for rank in range(2):
+            after += run_rank(monkeypatch, again, rank, 2)[0]
+        assert_exactly_once(before + after, _data.all_keys(10))
+
+
+def merge_graph_of(pipe):
+    from pipeflow.graph import build, fingerprint
+    from pipeflow.run_context import RunContext
+
+    return fingerprint(build(pipe.node, RunContext()))
