@@ -45,8 +45,10 @@ class Case:
         kwargs: arguments of the factory (JSON-serialisable).
         workers: DataLoader workers (or worker threads/processes), for the tables.
         bytes_per_sample: stored bytes of one sample, for MB/s.
-        max_samples: stop an epoch after this many samples.
-        max_seconds: stop an epoch after this long.
+        max_samples: stop an epoch after this many samples (once ``min_seconds`` have passed).
+        max_seconds: stop an epoch after this long, whatever the minimums.
+        min_samples: keep going (another pass over the data) until at least this many samples...
+        min_seconds: ...and at least this long, so a small data set still shows steady state.
         epochs: epochs to run (each is measured separately).
         python: the interpreter (another venv for the DataPipes peer).
         env: extra environment variables.
@@ -62,6 +64,8 @@ class Case:
     bytes_per_sample: float = 0.0
     max_samples: int = 10**9
     max_seconds: float = 30.0
+    min_samples: int = 0
+    min_seconds: float = 0.0
     epochs: int = 1
     python: str | None = None
     env: dict[str, str] = field(default_factory=dict)
@@ -106,6 +110,46 @@ def _load(factory: str) -> Callable[..., Any]:
     return getattr(importlib.import_module(module), name)
 
 
+def _one_epoch(case: Case, iterable: Any, count: Callable[[Any], int]) -> dict[str, Any]:
+    """Iterate until the data ends and the minimums are met, or a maximum is reached.
+
+    A pass that ends before ``min_samples``/``min_seconds`` is followed by another pass over the
+    same iterable (a new iterator: DataLoader workers start again, and that is counted).
+    """
+    t0 = time.perf_counter()
+    n = first_n = passes = 0
+    t_first = t_last = None
+    done = False
+    while not done:
+        passes += 1
+        it = iter(iterable)
+        got = 0
+        for batch in it:
+            now = time.perf_counter()
+            got += 1
+            n += count(batch)
+            if t_first is None:
+                t_first, first_n = now, n
+            t_last = now
+            elapsed = now - t0
+            if elapsed >= case.max_seconds or (n >= case.max_samples and elapsed >= case.min_seconds):
+                done = True
+                break
+        del it  # shut DataLoader workers down before the next pass or epoch
+        elapsed = time.perf_counter() - t0
+        if got == 0 or (n >= case.min_samples and elapsed >= case.min_seconds):
+            done = True
+    steady = (t_last - t_first) if t_first is not None and t_last is not None else 0.0
+    total = (t_last - t0) if t_last is not None else time.perf_counter() - t0
+    return {
+        "samples": n, "seconds": round(total, 4), "passes": passes,
+        "first_batch_s": round(t_first - t0, 4) if t_first is not None else None,
+        # the whole epoch, start-up included (it is also reported alone as first_batch_s)
+        "samples_per_s": round(n / total, 2) if total > 0 else 0.0,
+        "steady_samples_per_s": round((n - first_n) / steady, 2) if steady > 0 else None,
+    }
+
+
 def child_main(spec: dict[str, Any]) -> None:
     case = Case(**spec)
     made = _load(case.factory)(**case.kwargs)
@@ -116,30 +160,9 @@ def child_main(spec: dict[str, Any]) -> None:
         if hasattr(iterable, "set_epoch"):
             iterable.set_epoch(epoch)
         before = _proxy_stats()
-        t0 = time.perf_counter()
-        it = iter(iterable)
-        n = first_n = 0
-        t_first = t_last = None
-        for batch in it:
-            now = time.perf_counter()
-            n += count(batch)
-            if t_first is None:
-                t_first, first_n = now, n
-            t_last = now
-            if n >= case.max_samples or now - t0 >= case.max_seconds:
-                break
-        del it  # shut DataLoader workers down before the next epoch
+        measured = _one_epoch(case, iterable, count)
         after = _proxy_stats()
-        steady = (t_last - t_first) if t_first is not None and t_last is not None else 0.0
-        total = (t_last - t0) if t_last is not None else time.perf_counter() - t0
-        epochs.append({
-            "epoch": epoch, "samples": n, "seconds": round(total, 4),
-            "first_batch_s": round(t_first - t0, 4) if t_first is not None else None,
-            # the whole epoch, start-up included (it is also reported alone as first_batch_s)
-            "samples_per_s": round(n / total, 2) if total > 0 else 0.0,
-            "steady_samples_per_s": round((n - first_n) / steady, 2) if steady > 0 else None,
-            "requests": _delta(after, before),
-        })
+        epochs.append({"epoch": epoch, **measured, "requests": _delta(after, before)})
     print("END", flush=True)
     print("RESULT " + json.dumps({"epochs": epochs}), flush=True)
     _close(iterable)
@@ -301,6 +324,8 @@ def run_case(case: Case, *, proxy_url: str | None = None, env: dict[str, str] | 
         "mb_per_s": round(first["samples_per_s"] * case.bytes_per_sample / 1e6, 2),
         "first_batch_s": first["first_batch_s"],
         "cpu_pct": round(100.0 * monitor.cpu_s / monitor.window_s, 1) if monitor.window_s else None,
+        "cpu_s_per_sample": round(monitor.cpu_s / _all_samples(epochs), 6) if _all_samples(epochs) else None,
+        "passes": first.get("passes", 1),
         "peak_rss_mb": round(monitor.peak_rss / 2**20, 1),
         "peak_pss_mb": round(monitor.peak_pss / 2**20, 1) if monitor.peak_pss else None,
         "processes": monitor.peak_procs,
@@ -310,6 +335,10 @@ def run_case(case: Case, *, proxy_url: str | None = None, env: dict[str, str] | 
     log(f"  {case.library:<34} {case.group:<28} {row['samples_per_s']:>9.1f} samples/s "
         f"cpu {row['cpu_pct']}% first batch {row['first_batch_s']} s requests {row['requests']}")
     return row
+
+
+def _all_samples(epochs: list[dict[str, Any]]) -> int:
+    return sum(e["samples"] for e in epochs)
 
 
 def _kill_tree(monitor: _Monitor, proc: subprocess.Popen[str]) -> None:

@@ -165,3 +165,49 @@ def make_decode(
 
 def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+# ---- recipes, loaded by name with their default options -----------------------------------------
+def make_recipe(name: str, url: str, workers: int, *, batch_size: int = 4) -> Any:
+    """The recipe that reproduces an article's pipeline, as a user loads it: by name, defaults."""
+    from pipeflow import recipes
+
+    return _common.loader(recipes.load(name, url=url), workers=workers, batch_size=batch_size)
+
+
+# ---- S2 decode groups: decode to 224x224 ---------------------------------------------------------
+def photo_shards(shards: list[str], *, backend: str) -> pf.Pipeline:
+    """Tar shards decoded to 224x224 uint8 CHW tensors with pipeflow's own ``decode(resize=...)``."""
+    pipeline = pf.from_items(shards).shard_by_rank().open(backend).untar().group_pairs().map(_strip)
+    return pipeline.prefetch(64).decode("torch", resize=(224, 224))
+
+
+def make_photo_shards(shards: list[str], workers: int, *, backend: str = "s3torchconnector",
+                      batch_size: int = 4) -> Any:
+    return _common.loader(photo_shards(shards, backend=backend), workers=workers, batch_size=batch_size)
+
+
+def _decode_224(data: bytes) -> tuple[int, ...]:
+    return tuple(_common.decode_224({"jpg": data, "cls": b"0"})["jpg"].shape)
+
+
+class _Bare224(_Bare):
+    def __iter__(self) -> Iterator[list[Any]]:
+        pool_cls = ThreadPoolExecutor if self.method == "thread" else ProcessPoolExecutor
+        with pool_cls(self.workers) as pool:
+            batch: list[Any] = []
+            for shape in pool.map(_decode_224, self.blobs, chunksize=1):
+                batch.append(shape)
+                if len(batch) == self.batch_size:
+                    yield batch
+                    batch = []
+            if batch:
+                yield batch
+
+
+def make_bare_224(kind: str, count: int, workers: int, *, batch_size: int = 4) -> Any:
+    """The same decode (PIL, resize to 224x224) on a bare process pool, the JPEGs in memory."""
+    from benchmarks import photos
+
+    blobs = [photos.jpeg(kind, i) for i in range(min(count, photos.DISTINCT))]
+    return _Bare224([blobs[i % len(blobs)] for i in range(count)], workers, "process", batch_size)

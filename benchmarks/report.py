@@ -44,6 +44,11 @@ def _pipeflow(group: list[dict[str, Any]], workers: int | None = None) -> dict[s
     return None
 
 
+def _ours(r: dict[str, Any]) -> bool:
+    """pipeflow's own rows: the library itself and its recipes (never counted as peers)."""
+    return r["library"].startswith(PIPEFLOW) or r["library"].startswith("recipe ")
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     if not a or not b:
         return None
@@ -57,34 +62,70 @@ def _req(r: dict[str, Any], method: str) -> Any:
 def _table(group: list[dict[str, Any]]) -> list[str]:
     pf = _pipeflow(group)
     lines = [
-        "| library | workers | samples/s | MB/s | CPU % | peak PSS MB | first batch s | GET | HEAD | "
-        "pipeflow / this |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| library | workers | samples/s | steady samples/s | MB/s | CPU % | CPU ms/sample | peak PSS MB | "
+        "first batch s | GET | HEAD | pipeflow / this |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in sorted(group, key=lambda r: (r["library"] != PIPEFLOW, -(r.get("samples_per_s") or 0))):
         if not _ok(r):
             lines.append(
-                f"| {r['library']} | {r['workers']} | failed: {r.get('error', 'no samples')[:80]!s} "
-                "| | | | | | | |"
+                f"| {r['library']} | {r['workers']} | failed: {_oneline(r.get('error', 'no samples'))} "
+                "| | | | | | | | | |"
             )
             continue
         ratio = _ratio(pf and pf["samples_per_s"], r["samples_per_s"]) if r is not pf else None
+        cpu_ms = r.get("cpu_s_per_sample")
         lines.append(
-            f"| {r['library']} | {r['workers']} | {_fmt(r['samples_per_s'])} | {_fmt(r.get('mb_per_s'))} | "
-            f"{_fmt(r.get('cpu_pct'))} | {_fmt(r.get('peak_pss_mb'), 0)} | "
-            f"{_fmt(r.get('first_batch_s'), 2)} | "
+            f"| {r['library']} | {r['workers']} | {_fmt(r['samples_per_s'])} | "
+            f"{_fmt(r.get('steady_samples_per_s'))} | {_fmt(r.get('mb_per_s'))} | "
+            f"{_fmt(r.get('cpu_pct'))} | {_fmt(cpu_ms * 1000 if cpu_ms else None, 2)} | "
+            f"{_fmt(r.get('peak_pss_mb'), 0)} | {_fmt(r.get('first_batch_s'), 2)} | "
             f"{_req(r, 'GET_OBJECT')} | {_req(r, 'HEAD')} | {_fmt(ratio, 2) if ratio else ''} |"
         )
     return lines
 
 
+def _oneline(text: str, limit: int = 160) -> str:
+    """The last line of an error that says something, for a table cell."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    useful = [ln for ln in lines if "Error" in ln or "error" in ln or ln.startswith("unavailable")]
+    line = (useful or lines or [""])[-1] if not str(text).startswith("unavailable") else lines[0]
+    return line.replace("|", "/")[:limit]
+
+
+def recipe_pairs(group: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """Each recipe row with the row of the article's code it reproduces (same workers)."""
+    pairs = []
+    for r in group:
+        if not r.get("reproduces"):
+            continue
+        original = next((o for o in group if o["library"] == r["reproduces"]
+                         and o["workers"] == r["workers"]), None)
+        pairs.append((r, original))
+    return pairs
+
+
+def _recipe_table(group: list[dict[str, Any]]) -> list[str]:
+    pairs = recipe_pairs(group)
+    if not pairs:
+        return []
+    lines = ["| recipe (defaults) | article's code | recipe samples/s | original samples/s | "
+             "recipe / original |", "|---|---|---:|---:|---:|"]
+    for r, o in pairs:
+        rs = r.get("samples_per_s") if _ok(r) else None
+        os_ = o.get("samples_per_s") if o and _ok(o) else None
+        lines.append(f"| {r['library'].removeprefix('recipe ')} | {r['reproduces']} | {_fmt(rs)} | "
+                     f"{_fmt(os_)} | {_fmt(_ratio(rs, os_), 2)} |")
+    return lines + [""]
+
+
 def summarize(result: dict[str, Any]) -> dict[str, Any]:
     """The headline ratios (the targets of the benchmark issue), computed from the rows."""
     rows = result["rows"]
-    summary: dict[str, Any] = {"s1": {}, "s2": {}, "s3": {}, "s4": {}}
+    summary: dict[str, Any] = {"s1": {}, "s2": {}, "s3": {}, "s4": {}, "recipes": {}}
     for name, group in _groups(rows, "s1").items():
         pf = _pipeflow(group)
-        peers = [r for r in group if _ok(r) and not r["library"].startswith(PIPEFLOW)]
+        peers = [r for r in group if _ok(r) and not _ours(r)]
         if not pf or not peers:
             continue
         best = max(peers, key=lambda r: r["samples_per_s"])
@@ -113,7 +154,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         peers = [
             r
             for r in group
-            if _ok(r) and not r["library"].startswith(PIPEFLOW) and "bare" not in r["library"]
+            if _ok(r) and not _ours(r) and "bare" not in r["library"]
         ]
         if not pf or not peers:
             continue
@@ -131,7 +172,15 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         stream = result["ceilings"].get(f"s2 stream {pf.get('shard_mb'):g} MB shard", {}).get("mb_per_s")
         if stream and not pf.get("decode"):
             entry["fraction_of_raw_stream"] = _ratio(pf.get("mb_per_s"), stream)
+        entry["peak_pss_mb"] = pf.get("peak_pss_mb")
+        cpu = pf.get("cpu_s_per_sample")
+        entry["cpu_ms_per_sample"] = round(cpu * 1000, 3) if cpu else None
         summary["s2"][name] = entry
+    summary["recipes"] = {
+        f"{r['scenario']} {r['group']}: {r['library'].removeprefix('recipe ')}": _ratio(
+            r.get("samples_per_s") if _ok(r) else None, o.get("samples_per_s") if o and _ok(o) else None)
+        for scen in ("s1", "s2") for group in _groups(rows, scen).values() for r, o in recipe_pairs(group)
+    }
     for name, group in _groups(rows, "s3").items():
         by = {r["library"]: r for r in group if _ok(r)}
         cached, local = by.get("pipeflow + cache()"), by.get("pipeflow, local disk")
@@ -169,10 +218,12 @@ def markdown(result: dict[str, Any]) -> str:
         f"otherwise; run time {result['duration_s']:.0f} s.",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()) + ".",
         "",
-        "samples/s covers the whole epoch (or the time budget) including start-up; first batch is "
-        "the start-up alone. CPU % is the CPU time of the client's process tree over wall time "
-        "(100 % = one core; the server and the proxy are not included). PSS counts pages shared "
-        "by forked workers once. GET counts object GETs at the proxy (LISTs excluded).",
+        "samples/s covers the whole run of a case including start-up; first batch is the start-up "
+        "alone and steady samples/s the rate after the first batch. A case runs at least "
+        "the run's minimum samples and seconds (passes over the data repeat until then). CPU % is "
+        "the CPU time of the client's process tree over wall time (100 % = one core; the server "
+        "and the proxy are not included); CPU ms/sample is that CPU time per sample. PSS counts "
+        "pages shared by forked workers once. GET counts object GETs at the proxy (LISTs excluded).",
         "",
         "## Ceilings measured in this run",
         "",
@@ -180,10 +231,12 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---|",
     ]
     for name, c in result["ceilings"].items():
+        streams = c.get("streams", 1)
         figure = (
             f"{c['gets_per_s']:,.0f} GET/s ({c['threads']} threads, presigned URLs, keep-alive)"
             if "gets_per_s" in c
-            else f"{c['mb_per_s']:,.0f} MB/s (one streaming GET)"
+            else f"{c['mb_per_s']:,.0f} MB/s ({streams} concurrent streaming GET{'s' * (streams > 1)}: "
+            "DataLoader workers x shards in flight)"
         )
         lines.append(f"| {name} | {figure} |")
     titles = {
@@ -198,7 +251,7 @@ def markdown(result: dict[str, Any]) -> str:
             continue
         lines += ["", f"## {title}", ""]
         for name, group in groups.items():
-            lines += [f"### {name}", ""] + _table(group) + [""]
+            lines += [f"### {name}", ""] + _table(group) + [""] + _recipe_table(group)
             if scen == "s3":
                 lines += [
                     "| library | epoch | samples/s | GET | first batch s |",
@@ -224,6 +277,11 @@ def markdown(result: dict[str, Any]) -> str:
                 f"| {r['chain']} | {r['items']:,} | {r['pipeflow_items_per_s']:,} | "
                 f"{r['torchdata_nodes_items_per_s']:,} | {r['ratio']:.2f} |"
             )
+    if result.get("conversions"):
+        lines += ["", "## Conversions (not part of the throughput above)", "",
+                  "| data set, format | seconds |", "|---|---:|"]
+        for name, c in result["conversions"].items():
+            lines.append(f"| {name} | {_fmt(c.get('seconds'), 1) if 'seconds' in c else 'failed'} |")
     lines += ["", "## Headline ratios", "", "```json", json.dumps(summarize(result), indent=1), "```"]
     if result.get("notes"):
         lines += ["", "Notes: " + "; ".join(result["notes"])]
@@ -269,34 +327,34 @@ def plots(result: dict[str, Any], out: Path) -> list[Path]:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
-    # 2: throughput vs shard size (no decode)
-    series: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    # 2: throughput and peak PSS vs shard size (the shard-size groups, no decode)
+    series: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     for r in rows:
-        if r["scenario"] == "s2" and not r.get("decode") and "shard_mb" in r:
-            series[r["library"]].append((r["shard_mb"], r.get("mb_per_s") or 0))
-    fig, ax = plt.subplots(figsize=(7, 4))
+        if r["scenario"] == "s2" and not r.get("decode") and "shard_mb" in r and not r.get("layout"):
+            series[r["library"]].append((r["shard_mb"], r.get("mb_per_s") or 0, r.get("peak_pss_mb") or 0))
+    fig, (ax, ax_pss) = plt.subplots(1, 2, figsize=(12, 4.5))
     for lib, pts in sorted(series.items()):
         pts.sort()
-        ax.plot(
-            [p[0] for p in pts],
-            [p[1] for p in pts],
-            marker="o",
-            label=lib,
-            linewidth=2.5 if lib == PIPEFLOW else 1.2,
-        )
-    stream = [
-        (float(k.split()[2]), v["mb_per_s"])
+        style = {"marker": "o", "label": lib, "linewidth": 2.5 if lib == PIPEFLOW else 1.2,
+                 "linestyle": "--" if lib.startswith("recipe ") else "-"}
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], **style)
+        ax_pss.plot([p[0] for p in pts], [p[2] for p in pts], **style)
+    stream = sorted(
+        (float(k.split()[2]), v["mb_per_s"], v.get("streams", 1))
         for k, v in result["ceilings"].items()
         if k.startswith("s2 stream")
-    ]
+    )
     if stream:
-        stream.sort()
-        ax.plot([p[0] for p in stream], [p[1] for p in stream], "k--", label="raw streaming GET")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("shard size (MB)")
-    ax.set_ylabel("MB/s")
-    ax.set_title(f"Tar shards, sequential, no decode (T={result['latency_ms']:g} ms)", fontsize=9)
-    ax.legend(fontsize=7)
+        ax.plot([p[0] for p in stream], [p[1] for p in stream], "k--",
+                label=f"raw streaming GETs x{stream[0][2]}")
+    for axis, ylabel in ((ax, "MB/s"), (ax_pss, "peak PSS (MB)")):
+        axis.set_xscale("log", base=2)
+        axis.set_xlabel("shard size (MB)")
+        axis.set_ylabel(ylabel)
+    ax.set_title(f"Tar shards, no decode, {result['server']}, T={result['latency_ms']:g} ms", fontsize=9)
+    ax_pss.set_title("peak PSS of the loader's process tree", fontsize=9)
+    if series:
+        ax_pss.legend(fontsize=6, loc="upper left")
     fig.tight_layout()
     path = out / "throughput_vs_shard_size.png"
     fig.savefig(path, dpi=110)

@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -39,6 +40,24 @@ from benchmarks.harness import Case, run_case
 BUCKET = "pipeflow-bench"
 PNG_FIELDS = ["image", "label"]
 JPEG_FIELDS = ["cls", "jpg"]
+#: S2 runs every loader with this many DataLoader workers, each reading one shard at a time
+S2_WORKERS = 2
+S2_SHARDS_IN_FLIGHT = 1
+#: the pipeflow recipe that reproduces each S2 peer, as the article wrote it
+S2_RECIPES = {
+    "s3connector-shards": "S3IterableDataset",
+    "wds-boto3": "webdataset + boto3 url_opener",
+    "wds-pipe-cli": "webdataset pipe:s5cmd",
+    "wds-s3fs": "webdataset + s3fs url_opener",
+    "torchdata-fsspec": "DataPipes FSSpecFileOpener",
+}
+#: obstore (LitData's S3 client) refuses a plain-HTTP endpoint unless told (where it reads env)
+SIDE_ENV = {"AWS_ALLOW_HTTP": "true"}
+#: the same for S1, by layout
+S1_RECIPES = {
+    "single": {"single-boto3": "boto3 map-style", "single-s5cmd": "s5cmd sampler"},
+    "jpeg": {"s3connector-map": "S3MapDataset", "fsspec-random": "fsspec random access"},
+}
 
 
 @dataclass
@@ -52,8 +71,11 @@ class Sizes:
     s1_peer_workers: tuple[int, ...]  # worker counts tried for the main peers
     s2_shard_mb: tuple[float, ...]
     s2_total_mb: float
-    s2_decode_at: float  # the shard size also run with decode
+    s2_decode_at: float  # the shard size of the decode groups
     s2_jpeg_size: int
+    s2_decode_kinds: tuple[str, ...]  # photo-sized and ImageNet-sized JPEGs (benchmarks.photos)
+    s2_decode_count: int
+    s2_wds_mb: float  # shard size of the article 001 layout group (0: none)
     s3_count: int
     s3_epochs: int
     s4_count: int
@@ -62,6 +84,11 @@ class Sizes:
     s5_items: int
     s5_repeats: int
     max_seconds: float
+    #: every S1/S2/S4 case runs at least this many samples and this long (passes repeat)
+    min_samples: int = 0
+    min_seconds: float = 0.0
+    s4_min_seconds: float = 0.0
+    lean: bool = False  # the smoke test: no case twice where once shows it works
 
 
 FULL = Sizes(
@@ -74,6 +101,9 @@ FULL = Sizes(
     s2_total_mb=512,
     s2_decode_at=64,
     s2_jpeg_size=360,
+    s2_decode_kinds=("photo", "imagenet"),
+    s2_decode_count=1600,
+    s2_wds_mb=16,
     s3_count=400,
     s3_epochs=3,
     s4_count=400,
@@ -82,6 +112,9 @@ FULL = Sizes(
     s5_items=100_000,
     s5_repeats=5,
     max_seconds=40,
+    min_samples=2000,
+    min_seconds=5.0,
+    s4_min_seconds=30.0,
 )
 QUICK = Sizes(
     s1_count=300,
@@ -93,6 +126,9 @@ QUICK = Sizes(
     s2_total_mb=32,
     s2_decode_at=16,
     s2_jpeg_size=360,
+    s2_decode_kinds=("photo", "imagenet"),
+    s2_decode_count=400,
+    s2_wds_mb=16,
     s3_count=150,
     s3_epochs=2,
     s4_count=120,
@@ -101,6 +137,8 @@ QUICK = Sizes(
     s5_items=20_000,
     s5_repeats=3,
     max_seconds=8,
+    min_samples=2000,
+    min_seconds=5.0,
 )
 #: for the smoke test: every peer once, seconds per case
 TINY = Sizes(
@@ -113,10 +151,14 @@ TINY = Sizes(
     s2_total_mb=0.1,
     s2_decode_at=0.05,
     s2_jpeg_size=32,
+    s2_decode_kinds=("imagenet",),
+    s2_decode_count=6,
+    s2_wds_mb=0.05,
+    lean=True,
     s3_count=8,
     s3_epochs=2,
     s4_count=8,
-    s4_png_count=2,
+    s4_png_count=0,
     s4_png_size=64,
     s5_items=2000,
     s5_repeats=1,
@@ -135,32 +177,59 @@ class BenchConfig:
     server: str = "moto"
     workdir: Path | None = None
     datapipes: bool = True
+    streaming_peers: bool = True  # LitData and Mosaic Streaming (their own side venv)
     scenarios: tuple[str, ...] = ("s1", "s2", "s3", "s4", "s5")
 
 
 # ---- server, proxies, data ----------------------------------------------------------------------
 @contextlib.contextmanager
-def _server(spec: str) -> Iterator[str]:
+def _server(spec: str, log: Callable[[str], None] = print) -> Iterator[str]:
     if spec == "moto":
         from pipeflow.testing import local_s3
 
         with local_s3() as s3:
             yield s3.endpoint
         return
+    if spec == "s3rver":
+        from benchmarks import s3rver
+
+        with s3rver.running(log=log) as url, _environ(url, s3rver.CREDENTIALS):
+            yield url
+        return
     if not spec.startswith("http://"):
-        raise ValueError(f"--server must be 'moto' or an http:// endpoint URL, got {spec!r}")
+        raise ValueError(f"--server must be 'moto', 's3rver' or an http:// endpoint URL, got {spec!r}")
+    with _environ(spec, {}):
+        yield spec
+
+
+@contextlib.contextmanager
+def _environ(endpoint: str, extra: dict[str, str]) -> Iterator[None]:
+    """Point every client of this run (children inherit the environment) at ``endpoint``."""
+    values = {"AWS_ENDPOINT_URL": endpoint, "S3_ENDPOINT_URL": endpoint, **extra}
     os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
     os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
-    old = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "S3_ENDPOINT_URL")}
-    os.environ["AWS_ENDPOINT_URL"] = os.environ["S3_ENDPOINT_URL"] = spec
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
-        yield spec
+        yield
     finally:
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+SERVER_NOTES = {
+    "moto": "moto copies the whole object on every GET, ranged GETs included (a client that splits "
+    "a 256 MB shard into 8 MB ranges makes it copy 256 MB per part), so range-splitting clients "
+    "look worse here than on S3; compare with --server s3rver",
+    "s3rver": "s3rver (npm) serves a ranged GET by streaming that range of the file only",
+}
+
+
+def server_name(spec: str) -> str:
+    return {"moto": "moto (python -m moto.server)", "s3rver": "s3rver 3 (npm, Node.js)"}.get(spec, spec)
 
 
 def _client(endpoint: str) -> Any:
@@ -232,15 +301,19 @@ def raw_get_ceiling(
     }
 
 
-def raw_stream_ceiling(endpoint: str, key: str, *, streams: int = 1, repeats: int = 2) -> dict[str, float]:
-    """MB/s of plain streaming GETs of one object to nowhere (best of ``repeats``)."""
+def raw_stream_ceiling(endpoint: str, keys: list[str], *, streams: int = 1,
+                       repeats: int = 2) -> dict[str, float]:
+    """MB/s of ``streams`` concurrent plain streaming GETs (of different objects when there are
+    enough) read to nowhere; best of ``repeats``."""
     client = _client(endpoint)
-    url = urlsplit(
-        client.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": key}, ExpiresIn=3600)
-    )
+    urls = [
+        urlsplit(client.generate_presigned_url("get_object", Params={"Bucket": BUCKET, "Key": k},
+                                               ExpiresIn=3600))
+        for k in keys
+    ]
     best = 0.0
 
-    def one(total: list[int]) -> None:
+    def one(url: Any, total: list[int]) -> None:
         conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
         conn.request("GET", f"{url.path}?{url.query}")
         resp = conn.getresponse()
@@ -251,7 +324,7 @@ def raw_stream_ceiling(endpoint: str, key: str, *, streams: int = 1, repeats: in
     for _ in range(repeats):
         total: list[int] = []
         t0 = time.perf_counter()
-        pool = [threading.Thread(target=one, args=(total,)) for _ in range(streams)]
+        pool = [threading.Thread(target=one, args=(urls[i % len(urls)], total)) for i in range(streams)]
         for t in pool:
             t.start()
         for t in pool:
@@ -275,17 +348,30 @@ class _Runner:
         self.ceilings: dict[str, Any] = {}
         self.datasets: dict[str, Any] = {}
         self.datapipes_python: str | None = None
+        self.peers_python: str | None = None  # the LitData / Mosaic side venv
+        self.peers_missing: str | None = None
+        self.conversions: dict[str, Any] = {}
         self.notes: list[str] = []
+        self.endpoint = ""
+        self.workdir = Path(".")
 
     def case(self, proxy: Any, case: Case) -> dict[str, Any]:
         env = {"AWS_ENDPOINT_URL": proxy.url, "S3_ENDPOINT_URL": proxy.url}
         row = run_case(case, proxy_url=proxy.url, env=env, log=self.log)
         row["latency_ms"] = proxy.delay_ms
         self.rows.append(row)
+        self._checkpoint()
         return row
 
+    def _checkpoint(self) -> None:
+        """Every row so far, so a run that is cut short still leaves its measurements."""
+        path = self.cfg.out / "results.partial.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"rows": self.rows, "ceilings": self.ceilings,
+                                    "conversions": self.conversions, "datasets": self.datasets}))
+
     # -- scenario 1 --
-    def s1(self, proxies: dict[float, Any], server: str) -> None:
+    def s1(self, proxies: dict[float, Any]) -> None:
         sz = self.sz
         for layout in sz.s1_layouts:
             fields = PNG_FIELDS if layout == "single" else JPEG_FIELDS
@@ -310,6 +396,8 @@ class _Runner:
                 budget = {
                     "bytes_per_sample": bps,
                     "max_seconds": sz.max_seconds,
+                    "min_samples": sz.min_samples,
+                    "min_seconds": sz.min_seconds,
                     "extra": {"objects_per_sample": len(fields)},
                 }
                 mk = functools.partial(_s1_case, group, budget)
@@ -362,6 +450,11 @@ class _Runner:
                             python=self.datapipes_python,
                         )
                     )
+                for recipe, original in S1_RECIPES[layout].items():
+                    extra = {**budget["extra"], "reproduces": original}
+                    cases.append(mk(f"recipe {recipe}", "benchmarks.pipeflow_cases:make_recipe",
+                                    {"name": recipe, "url": prefix, "workers": 2}, 2,
+                                    extra=extra))
                 for c in cases:
                     # samples enough for the budget at the ceiling, not more (the tail is slow peers)
                     c.max_samples = ds.count
@@ -375,116 +468,161 @@ class _Runner:
             prefix = f"s3://{BUCKET}/s2-{mb:g}mb/"
             ds = _generate("jpeg-shards", prefix, count=count, image_size=sz.s2_jpeg_size, shard_mb=mb)
             bps = ds.nbytes / ds.count
-            self.datasets[f"s2-{mb:g}mb"] = {
-                "count": ds.count,
-                "shards": len(ds.objects),
-                "bytes_per_sample": round(bps),
-            }
-            shards = ds.urls()
-            biggest = f"s2-{mb:g}mb/{ds.objects[0]}"
-            self.ceilings[f"s2 stream {mb:g} MB shard"] = raw_stream_ceiling(proxy.url, biggest)
-            for decode in (False, True):
-                if decode and mb != sz.s2_decode_at:
-                    continue
-                group = f"{mb:g} MB shards{', decode' if decode else ''}"
-                extra = {"shard_mb": mb, "decode": decode}
-                kw = {"bytes_per_sample": bps, "max_seconds": sz.max_seconds, "extra": extra}
-                cases = [
-                    Case(
-                        "s2",
-                        group,
-                        "pipeflow",
-                        "benchmarks.pipeflow_cases:make_shards",
-                        {"shards": shards, "workers": 2, "backend": "s3torchconnector", "decode": decode},
-                        2,
-                        **kw,
-                    ),
-                    Case(
-                        "s2",
-                        group,
-                        "S3IterableDataset",
-                        "benchmarks.peers.s3torch:make_iterable",
-                        {"prefix": prefix, "workers": 2, "decode": decode},
-                        2,
-                        **kw,
-                    ),
-                    Case(
-                        "s2",
-                        group,
-                        "webdataset + boto3 url_opener",
-                        "benchmarks.peers.webdataset_peers:make",
-                        {"shards": shards, "opener": "boto3", "workers": 2, "decode": decode},
-                        2,
-                        **kw,
-                    ),
-                    Case(
-                        "s2",
-                        group,
-                        "webdataset pipe:s5cmd",
-                        "benchmarks.peers.webdataset_peers:make",
-                        {"shards": shards, "opener": "pipe", "workers": 2, "decode": decode},
-                        2,
-                        **kw,
-                    ),
-                ]
-                if not decode:
-                    cases.append(
-                        Case(
-                            "s2",
-                            group,
-                            "pipeflow (boto3 backend)",
-                            "benchmarks.pipeflow_cases:make_shards",
-                            {"shards": shards, "workers": 2, "backend": "boto3"},
-                            2,
-                            **kw,
-                        )
-                    )
-                    cases.append(
-                        Case(
-                            "s2",
-                            group,
-                            "webdataset + s3fs url_opener",
-                            "benchmarks.peers.webdataset_peers:make",
-                            {"shards": shards, "opener": "s3fs", "workers": 2},
-                            2,
-                            **kw,
-                        )
-                    )
-                    if self.datapipes_python:
-                        cases.append(
-                            Case(
-                                "s2",
-                                group,
-                                "DataPipes FSSpecFileOpener",
-                                "benchmarks.peers.datapipes:make_shards",
-                                {"shards": shards, "workers": 2},
-                                2,
-                                python=self.datapipes_python,
-                                **kw,
-                            )
-                        )
-                for c in cases:
-                    self.case(proxy, c)
-                if decode:
-                    # the bare decode loop over the same samples, in memory, same worker count
-                    self.case(
-                        proxy,
-                        Case(
-                            "s2",
-                            group,
-                            "bare decode loop (in memory)",
-                            "benchmarks.pipeflow_cases:make_decode",
-                            {
-                                "layout": "jpeg",
-                                "count": min(count, 400),
-                                "image_size": sz.s2_jpeg_size,
-                                "workers": 2,
-                                "method": "bare-process",
-                            },
-                            2,
-                            **kw,
-                        ),
-                    )
+            self.datasets[f"s2-{mb:g}mb"] = {"count": ds.count, "shards": len(ds.objects),
+                                             "bytes_per_sample": round(bps)}
+            keys = [f"s2-{mb:g}mb/{o}" for o in ds.objects]
+            self._stream_ceiling(proxy, f"s2 stream {mb:g} MB shard", keys)
+            group = f"{mb:g} MB shards"
+            kw = self._s2_budget(bps, {"shard_mb": mb, "decode": False})
+            for c in self._s2_cases(group, ds.urls(), prefix, kw, decode=False):
+                self.case(proxy, c)
+            for c in self._s2_recipes(group, prefix, kw, layout="jpeg-shards"):
+                self.case(proxy, c)
+            for c in self._s2_streaming_peers(group, ds.urls(), f"s2-{mb:g}mb", mb, kw, decode=False):
+                self.case(proxy, c)
+        if sz.s2_wds_mb:
+            self._s2_wds(proxy, sz.s2_wds_mb)
+        for kind in sz.s2_decode_kinds:
+            self._s2_decode(proxy, kind)
+
+    def _s2_wds(self, proxy: Any, mb: float) -> None:
+        """Article 001's own layout (PNG image + label pairs in tar shards): its webdataset and
+        DataPipes code beside the recipes that reproduce it (they expect this layout)."""
+        sz = self.sz
+        prefix = f"s3://{BUCKET}/s2-wds-{mb:g}mb/"
+        count = max(8, int(sz.s2_total_mb * 1e6 / 100_000))
+        ds = _generate("wds", prefix, count=count, image_size=sz.s1_png_size, shard_mb=mb)
+        bps = ds.nbytes / ds.count
+        self.datasets[f"s2-wds-{mb:g}mb"] = {"count": ds.count, "shards": len(ds.objects),
+                                             "bytes_per_sample": round(bps)}
+        group = f"{mb:g} MB shards, article 001 layout (PNG pairs)"
+        kw = self._s2_budget(bps, {"shard_mb": mb, "decode": False, "layout": "wds"})
+        cases = self._s2_cases(group, ds.urls(), prefix, kw, decode=False)
+        if sz.lean:  # the smoke test: only the article's code and its recipes
+            cases = [c for c in cases if c.library in S2_RECIPES.values()]
+        cases += self._s2_recipes(group, prefix, kw)
+        for c in cases:
+            self.case(proxy, c)
+
+    def _s2_budget(self, bps: float, extra: dict[str, Any]) -> dict[str, Any]:
+        return {"bytes_per_sample": bps, "max_seconds": self.sz.max_seconds, "extra": extra,
+                "min_samples": self.sz.min_samples, "min_seconds": self.sz.min_seconds}
+
+    def _stream_ceiling(self, proxy: Any, name: str, keys: list[str]) -> None:
+        # the loader keeps one shard open per DataLoader worker: N concurrent streaming GETs
+        streams = S2_WORKERS * S2_SHARDS_IN_FLIGHT
+        self.ceilings[name] = raw_stream_ceiling(proxy.url, keys, streams=streams)
+
+    def _s2_cases(self, group: str, shards: list[str], prefix: str, kw: dict[str, Any],
+                  *, decode: bool) -> list[Case]:
+        w = S2_WORKERS
+        pipeflow_factory = "make_photo_shards" if decode else "make_shards"
+        cases = [
+            Case("s2", group, "pipeflow", f"benchmarks.pipeflow_cases:{pipeflow_factory}",
+                 {"shards": shards, "workers": w, "backend": "s3torchconnector"}, w, **kw),
+            Case("s2", group, "S3IterableDataset", "benchmarks.peers.s3torch:make_iterable",
+                 {"prefix": prefix, "workers": w, "decode": decode}, w, **kw),
+            Case("s2", group, "webdataset + boto3 url_opener", "benchmarks.peers.webdataset_peers:make",
+                 {"shards": shards, "opener": "boto3", "workers": w, "decode": decode}, w, **kw),
+            Case("s2", group, "webdataset pipe:s5cmd", "benchmarks.peers.webdataset_peers:make",
+                 {"shards": shards, "opener": "pipe", "workers": w, "decode": decode}, w, **kw),
+        ]
+        if decode:
+            return cases
+        cases += [
+            Case("s2", group, "pipeflow (boto3 backend)", "benchmarks.pipeflow_cases:make_shards",
+                 {"shards": shards, "workers": w, "backend": "boto3"}, w, **kw),
+            Case("s2", group, "webdataset + s3fs url_opener", "benchmarks.peers.webdataset_peers:make",
+                 {"shards": shards, "opener": "s3fs", "workers": w}, w, **kw),
+        ]
+        if self.datapipes_python:
+            cases.append(Case("s2", group, "DataPipes FSSpecFileOpener",
+                              "benchmarks.peers.datapipes:make_shards",
+                              {"shards": shards, "workers": w}, w, python=self.datapipes_python, **kw))
+        return cases
+
+    def _s2_recipes(self, group: str, prefix: str, kw: dict[str, Any], layout: str = "wds") -> list[Case]:
+        from pipeflow import recipes
+
+        cases = []
+        for recipe, original in S2_RECIPES.items():
+            if recipes.get(recipe).layout != layout:
+                continue  # the recipe reads its article's layout only
+            if original == "DataPipes FSSpecFileOpener" and not self.datapipes_python:
+                continue
+            extra = {**kw["extra"], "reproduces": original}
+            cases.append(Case("s2", group, f"recipe {recipe}", "benchmarks.pipeflow_cases:make_recipe",
+                              {"name": recipe, "url": prefix, "workers": S2_WORKERS}, S2_WORKERS,
+                              **{**kw, "extra": extra}))
+        return cases
+
+    def _s2_decode(self, proxy: Any, kind: str) -> None:
+        from benchmarks import photos
+
+        sz = self.sz
+        mb = sz.s2_decode_at
+        name = f"s2-{kind}"
+        count = sz.s2_decode_count
+        ps = photos.write_shards(_client(self.endpoint), BUCKET, name, kind, count=count, shard_mb=mb)
+        bps = ps.nbytes / ps.count
+        self.datasets[name] = {"count": ps.count, "shards": len(ps.urls), "bytes_per_sample": round(bps),
+                               "image": f"{ps.width}x{ps.height}", "distinct_images": photos.DISTINCT}
+        group = f"{mb:g} MB shards, decode {ps.width}x{ps.height} JPEG (~{bps / 1e3:.0f} KB) to 224x224"
+        kw = self._s2_budget(bps, {"shard_mb": mb, "decode": True, "decode_kind": kind})
+        cases = self._s2_cases(group, ps.urls, f"s3://{BUCKET}/{name}/", kw, decode=True)
+        cases += self._s2_streaming_peers(group, ps.urls, name, mb, kw, decode=True)
+        cases.append(Case("s2", group, "bare decode loop (in memory)",
+                          "benchmarks.pipeflow_cases:make_bare_224",
+                          {"kind": kind, "count": min(count, 2000), "workers": S2_WORKERS},
+                          S2_WORKERS, **kw))
+        for c in cases:
+            self.case(proxy, c)
+
+    def _s2_streaming_peers(self, group: str, shards: list[str], name: str, mb: float,
+                            kw: dict[str, Any], *, decode: bool) -> list[Case]:
+        """LitData and Mosaic Streaming over their own format, converted from the same shards."""
+        cases: list[Case] = []
+        if not self.cfg.streaming_peers:
+            return cases
+        for library, module, suffix in (("LitData StreamingDataset", "litdata_peer", "litdata"),
+                                         ("Mosaic StreamingDataset", "mosaic", "mds")):
+            if not self.peers_python:
+                self.unavailable("s2", group, library, self.peers_missing or "side venv missing")
+                continue
+            url = f"s3://{BUCKET}/{name}-{suffix}"
+            key = f"{name} {suffix}"
+            if key not in self.conversions:
+                self.conversions[key] = self._convert(module, shards, url, mb)
+            if "error" in self.conversions[key]:
+                self.unavailable("s2", group, library, "conversion failed: " + self.conversions[key]["error"])
+                continue
+            cache = str(self.workdir / f"{suffix}-cache")
+            cases.append(Case("s2", group, library, f"benchmarks.peers.{module}:make",
+                              {"url": url, "cache_dir": cache, "workers": S2_WORKERS, "decode": decode},
+                              S2_WORKERS, python=self.peers_python, env=dict(SIDE_ENV), **kw))
+        return cases
+
+    def _convert(self, module: str, shards: list[str], url: str, mb: float) -> dict[str, Any]:
+
+        args = json.dumps({"shards": shards, "output": url, "chunk_mb": mb, "workdir": str(self.workdir)})
+        env = {**os.environ, **SIDE_ENV, "AWS_ENDPOINT_URL": self.endpoint, "S3_ENDPOINT_URL": self.endpoint,
+               "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "PYTHONWARNINGS": "ignore"}
+        assert self.peers_python
+        done = subprocess.run([self.peers_python, "-m", f"benchmarks.peers.{module}", "convert", args],
+                              capture_output=True, text=True, env=env, timeout=1800,
+                              cwd=str(Path(__file__).resolve().parent.parent))
+        line = next((x for x in done.stdout.splitlines() if x.startswith("CONVERTED ")), None)
+        if done.returncode != 0 or line is None:
+            err = (done.stderr or done.stdout)[-1500:].strip()
+            self.log(f"  ! {module} conversion to {url} failed: {err[-600:]}")
+            return {"error": err}
+        seconds = float(line.split()[1])
+        self.log(f"  {module} conversion to {url}: {seconds:.1f} s")
+        return {"seconds": round(seconds, 2), "url": url, "shards_in": len(shards)}
+
+    def unavailable(self, scenario: str, group: str, library: str, why: str) -> None:
+        self.rows.append({"scenario": scenario, "group": group, "library": library, "workers": S2_WORKERS,
+                          "error": f"unavailable: {why}"})
 
     # -- scenario 3 --
     def s3(self, proxy: Any, workdir: Path) -> None:
@@ -517,21 +655,19 @@ class _Runner:
             ("jpeg", sz.s4_count, sz.s2_jpeg_size, "JPEG"),
             ("single", sz.s4_png_count, sz.s4_png_size, f"PNG {sz.s4_png_size} px"),
         ):
+            if not count:
+                continue
+            budget: dict[str, Any] = {"max_seconds": sz.max_seconds, "min_samples": sz.min_samples,
+                                      "min_seconds": sz.min_seconds}
+            if sz.s4_min_seconds:
+                # one long pass: enough items in memory for the whole run, cut at the time
+                count, budget = count * 1000, {"max_seconds": sz.s4_min_seconds}
             for method in ("thread", "process"):
                 group = f"{name}, {method} workers"
                 for lib, m in (("pipeflow", method), ("bare decode loop", f"bare-{method}")):
-                    self.case(
-                        proxy,
-                        Case(
-                            "s4",
-                            group,
-                            lib,
-                            "benchmarks.pipeflow_cases:make_decode",
-                            {"layout": layout, "count": count, "image_size": size, "workers": 2, "method": m},
-                            2,
-                            max_seconds=self.sz.max_seconds,
-                        ),
-                    )
+                    kwargs = {"layout": layout, "count": count, "image_size": size, "workers": 2, "method": m}
+                    factory = "benchmarks.pipeflow_cases:make_decode"
+                    self.case(proxy, Case("s4", group, lib, factory, kwargs, 2, **budget))
 
     # -- scenario 5 --
     def s5(self) -> list[dict[str, Any]]:
@@ -541,6 +677,29 @@ class _Runner:
             self.notes.append("scenario 5 skipped: benchmarks/overhead.py is missing")
             return []
         return overhead.run(items=self.sz.s5_items, repeats=self.sz.s5_repeats)
+
+
+def _datapipes_venv(log: Callable[[str], None]) -> str:
+    from benchmarks.peers.datapipes import ensure_venv
+
+    venv = Path(os.environ.get("PIPEFLOW_BENCH_DATAPIPES_VENV",
+                               Path.home() / ".cache" / "pipeflow" / "datapipes-venv"))
+    return ensure_venv(venv, log=log)
+
+
+def _streaming_peers_venv(log: Callable[[str], None]) -> str:
+    from benchmarks.peers import _sidevenv
+
+    return _sidevenv.ensure_venv(log=log)
+
+
+def _side_venv(runner: _Runner, what: str, make: Callable[[Callable[[str], None]], str]) -> str | None:
+    try:
+        return make(runner.log)
+    except Exception as exc:  # the peers are reported unavailable, the run goes on
+        runner.notes.append(f"{what} peer(s) unavailable: {exc}")
+        runner.log(f"! {what} peer(s) unavailable: {exc}")
+        return None
 
 
 def machine() -> dict[str, Any]:
@@ -586,29 +745,25 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     workdir = Path(cfg.workdir or tempfile.mkdtemp(prefix="pipeflow-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.time()
+    runner.workdir = workdir
     if cfg.datapipes and {"s1", "s2"} & set(cfg.scenarios):
-        try:
-            from benchmarks.peers.datapipes import ensure_venv
-
-            venv = Path(
-                os.environ.get(
-                    "PIPEFLOW_BENCH_DATAPIPES_VENV", Path.home() / ".cache" / "pipeflow" / "datapipes-venv"
-                )
-            )
-            runner.datapipes_python = ensure_venv(venv, log=log)
-        except Exception as exc:  # the peer is reported missing, the run goes on
-            runner.notes.append(f"DataPipes peer skipped: {exc}")
-            log(f"! DataPipes peer skipped: {exc}")
+        runner.datapipes_python = _side_venv(runner, "DataPipes", _datapipes_venv)
+    if cfg.streaming_peers and "s2" in set(cfg.scenarios):
+        runner.peers_python = _side_venv(runner, "LitData / Mosaic", _streaming_peers_venv)
+        if runner.peers_python is None:
+            runner.peers_missing = runner.notes[-1]
     overhead_rows: list[dict[str, Any]] = []
-    with _server(cfg.server) as endpoint:
+    with _server(cfg.server, log=log) as endpoint:
+        runner.endpoint = endpoint
         _make_bucket(endpoint)
-        server_name = "moto (python -m moto.server)" if cfg.server == "moto" else cfg.server
+        if cfg.server in SERVER_NOTES:
+            runner.notes.append(SERVER_NOTES[cfg.server])
         latencies = [cfg.latency_ms] + ([0.0] if cfg.sizes.s1_latencies_both and cfg.latency_ms else [])
         with contextlib.ExitStack() as stack:
             proxies = {t: stack.enter_context(ProxyProcess(endpoint, delay_ms=t)) for t in latencies}
             main = proxies[cfg.latency_ms]
             steps = [
-                ("s1", lambda: runner.s1(proxies, server_name)),
+                ("s1", lambda: runner.s1(proxies)),
                 ("s2", lambda: runner.s2(main)),
                 ("s3", lambda: runner.s3(main, workdir)),
                 ("s4", lambda: runner.s4(main)),
@@ -627,13 +782,14 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
         "duration_s": round(time.time() - started, 1),
         "mode": cfg.mode,
         "latency_ms": cfg.latency_ms,
-        "server": server_name,
+        "server": server_name(cfg.server),
         "machine": machine(),
         "versions": _versions(),
         "datasets": runner.datasets,
         "ceilings": runner.ceilings,
         "rows": runner.rows,
         "overhead": overhead_rows,
+        "conversions": runner.conversions,
         "notes": runner.notes,
     }
 

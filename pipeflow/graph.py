@@ -22,7 +22,9 @@ from ._once import first_time
 from .errors import OptionError
 from .run_context import RunContext
 from .stages.base import Stage
+from .stages.group import PairGrouper
 from .stages.shard import Sharder
+from .stages.untar import Untarrer
 
 __all__ = ["Node", "build", "find_sharder", "fingerprint", "format_value", "has_sharder",
            "check_options", "checks_options", "draw", "is_secret", "known_total", "make_label",
@@ -186,7 +188,9 @@ def build(node: Node, ctx: RunContext) -> Stage[Any]:
     Automatic sharding: when the graph contains no sharding stage and ``ctx`` says this process
     is one of several shards (ranks x DataLoader workers), every source (a stage without
     inputs) is followed by a ``Sharder``, so each item is read by exactly one shard instead of
-    being silently duplicated. Add ``shard_by_rank()`` yourself to choose the place.
+    being silently duplicated; when ``group_pairs`` groups whole objects downstream, the sharder
+    splits by sample key so a sample's objects stay together. Add ``shard_by_rank()`` yourself
+    to choose the place.
     """
     auto = ctx.num_shards > 1 and not has_sharder(node)
     # one line for the whole run: from the first shard only, and once across worker processes
@@ -197,17 +201,33 @@ def build(node: Node, ctx: RunContext) -> Stage[Any]:
     return _build(node, ctx, auto, labels, {})[0]
 
 
+def _groups_objects(node: Node, grouped: bool) -> bool:
+    """Whether the inputs of ``node`` feed a ``group_pairs`` of whole objects: a grouping stage
+    downstream with no archive expansion (``untar``) in between, where grouping is per archive."""
+    if issubclass(node.stage, PairGrouper):
+        return True
+    if issubclass(node.stage, Untarrer):
+        return False
+    return grouped
+
+
 def _build(node: Node, ctx: RunContext, auto: bool, labels: dict[int, str],
-           auto_shards: dict[str, int]) -> tuple[Stage[Any], bool]:
-    inputs = [_build(i, ctx, auto, labels, auto_shards) for i in node.inputs]
-    stage = node.stage(*(s for s, _ in inputs), *node.args, **node.kwargs)
+           auto_shards: dict[str, int], grouped: bool = False) -> tuple[Stage[Any], bool]:
+    grouped = _groups_objects(node, grouped)
+    inputs = [_build(i, ctx, auto, labels, auto_shards, grouped) for i in node.inputs]
+    kwargs = node.kwargs
+    if issubclass(node.stage, Sharder) and kwargs.get("by", "auto") == "auto":
+        kwargs = {**kwargs, "by": "key" if grouped else "item"}  # keep grouped objects together
+    stage = node.stage(*(s for s, _ in inputs), *node.args, **kwargs)
     stage.context = ctx
     stage.name = labels[id(node)]
     stage.description = _described(node, labels)
     stage.sharded_upstream = any(sharded for _, sharded in inputs)
     sharded = stage.sharded_upstream or stage.is_sharder
     if auto and not node.inputs:
-        sharder = Sharder(stage, auto=True)
+        # objects grouped into samples downstream: shard by sample key, so a sample's objects
+        # are read and grouped by one shard
+        sharder = Sharder(stage, auto=True, by="key" if grouped else "item")
         sharder.context = ctx
         n = auto_shards["n"] = auto_shards.get("n", 0) + 1
         sharder.name = "auto_shard" if n == 1 else f"auto_shard#{n}"

@@ -68,7 +68,12 @@ class Pipeline(torch.utils.data.IterableDataset):
     # ---- building -----------------------------------------------------------------------
     def then(self, stage: type[Stage[Any]], *args: Any, label: str | None = None,
              **kwargs: Any) -> Pipeline:
-        """Append a custom stage class: ``stage(source_stage, *args, **kwargs)``."""
+        """Append a custom stage class: ``stage(source_stage, *args, **kwargs)``.
+
+        The class subclasses :class:`~pipeflow.stages.base.Stage` and implements ``next()``,
+        plus ``start(state)``/``stop()``/``get_state()`` when it holds a position or resources
+        (see docs/ARCHITECTURE.md). ``label`` replaces its name in ``explain()`` and ``stats()``.
+        """
         name = label or make_label(stage.__name__, args, kwargs)
         validate(stage, 1, args, kwargs)
         return Pipeline(Node(stage, args, kwargs, (self._node,), name))
@@ -89,9 +94,12 @@ class Pipeline(torch.utils.data.IterableDataset):
         return self._then("shuffle", Shuffler, buffer_size, seed=seed)
 
     @checks_options
-    def shard_by_rank(self, *, ranks: bool = True, workers: bool = True) -> Pipeline:
-        """Keep every N-th item, N = ranks x DataLoader workers; disables automatic sharding."""
-        return self._then("shard_by_rank", Sharder, ranks=ranks, workers=workers)
+    def shard_by_rank(self, *, ranks: bool = True, workers: bool = True,
+                      by: Literal["auto", "item", "key"] = "auto") -> Pipeline:
+        """Keep every N-th item (``by="key"``: every N-th sample, its objects together; ``"auto"``:
+        by key when ``group_pairs`` groups whole objects downstream), N = ranks x DataLoader
+        workers; disables automatic sharding."""
+        return self._then("shard_by_rank", Sharder, ranks=ranks, workers=workers, by=by)
 
     @checks_options
     def map(self, fn: Callable[[Any], Any], *, workers: int = 0,
@@ -173,7 +181,8 @@ class Pipeline(torch.utils.data.IterableDataset):
     @checks_options
     def group_pairs(self, *, required: Sequence[str] | None = None,
                     on_incomplete: Literal["raise", "skip"] = "raise") -> Pipeline:
-        """Group records sharing a key (``a/b.image.png`` -> key ``a/b``) into sample dicts."""
+        """Group records sharing a key (``a/b.image.png`` -> key ``a/b``) into sample dicts, with
+        as many fields as the sample has (the name is historical: not only pairs)."""
         return self._then("group_pairs", PairGrouper, required=required, on_incomplete=on_incomplete)
 
     @checks_options

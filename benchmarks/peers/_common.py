@@ -104,3 +104,15 @@ def list_keys(prefix_url: str) -> list[str]:
     for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         urls += [f"s3://{bucket}/{o['Key']}" for o in page.get("Contents", [])]
     return sorted(urls)
+
+
+def decode_224(sample: dict[str, Any]) -> dict[str, Any]:
+    """The S2 decode groups' work for every library: the JPEG decoded with PIL and resized as
+    torchvision's ``Resize((224, 224))`` does on a PIL image (bilinear, both sides to 224), as a
+    uint8 CHW tensor; the class as an int."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(sample["jpg"])) as img:
+        img = img.convert("RGB").resize((224, 224), Image.Resampling.BILINEAR)
+        array = np.array(img)  # writable, as a training loop needs
+    return {"jpg": torch.from_numpy(array).permute(2, 0, 1).contiguous(), "cls": int(sample["cls"])}

@@ -60,7 +60,7 @@ def _key(item: tuple[str, Any]) -> str:
 
 def _to_sample(group: list[tuple[str, Any]], decode: bool) -> dict[str, Any]:
     sample = {name.rsplit(".", 1)[1]: stream.read() for name, stream in group}
-    return _common.decode_sample(sample) if decode else sample
+    return _common.decode_224(sample) if decode else sample
 
 
 def _read_sample(key_url: str, fields: tuple[str, ...], decode: bool) -> dict[str, Any]:

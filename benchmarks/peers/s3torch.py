@@ -83,7 +83,7 @@ class TarShards(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for reader in self.shards:
             for sample in _tar_samples(reader):
-                yield _common.decode_sample(sample) if self.decode else sample
+                yield _common.decode_224(sample) if self.decode else sample
 
 
 def make_map(prefix: str, n_fields: int, workers: int, batch_size: int = 4, decode: bool = False) -> Any:

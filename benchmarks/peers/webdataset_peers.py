@@ -76,7 +76,7 @@ def url_opener_s3fs(data, handler=reraise_exception, **kw):
 
 def _to_sample(sample: dict[str, Any], decode: bool) -> dict[str, Any]:
     fields = {k: v for k, v in sample.items() if not k.startswith("__")}
-    return _common.decode_sample(fields) if decode else fields
+    return _common.decode_224(fields) if decode else fields
 
 
 _OPENERS = {"boto3": url_opener_boto3, "s3fs": url_opener_s3fs}

@@ -8,12 +8,14 @@ plots into ``--out``. The benchmark code lives in the repository's ``benchmarks/
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
 __all__ = ["add_arguments", "run"]
 
 SCENARIOS = ("s1", "s2", "s3", "s4", "s5")
+S2_GROUPS = ("sizes", "article-001", "decode")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,9 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--server",
         default="moto",
-        metavar="moto|URL",
-        help="'moto' (default: started on 127.0.0.1) or the http:// endpoint of a running "
-        "S3-compatible server (credentials from the environment)",
+        metavar="moto|s3rver|URL",
+        help="'moto' (default: started on 127.0.0.1; copies the whole object on every ranged GET), "
+        "'s3rver' (the npm package, installed once into ~/.cache/pipeflow/s3rver; needs Node.js "
+        "and npm; serves ranges at their cost) or the http:// endpoint of a running S3-compatible "
+        "server (credentials from the environment)",
     )
     parser.add_argument(
         "--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS), help="run only these scenarios"
@@ -43,6 +47,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-datapipes",
         action="store_true",
         help="skip the torchdata 0.9 DataPipes peer (it needs its own small venv)",
+    )
+    parser.add_argument(
+        "--no-streaming-peers",
+        action="store_true",
+        help="skip the LitData and Mosaic Streaming peers of S2 (they need their own small venv)",
+    )
+    parser.add_argument(
+        "--shard-mb",
+        type=float,
+        nargs="+",
+        default=None,
+        metavar="MB",
+        help="S2 shard sizes (default: 4 16 64 256 in a full run, 4 16 with --quick)",
+    )
+    parser.add_argument(
+        "--s2-groups",
+        nargs="+",
+        choices=S2_GROUPS,
+        default=list(S2_GROUPS),
+        help="S2 comparison groups to run: 'sizes' (JPEG tar shards at every --shard-mb), "
+        "'article-001' (the article's PNG-pair shards, its code beside the recipes), 'decode' "
+        "(photo-sized and ImageNet-sized JPEGs decoded to 224x224); default all",
     )
     parser.add_argument("--workdir", default=None, help="keep local data and caches here")
 
@@ -72,6 +98,16 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--latency-ms must be >= 0")
     mode = "tiny" if args.tiny else "quick" if args.quick else "full"
     sizes = {"tiny": scenarios.TINY, "quick": scenarios.QUICK, "full": scenarios.FULL}[mode]
+    if args.shard_mb:
+        if any(mb <= 0 for mb in args.shard_mb):
+            raise SystemExit("--shard-mb sizes must be > 0")
+        sizes = dataclasses.replace(sizes, s2_shard_mb=tuple(args.shard_mb))
+    if "sizes" not in args.s2_groups:
+        sizes = dataclasses.replace(sizes, s2_shard_mb=())
+    if "article-001" not in args.s2_groups:
+        sizes = dataclasses.replace(sizes, s2_wds_mb=0)
+    if "decode" not in args.s2_groups:
+        sizes = dataclasses.replace(sizes, s2_decode_kinds=())
     cfg = scenarios.BenchConfig(
         out=Path(args.out),
         sizes=sizes,
@@ -80,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
         server=args.server,
         workdir=Path(args.workdir) if args.workdir else None,
         datapipes=not args.no_datapipes,
+        streaming_peers=not args.no_streaming_peers,
         scenarios=tuple(args.scenarios),
     )
     result = scenarios.run(cfg, log=lambda line: print(line, flush=True))

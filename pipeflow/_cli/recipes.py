@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import inspect
 import json
 import shutil
@@ -56,18 +55,16 @@ def _describe(name: str, width: int) -> str:
     from .. import recipes
 
     info = recipes.get(name)
-    module = importlib.import_module(f"pipeflow.recipes.{info.name.replace('-', '_')}")
     wrap = textwrap.TextWrapper(width=width, initial_indent="  ", subsequent_indent="  ")
     head = (f"{info.name}  (article {info.article}, layout {info.layout!r}, reads "
             f"{' or '.join(info.reads)}, backend {info.backend})")
     out = [textwrap.fill(head, width=width, subsequent_indent="  "), ""]
-    out += [wrap.fill(p) for p in _paragraphs(module.__doc__ or info.description)]
+    out += [wrap.fill(p) for p in _paragraphs(info.notes or info.description)]
     out += ["", "options (pipeflow run NAME --url URL -o KEY=VALUE):"]
     rows = [[k, repr(v)] for k, v in info.options.items()] or [["(none)", ""]]
     out += ["  " + line for line in format_table(rows, ["option", "default"], width=width - 2).splitlines()]
-    doc = inspect.getdoc(module.build)
-    if doc:
-        out += [""] + [wrap.fill(p) for p in _paragraphs(doc)]
+    if info.option_help:
+        out += [""] + [wrap.fill(p) for p in _paragraphs(info.option_help)]
     return "\n".join(out)
 
 

@@ -6,7 +6,9 @@ first time the backend is requested by name or URL scheme.
 
 from __future__ import annotations
 
+from ._retry import RetryPolicy
 from .base import Backend, BackendOptions, S3Location, parse_s3_url, scheme_of
+from .batch import BatchDownloader, BatchHandle, ThreadPoolBatch
 from .registry import (
     BackendSpec,
     backend_class,
@@ -22,7 +24,11 @@ __all__ = [
     "Backend",
     "BackendOptions",
     "BackendSpec",
+    "BatchDownloader",
+    "BatchHandle",
+    "RetryPolicy",
     "S3Location",
+    "ThreadPoolBatch",
     "backend_class",
     "backend_for_url",
     "backend_specs",

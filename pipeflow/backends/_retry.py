@@ -1,36 +1,40 @@
-"""Retries for transient storage failures, and streams that resume where they broke.
+"""Retries for transient storage failures: the policy, the classification, the loop.
 
-* :class:`RetryPolicy`: exponential backoff with full jitter (the delay before retry ``n`` is
-  uniform in ``[0, min(max_delay, base_delay * 2**n)]``), a bounded number of attempts.
+* :class:`RetryPolicy`: a *time budget* per request (60 s by default) with capped exponential
+  backoff and full jitter (the delay before retry ``n`` is uniform in
+  ``[0, min(max_delay, base_delay * 2**n)]``), optionally also a cap on attempts.
 * :func:`is_transient`: the classification, by exception type and error code, never by message:
-  HTTP 5xx and 429, S3 ``SlowDown``/throttling codes, connection resets, read timeouts,
-  truncated bodies.
+  HTTP 5xx and 429, S3 ``SlowDown``/throttling codes, connection resets and refusals, read
+  timeouts, truncated bodies.
 * :func:`retry_call`: run a request under a policy; :class:`~pipeflow.errors.RetryExhaustedError`
   when the budget is spent.
-* :class:`ResumableStream`: a non-seekable binary stream over an ``opener(offset)`` that, when the
-  body breaks off mid-way, reopens with a ranged request from the byte already delivered
-  instead of starting over.
+
+Streams that resume where they broke live in :mod:`pipeflow.backends._resumable`.
 """
 
 from __future__ import annotations
 
-import io
+import http.client
+import math
 import random
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import IO, Any, TypeVar
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
 
+from .._checks import is_int
 from ..errors import ConfigError, PipeflowError, RetryExhaustedError
 
 __all__ = [
     "TRANSIENT_CODES",
-    "ResumableStream",
     "RetryPolicy",
-    "TruncatedBodyError",
+    "RetryTimer",
+    "exhausted",
     "is_transient",
+    "is_transient_status",
     "retry_call",
+    "s3_error_code",
 ]
 
 T = TypeVar("T")
@@ -44,47 +48,177 @@ TRANSIENT_CODES = frozenset({
     "EC2ThrottledException", "PriorRequestNotComplete", "TransactionInProgressException",
 })
 
+#: the most attempts :meth:`RetryPolicy.sdk_attempts` hands to an SDK that counts attempts
+_MAX_SDK_ATTEMPTS = 50
+
 _jitter = random.Random()
 
-#: read size used by ``read()`` without a size
-_READ_ALL_CHUNK = 4 << 20
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RetryPolicy:
-    """How hard to retry transient failures.
+    """How long and how hard to retry transient failures (5xx, 429, throttling, resets, timeouts).
+
+    The default keeps retrying one request for up to 60 seconds after its first failure, with
+    delays that grow from 0.1 s to at most 5 s, randomised ("full jitter") so that many clients
+    do not retry in lockstep. Permanent errors (403, 404, a bad request) are never retried.
 
     Attributes:
-        max_attempts: tries per request, the first included (1 disables retries). For a stream,
-            the number of consecutive failed resumptions without progress.
+        budget: seconds a request may keep being retried, counted from its first failure;
+            once spent, the next failure raises :class:`~pipeflow.errors.RetryExhaustedError`.
+            An attempt in flight is not cut short (the backend's ``timeout`` bounds it).
+            None: no time limit (``max_attempts`` must then be set).
+        max_attempts: tries per request, the first included, on top of the budget (None: as
+            many as the budget allows; 1 disables retries). For a stream, the number of
+            consecutive failed resumptions without progress.
         base_delay: seconds; the cap of the first backoff.
         max_delay: seconds; the cap of any single backoff.
-        max_resumes: total mid-body resumptions allowed for one stream.
+        max_resumes: total mid-body resumptions allowed for one stream (None: no limit; each
+            stretch without progress is bounded by ``budget`` / ``max_attempts`` anyway).
+
+    Also accepted wherever a backend takes ``retry=``: an int ``n`` (``n`` retries after the
+    first try, i.e. ``max_attempts=n + 1``, within the default budget; 0 disables retries) and a
+    mapping of these fields (``{"budget": 10}``), convenient in JSON or YAML configuration.
     """
 
-    max_attempts: int = 5
-    base_delay: float = 0.05
+    budget: float | None = 60.0
+    max_attempts: int | None = None
+    base_delay: float = 0.1
     max_delay: float = 5.0
-    max_resumes: int = 20
+    max_resumes: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
-            raise ConfigError(f"RetryPolicy.max_attempts must be an int >= 1, got {self.max_attempts!r}")
-        if not isinstance(self.max_resumes, int) or self.max_resumes < 0:
-            raise ConfigError(f"RetryPolicy.max_resumes must be an int >= 0, got {self.max_resumes!r}")
-        for name in ("base_delay", "max_delay"):
+        if self.max_attempts is not None and (not is_int(self.max_attempts) or self.max_attempts < 1):
+            raise ConfigError(f"RetryPolicy(max_attempts=...) must be a positive int or None, "
+                              f"got {self.max_attempts!r}")
+        if self.max_resumes is not None and (not is_int(self.max_resumes) or self.max_resumes < 0):
+            raise ConfigError(f"RetryPolicy(max_resumes=...) must be a non-negative int or None, "
+                              f"got {self.max_resumes!r}")
+        for name in ("budget", "base_delay", "max_delay"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value < 0:
-                raise ConfigError(f"RetryPolicy.{name} must be a number >= 0, got {value!r}")
+            if value is None and name == "budget":
+                continue
+            if (not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0
+                    or not math.isfinite(value)):
+                raise ConfigError(f"RetryPolicy({name}=...) must be a number of seconds >= 0, got {value!r}")
+        if self.budget is None and self.max_attempts is None:
+            raise ConfigError("RetryPolicy needs a budget (seconds) or max_attempts: "
+                              "with neither, a server that never comes back is retried forever")
+
+    @classmethod
+    def coerce(cls, value: Any, what: str = "retry") -> RetryPolicy:
+        """``value`` as a policy: a RetryPolicy, an int number of retries, or a mapping of fields.
+
+        Raises:
+            ConfigError: anything else, or a mapping with unknown or invalid fields.
+        """
+        if isinstance(value, RetryPolicy):
+            return value
+        if is_int(value):
+            if value < 0:
+                raise ConfigError(f"{what}= as an int is a number of retries (>= 0), got {value!r}")
+            return cls(max_attempts=value + 1)
+        if isinstance(value, Mapping):
+            valid = [f.name for f in fields(cls)]
+            unknown = sorted(str(k) for k in value if k not in valid)
+            if unknown:
+                raise ConfigError(f"{what}=: unknown RetryPolicy field(s) {', '.join(unknown)}; "
+                                  f"valid: {', '.join(valid)}")
+            return cls(**value)
+        raise ConfigError(f"{what}= must be a RetryPolicy, an int number of retries or a mapping of "
+                          f"RetryPolicy fields, got {type(value).__name__}")
 
     def backoff(self, attempt: int) -> float:
         """The (random) delay before retry number ``attempt`` (0-based): full jitter."""
         cap = min(self.max_delay, self.base_delay * (2 ** min(attempt, 32)))
         return _jitter.uniform(0.0, cap)
 
+    def sdk_attempts(self, *, sdk_base_delay: float | None = None,
+                     sdk_max_delay: float | None = None) -> int:
+        """Attempts to give an SDK that can only count attempts, not time (the CRT, s5cmd run).
 
-class TruncatedBodyError(ConnectionError):
-    """A response body ended before the announced length (a transient failure)."""
+        ``max_attempts`` when set; otherwise the number of tries whose average backoff fits in
+        the budget (capped at 50), computed with the SDK's own backoff (``sdk_base_delay`` and
+        ``sdk_max_delay``, full jitter assumed; default: this policy's). The SDK's delays are
+        random, so on those backends the budget holds on average, not exactly.
+        """
+        if self.max_attempts is not None:
+            return self.max_attempts
+        assert self.budget is not None
+        base = self.base_delay if sdk_base_delay is None else sdk_base_delay
+        cap = self.max_delay if sdk_max_delay is None else sdk_max_delay
+        attempts, spent = 1, 0.0
+        while attempts < _MAX_SDK_ATTEMPTS:
+            spent += min(cap, base * (2 ** min(attempts - 1, 32))) / 2
+            if spent > self.budget:
+                break
+            attempts += 1
+        return attempts
+
+    def timer(self, clock: Callable[[], float] = time.monotonic) -> RetryTimer:
+        """A fresh count of failures and elapsed time for one request."""
+        return RetryTimer(self, clock)
+
+
+class RetryTimer:
+    """The retry state of one request (or one stretch of a stream without progress)."""
+
+    def __init__(self, policy: RetryPolicy, clock: Callable[[], float] = time.monotonic) -> None:
+        self.policy = policy
+        self._clock = clock
+        self.failures = 0
+        self._first_failure: float | None = None
+
+    @property
+    def elapsed(self) -> float:
+        """Seconds since the first failure (0 before any)."""
+        return 0.0 if self._first_failure is None else self._clock() - self._first_failure
+
+    def failed(self) -> float | None:
+        """Record a failure; the delay to sleep before the next try, or None to give up."""
+        self.failures += 1
+        if self._first_failure is None:
+            self._first_failure = self._clock()
+        policy = self.policy
+        if policy.max_attempts is not None and self.failures >= policy.max_attempts:
+            return None
+        delay = policy.backoff(self.failures - 1)
+        if policy.budget is not None:
+            left = policy.budget - self.elapsed
+            if left <= 0:
+                return None
+            delay = min(delay, left)
+        return delay
+
+    def describe(self) -> str:
+        """``"after 12 attempts in 60.3 s"``, for error messages."""
+        return f"after {self.failures} attempts in {self.elapsed:.1f} s"
+
+
+def s3_error_code(exc: BaseException | None) -> tuple[str, int | None] | None:
+    """``(error code, HTTP status)`` of the first botocore-style error in ``exc``'s chain.
+
+    Looks for the ``response`` dict botocore's ``ClientError`` carries (aiobotocore's and
+    s3transfer's wrappers chain to one). None when there is none.
+    """
+    seen = 0
+    while exc is not None and seen < 8:
+        response = getattr(exc, "response", None)
+        if isinstance(response, dict):
+            code = str((response.get("Error") or {}).get("Code", "") or "")
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            return code, status if is_int(status) else None
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+def is_transient_status(code: str, status: int | None) -> bool:
+    """True for a throttling/availability error code, or an HTTP 5xx / 429 status."""
+    if code in TRANSIENT_CODES:
+        return True
+    if status is None and code.isdigit():
+        status = int(code)
+    return status is not None and (status >= 500 or status == 429)
 
 
 def _botocore_transient(exc: BaseException) -> bool | None:
@@ -92,14 +226,8 @@ def _botocore_transient(exc: BaseException) -> bool | None:
     if bexc is None:
         return None
     if isinstance(exc, bexc.ClientError):
-        response: dict[str, Any] = getattr(exc, "response", None) or {}
-        code = str(response.get("Error", {}).get("Code", ""))
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if code in TRANSIENT_CODES:
-            return True
-        if isinstance(status, int):
-            return status >= 500 or status == 429
-        return code.isdigit() and (int(code) >= 500 or int(code) == 429)
+        code, status = s3_error_code(exc) or ("", None)
+        return is_transient_status(code, status)
     transient = (bexc.ConnectionError, bexc.HTTPClientError, bexc.IncompleteReadError)
     if isinstance(exc, transient):
         return True
@@ -121,7 +249,7 @@ def _third_party_transient(exc: BaseException) -> bool:
         if types and isinstance(exc, types):
             return True
     status = getattr(exc, "status", None)  # aiohttp ClientResponseError
-    return isinstance(status, int) and (status >= 500 or status == 429) and not isinstance(exc, PipeflowError)
+    return is_int(status) and (status >= 500 or status == 429) and not isinstance(exc, PipeflowError)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -138,8 +266,6 @@ def is_transient(exc: BaseException) -> bool:
         verdict = _botocore_transient(current)
         if verdict is not None:
             return verdict
-        import http.client  # stdlib, cheap
-
         if isinstance(current, (ConnectionError, TimeoutError, http.client.IncompleteRead)):
             return True
         if _third_party_transient(current):
@@ -148,176 +274,43 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
+def exhausted(timer: RetryTimer, exc: BaseException, *, what: str, url: str, backend: str, op: str,
+              endpoint: str | None = None) -> RetryExhaustedError:
+    """The error for a spent budget, naming the URL, the endpoint and the last failure."""
+    where = f" at {endpoint}" if endpoint else ""
+    budget = timer.policy.budget
+    limit = f"retry budget {budget:g} s" if budget is not None else "no time budget"
+    if timer.policy.max_attempts is not None:
+        limit += f", at most {timer.policy.max_attempts} attempts"
+    return RetryExhaustedError(f"{what}{where}: gave up {timer.describe()} ({limit}): "
+                               f"{type(exc).__name__}", url=url, backend=backend, op=op)
+
+
 def retry_call(fn: Callable[[], T], *, policy: RetryPolicy, url: str = "", backend: str = "",
-               op: str = "", classify: Callable[[BaseException], bool] = is_transient,
+               op: str = "", endpoint: str | None = None,
+               classify: Callable[[BaseException], bool] = is_transient,
                sleep: Callable[[float], None] = time.sleep,
+               clock: Callable[[], float] = time.monotonic,
                on_retry: Callable[[BaseException, int], None] | None = None) -> T:
-    """Call ``fn()``, retrying transient failures with backoff.
+    """Call ``fn()``, retrying transient failures with backoff until the policy's budget is spent.
 
     Non-transient exceptions propagate unchanged (the backend translates them).
 
     Raises:
-        RetryExhaustedError: still failing after ``policy.max_attempts`` attempts; raised from
-            the last failure.
+        RetryExhaustedError: still failing when the budget (time, and attempts when capped) is
+            spent; names ``url`` and ``endpoint``, raised from the last failure.
     """
-    attempt = 0
+    timer = policy.timer(clock)
     while True:
         try:
             return fn()
         except Exception as exc:
             if not classify(exc):
                 raise
-            attempt += 1
-            if attempt >= policy.max_attempts:
-                raise RetryExhaustedError(
-                    f"gave up after {attempt} attempts: {type(exc).__name__}",
-                    url=url, backend=backend, op=op) from exc
+            delay = timer.failed()
+            if delay is None:
+                raise exhausted(timer, exc, what="request", url=url, backend=backend, op=op,
+                                endpoint=endpoint) from exc
             if on_retry is not None:
-                on_retry(exc, attempt)
-            sleep(policy.backoff(attempt - 1))
-
-
-class ResumableStream(io.BufferedIOBase):
-    """A readable, non-seekable stream that survives broken connections.
-
-    Args:
-        opener: ``opener(offset)`` returns a fresh binary stream positioned at ``offset`` (a
-            ranged GET). It is called lazily, on the first read, and again after each failure.
-        start: the offset of the first byte this stream delivers.
-        size: the object's total size when known; a body that ends before it counts as a
-            transient failure and is resumed.
-        policy: the retry budget.
-        url, backend: for error messages.
-        classify: which failures are transient.
-        sleep: injectable for tests.
-        first: an already opened body for ``start`` (so open errors surface at open time).
-        translate: maps a permanent (non-transient) read failure to a typed error.
-
-    The number of resumptions is available as :attr:`resumes`.
-    """
-
-    def __init__(self, opener: Callable[[int], IO[bytes]], *, start: int = 0, size: int | None = None,
-                 policy: RetryPolicy | None = None, url: str = "", backend: str = "",
-                 classify: Callable[[BaseException], bool] = is_transient,
-                 sleep: Callable[[float], None] = time.sleep,
-                 first: IO[bytes] | None = None,
-                 translate: Callable[[BaseException], BaseException] | None = None) -> None:
-        super().__init__()
-        self._opener = opener
-        self._pos = start
-        self._size = size
-        self._policy = policy or RetryPolicy()
-        self._url = url
-        self._backend = backend
-        self._classify = classify
-        self._sleep = sleep
-        self._raw: IO[bytes] | None = first
-        self._translate = translate
-        self._failures = 0  # consecutive, without progress
-        self.resumes = 0
-
-    # ---- io protocol ----------------------------------------------------------------------
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
-
-    def tell(self) -> int:
-        return self._pos
-
-    @property
-    def url(self) -> str:
-        return self._url
-
-    def close(self) -> None:
-        raw, self._raw = self._raw, None
-        if raw is not None:
-            try:
-                raw.close()
-            except Exception:  # a broken connection may fail to close; nothing to recover
-                pass
-        super().close()
-
-    def read(self, size: int | None = -1) -> bytes:
-        if size is None or size < 0:
-            return self._read_all()
-        chunks: list[bytes] = []
-        remaining = size
-        while remaining > 0:
-            chunk = self.read1(remaining)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            remaining -= len(chunk)
-        return b"".join(chunks)
-
-    def read1(self, size: int = -1) -> bytes:
-        if size is None or size < 0:
-            size = 1 << 20
-        return self._attempt(lambda raw: raw.read(size))
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        data = self.read(len(view))
-        view[: len(data)] = data
-        return len(data)
-
-    def readinto1(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        data = self.read1(len(view))
-        view[: len(data)] = data
-        return len(data)
-
-    # ---- machinery ------------------------------------------------------------------------
-    def _read_all(self) -> bytes:
-        # bounded reads, so a failure loses at most one chunk and the resume starts from
-        # the bytes already delivered (a single read() would return nothing on failure)
-        chunks: list[bytes] = []
-        while True:
-            chunk = self._attempt(lambda raw: raw.read(_READ_ALL_CHUNK))
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-
-    def _attempt(self, op: Callable[[IO[bytes]], bytes]) -> bytes:
-        if self.closed:
-            raise ValueError("I/O operation on closed stream")
-        while True:
-            try:
-                if self._raw is None:
-                    if self._size is not None and self._pos >= self._size:
-                        return b""
-                    self._raw = self._opener(self._pos)
-                data = op(self._raw)
-                if not data and self._size is not None and self._pos < self._size:
-                    raise TruncatedBodyError(
-                        f"body ended at byte {self._pos} of {self._size}")
-            except Exception as exc:
-                if not self._classify(exc):
-                    err = self._translate(exc) if self._translate is not None else exc
-                    if err is exc:
-                        raise
-                    raise err from exc
-                self._recover(exc)
-                continue
-            if data:
-                self._pos += len(data)
-                self._failures = 0
-            return data
-
-    def _recover(self, exc: BaseException) -> None:
-        raw, self._raw = self._raw, None
-        if raw is not None:
-            try:
-                raw.close()
-            except Exception:  # the connection is already broken
-                pass
-        self._failures += 1
-        self.resumes += 1
-        if self._failures >= self._policy.max_attempts or self.resumes > self._policy.max_resumes:
-            raise RetryExhaustedError(
-                f"stream broke off at byte {self._pos} and could not be resumed "
-                f"({self.resumes} resumptions): {type(exc).__name__}",
-                url=self._url, backend=self._backend, op="read") from exc
-        self._sleep(self._policy.backoff(self._failures - 1))
+                on_retry(exc, timer.failures)
+            sleep(delay)

@@ -18,6 +18,7 @@ Credentials never appear in a repr or an error message.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +31,7 @@ from ..errors import (
     PipeflowError,
     RetryExhaustedError,
 )
-from ._retry import RetryPolicy
+from ._retry import RetryPolicy, s3_error_code
 from .base import BackendOptions
 
 __all__ = [
@@ -81,15 +82,17 @@ class S3Options(BackendOptions):
             path-style for custom endpoints.
         access_key, secret_key, session_token: explicit credentials (never shown in reprs);
             by default the SDK's credential chain is used.
-        retry: the retry policy for transient failures. It is the only retry layer: every
+        retry: the retry policy for transient failures (default: retry each request for up to
+            60 s, see :class:`~pipeflow.backends._retry.RetryPolicy`; an int ``n`` means ``n``
+            retries, a mapping gives the policy's fields). It is the only retry layer: every
             backend turns its SDK's own retries off (or down to the policy's budget where the
             SDK cannot be turned off), so giving up takes a bounded, predictable time.
         timeout: seconds to wait for a connection and for the next bytes of a response:
             ``(connect, read)``, or one number for both; None leaves the SDK's defaults
             (botocore: 60 s each). A request that exceeds it fails as a transient timeout and
             is retried under ``retry``, so a stalled server ends in
-            :class:`~pipeflow.errors.RetryExhaustedError` after roughly
-            ``max_attempts * (connect + read)`` seconds instead of hanging.
+            :class:`~pipeflow.errors.RetryExhaustedError` once the retry budget is spent
+            (plus at most one ``connect + read``) instead of hanging.
     """
 
     endpoint: str | None = None
@@ -116,10 +119,7 @@ class S3Options(BackendOptions):
             raise ConfigError(f"path_style must be True, False or None, got {self.path_style!r}")
         if (self.access_key is None) != (self.secret_key is None):
             raise ConfigError("access_key and secret_key must be given together")
-        if isinstance(self.retry, dict):
-            object.__setattr__(self, "retry", RetryPolicy(**self.retry))
-        if not isinstance(self.retry, RetryPolicy):
-            raise ConfigError(f"retry must be a RetryPolicy, got {type(self.retry).__name__}")
+        object.__setattr__(self, "retry", RetryPolicy.coerce(self.retry))
 
     # resolved per call (in the process that makes the client), so DataLoader workers and
     # subprocesses see the environment they run in
@@ -128,6 +128,14 @@ class S3Options(BackendOptions):
 
     def resolved_region(self) -> str:
         return resolve_region(self.region)
+
+    def endpoint_label(self) -> str:
+        """The endpoint for error messages: the resolved URL, or AWS's default."""
+        return self.resolved_endpoint() or "the AWS default endpoint"
+
+    def endpoint_for(self, url: str) -> str | None:
+        """:meth:`endpoint_label` for an ``s3://`` URL, None for any other (for error messages)."""
+        return self.endpoint_label() if url[:5].lower() == "s3://" else None
 
     def use_path_style(self) -> bool:
         if self.path_style is not None:
@@ -208,23 +216,19 @@ def translate_s3_error(exc: BaseException, *, url: str, backend: str, op: str) -
     """
     if isinstance(exc, PipeflowError):
         return exc
-    bexc = __import__("sys").modules.get("botocore.exceptions")
+    found = s3_error_code(exc)
+    if found is not None:
+        code, status = found
+        return error_for_status(status, code, url=url, backend=backend, op=op)
+    bexc = sys.modules.get("botocore.exceptions")
     if bexc is not None:
-        inner = _client_error_in_chain(exc)
-        if isinstance(inner, bexc.ClientError) and not isinstance(exc, bexc.ClientError):
-            exc = inner
-        if isinstance(exc, bexc.ClientError):
-            response: dict[str, Any] = getattr(exc, "response", None) or {}
-            code = str(response.get("Error", {}).get("Code", ""))
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            return error_for_status(status, code, url=url, backend=backend, op=op)
         if isinstance(exc, (bexc.NoCredentialsError, bexc.PartialCredentialsError)):
             return AccessDeniedError("no usable credentials found", url=url, backend=backend, op=op)
         if isinstance(exc, bexc.ProfileNotFound):
             return ConfigError(f"AWS profile not found ({backend}, {url})")
         if isinstance(exc, bexc.BotoCoreError):
             return BackendError(f"{type(exc).__name__}", url=url, backend=backend, op=op)
-    stx = __import__("sys").modules.get("s3transfer.exceptions")
+    stx = sys.modules.get("s3transfer.exceptions")
     if stx is not None and isinstance(exc, stx.RetriesExceededError):
         # boto3's managed transfers (download_fileobj, iopath) retry downloads on their own
         return RetryExhaustedError(f"the transfer gave up after its retries: "
@@ -236,21 +240,7 @@ def translate_s3_error(exc: BaseException, *, url: str, backend: str, op: str) -
     return exc
 
 
-def _client_error_in_chain(exc: BaseException | None) -> Any:
-    seen = 0
-    while exc is not None and seen < 8:
-        if isinstance(getattr(exc, "response", None), dict):
-            return exc
-        exc = exc.__cause__ or exc.__context__
-        seen += 1
-    return None
-
-
 def is_invalid_range(exc: BaseException | None) -> bool:
     """True when ``exc`` (or its cause) is S3's 416 answer to a range starting past the end."""
-    found = _client_error_in_chain(exc)
-    if found is None:
-        return False
-    response = found.response
-    return (response.get("Error", {}).get("Code") == "InvalidRange"
-            or response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 416)
+    code, status = s3_error_code(exc) or ("", None)
+    return code == "InvalidRange" or status == 416

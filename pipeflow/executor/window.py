@@ -1,10 +1,11 @@
 """The in-flight window: items pulled from a source, their results computed on a pool, handed
 back in input order (or as they complete), with enough bookkeeping to say where to resume.
 
-Every stage that applies a function to items (``map``, ``open``, ``cache``, ``decode``) runs
-one :class:`Window`. The window pulls from the source in the consumer's thread, so upstream
-stages never run concurrently with themselves, and holds at most ``limit`` items submitted but
-not yet delivered: that bound is the backpressure that caps memory.
+Every stage that applies a function to items on workers (``map``, ``open``, ``cache``,
+``decode`` with ``workers > 0``) runs one :class:`Window`. The window pulls from the source in
+the consumer's thread, so upstream stages never run concurrently with themselves, and holds at
+most ``limit`` items submitted but not yet delivered: that bound is the backpressure that caps
+memory.
 
 Resuming: each task remembers the source's state from just before its item was pulled. The
 position of a window is the state before the oldest item not yet delivered, plus (when results
@@ -172,7 +173,12 @@ class Window:
         try:
             return self._pool.submit(self.fn, item)
         except BrokenProcessPool as exc:  # a worker died before this item was queued
-            raise self.crashed(f"could not submit {describe_item(item)}") from exc
+            # delivered through the task, so the position stays before this item
+            crashed = self.crashed(f"could not submit {describe_item(item)}")
+            crashed.__cause__ = exc
+            failed: Future[Any] = Future()
+            failed.set_exception(crashed)
+            return failed
 
     def crashed(self, detail: str) -> WorkerCrashedError:
         """The error for a dead process worker (says when a missing main guard is the cause)."""

@@ -1,8 +1,10 @@
 """Named recipes: the articles' training-data pipelines, rebuilt from pipeflow stages.
 
-Every recipe is one module in this package (``single_boto3.py`` defines ``single-boto3``) with
-an ``INFO`` (:class:`RecipeInfo`) and a ``build(url, **options) -> Pipeline`` function. The
-modules ship in the wheel and import no SDK at import time.
+Recipes that are a shared chain read with different backends are rows of one table
+(:mod:`pipeflow.recipes._table`: ``wds-s3fs`` and ``wds-ffm`` differ only in the backend). A
+recipe with logic of its own is one module in this package (``single_s5cmd.py`` defines
+``single-s5cmd``) with an ``INFO`` (:class:`RecipeInfo`) and a ``build(url, **options) ->
+Pipeline`` function. Both ship in the wheel and import no SDK at import time.
 
 Example::
 
@@ -21,11 +23,12 @@ import difflib
 import importlib
 import inspect
 import pkgutil
-from dataclasses import dataclass, field, replace
-from types import ModuleType
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
+from ._info import RecipeInfo
+from ._table import TABLE, TableRecipe
 
 if TYPE_CHECKING:
     from ..pipeline import Pipeline
@@ -37,57 +40,24 @@ class UnknownRecipeError(ConfigError):
     """No recipe has the requested name; the message suggests close matches."""
 
 
-@dataclass(frozen=True)
-class RecipeInfo:
-    """What a recipe is and what it expects.
-
-    Attributes:
-        name: the recipe name, e.g. ``"torchdata-fsspec"``.
-        article: the source article, ``"000"`` ... ``"003"``.
-        layout: the data layout it reads (see :data:`pipeflow.testing.datagen.LAYOUTS`).
-        description: one line: storage layout, backend or tool, order of operations.
-        backend: the backend or tool that moves the bytes.
-        reads: the kinds of ``url`` accepted: ``("s3",)`` for an ``s3://`` URL, ``("local",)``
-            for a local directory (a mount point such as Mountpoint or SageMaker Fast File
-            Mode), or both.
-        batch_size: when the recipe batches itself (the 002 preprocessing), its batch size;
-            a DataLoader should then use ``batch_size=None``.
-        options: the keyword options ``build`` accepts and their defaults (filled in by the
-            registry from the signature).
-    """
-
-    name: str
-    article: str
-    layout: str
-    description: str
-    backend: str
-    reads: tuple[str, ...] = ("s3",)
-    batch_size: int | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def local_path(self) -> bool:
-        """True when the recipe reads only a local directory (a mounted path)."""
-        return self.reads == ("local",)
-
-    def yields_batches(self, overrides: dict[str, Any] | None = None) -> bool:
-        """True when the pipeline yields batches (with the 002 ``preprocess=True`` option)."""
-        opts = {**self.options, **(overrides or {})}
-        return bool(self.batch_size and opts.get("preprocess"))
-
-
 def _module_name(name: str) -> str:
     return name.replace("-", "_")
 
 
+def _module_names() -> builtins.list[str]:
+    return [m.name.replace("_", "-") for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
+
+
 def names() -> builtins.list[str]:
     """All recipe names, sorted."""
-    found = [m.name.replace("_", "-") for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
-    return sorted(found)
+    return sorted({*_module_names(), *TABLE})
 
 
-def _module(name: str) -> ModuleType:
-    if not isinstance(name, str) or name not in names():
+def _entry(name: str) -> Any:
+    """The recipe's table row or module (both have ``INFO`` and ``build(url, **options)``)."""
+    if isinstance(name, str) and name in TABLE:
+        return TABLE[name]
+    if not isinstance(name, str) or name not in _module_names():
         known = names()
         close = difflib.get_close_matches(str(name), known, n=3, cutoff=0.5)
         hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
@@ -95,20 +65,31 @@ def _module(name: str) -> ModuleType:
     return importlib.import_module(f"{__name__}.{_module_name(name)}")
 
 
-def _options(build: Any) -> dict[str, Any]:
-    params = inspect.signature(build).parameters.values()
-    return {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+def _without_prefix(doc: str, name: str) -> str:
+    """A recipe module's docstring without its ``"name (article NNN): "`` opening."""
+    text = " ".join(inspect.cleandoc(doc).split())
+    head, sep, rest = text.partition("): ")
+    return rest if sep and head.startswith(f"{name} (article") else text
+
+
+def _filled(entry: Any, name: str) -> RecipeInfo:
+    info: RecipeInfo = entry.INFO
+    if isinstance(entry, TableRecipe):
+        return replace(info, options=dict(entry.options), notes=entry.notes, option_help=entry.option_help)
+    params = inspect.signature(entry.build).parameters.values()
+    options = {p.name: p.default for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    help_text = " ".join(inspect.cleandoc(entry.build.__doc__ or "").split()).removeprefix("Args: ")
+    return replace(info, options=options, notes=_without_prefix(entry.__doc__ or info.description, name),
+                   option_help=help_text)
 
 
 def get(name: str) -> RecipeInfo:
-    """The :class:`RecipeInfo` of one recipe.
+    """The :class:`RecipeInfo` of one recipe, with its options, notes and option help filled in.
 
     Raises:
         UnknownRecipeError: no such recipe (the message suggests close matches).
     """
-    module = _module(name)
-    info: RecipeInfo = module.INFO
-    return replace(info, options=_options(module.build))
+    return _filled(_entry(name), name)
 
 
 def list() -> builtins.list[RecipeInfo]:  # noqa: A001 - the name the issue asks for
@@ -132,8 +113,8 @@ def load(name: str, url: str, **overrides: Any) -> Pipeline:
         ConfigError: an unknown option or a URL of the wrong kind.
         MissingDependencyError: the recipe's backend or tool is not installed.
     """
-    module = _module(name)
-    info = get(name)
+    entry = _entry(name)
+    info = _filled(entry, name)
     unknown = sorted(set(overrides) - set(info.options))
     if unknown:
         hints = []
@@ -150,4 +131,4 @@ def load(name: str, url: str, **overrides: Any) -> Pipeline:
             raise ConfigError(f"recipe {name!r} reads a mounted local path (Mountpoint / Fast File "
                               f"Mode), not {url!r}; pass the mount directory")
         raise ConfigError(f"recipe {name!r} reads from S3; pass an s3://bucket/prefix URL, not {url!r}")
-    return module.build(url, **overrides)
+    return entry.build(url, **overrides)

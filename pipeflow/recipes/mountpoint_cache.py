@@ -14,8 +14,8 @@ import sys
 
 from .._usercache import human_bytes, register, usage
 from ..pipeline import Pipeline
-from . import RecipeInfo
 from ._common import PREPROCESS_BATCH, default_cache_dir, random_access_chain
+from ._info import RecipeInfo
 
 INFO = RecipeInfo(
     name="mountpoint-cache", article="002", layout="jpeg", backend="local or boto3 + disk cache",

@@ -4,8 +4,8 @@ shards sequentially: one GET per shard, samples in shard order."""
 from __future__ import annotations
 
 from ..pipeline import Pipeline
-from . import RecipeInfo
 from ._common import ALL, JPEG_FIELDS, PREPROCESS_BATCH, list_with_suffix, preprocess_002, to_sample
+from ._info import RecipeInfo
 
 INFO = RecipeInfo(
     name="s3connector-shards", article="002", layout="jpeg-shards", backend="s3torchconnector",

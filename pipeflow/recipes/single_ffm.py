@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from ..pipeline import Pipeline
-from . import RecipeInfo
 from ._common import companions, list_with_suffix, to_sample
+from ._info import RecipeInfo
 
 FIELDS = ("image", "label")
 

@@ -5,8 +5,8 @@ previous chunk is consumed (double buffering), and every file is deleted once re
 from __future__ import annotations
 
 from ..pipeline import Pipeline
-from . import RecipeInfo
 from ._common import companions, list_with_suffix, to_sample
+from ._info import RecipeInfo
 
 FIELDS = ("image", "label")
 

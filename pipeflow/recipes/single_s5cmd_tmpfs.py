@@ -4,7 +4,7 @@ of local disk, the article's variant that skips the disk."""
 from __future__ import annotations
 
 from ..pipeline import Pipeline
-from . import RecipeInfo
+from ._info import RecipeInfo
 from .single_s5cmd import with_download_dir
 
 INFO = RecipeInfo(

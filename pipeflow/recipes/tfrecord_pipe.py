@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from ..graph import Node
 from ..pipeline import Pipeline
-from . import RecipeInfo
 from ._common import example_to_sample
+from ._info import RecipeInfo
 from ._pipe_mode import PipeModeChannel
 
 INFO = RecipeInfo(

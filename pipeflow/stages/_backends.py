@@ -4,7 +4,7 @@ one backend per URL scheme created on first use."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..backends.base import Backend
@@ -38,11 +38,15 @@ class BackendsByScheme:
         options: backend options.
         what: the method name for errors.
         options_need_backend: refuse options without an explicit backend (``open``).
+        choose: the default backend's name for a URL (asked per URL, so a process may choose
+            differently from its parent).
     """
 
     def __init__(self, backend: str | Backend | None, options: Mapping[str, Any], *, what: str,
-                 options_need_backend: bool = True) -> None:
+                 options_need_backend: bool = True,
+                 choose: Callable[[str], str] = backend_for_url) -> None:
         self.spec = backend
+        self.choose = choose
         self.options = dict(options)
         self._lock = threading.Lock()
         self._by_name: dict[str, Backend] = {}
@@ -55,7 +59,7 @@ class BackendsByScheme:
         fixed = self._by_name.get("")
         if fixed is not None:
             return fixed
-        name = backend_for_url(url)
+        name = self.choose(url)
         backend = self._by_name.get(name)
         if backend is None:
             with self._lock:
@@ -69,7 +73,8 @@ class BackendsByScheme:
             backend.close()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "options": self.options, "_by_name": dict(self._by_name)}
+        return {"spec": self.spec, "options": self.options, "_by_name": dict(self._by_name),
+                "choose": self.choose}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

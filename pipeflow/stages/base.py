@@ -163,9 +163,10 @@ class Rewind:
 
     The source's state is taken at an item boundary (:meth:`boundary`) once ``EVERY`` items
     were pulled since the last time, and whenever the stage reports its position anyway; the
-    items pulled since are counted. After an error the state is that anchor plus how many of
-    those items were delivered, under :data:`REPLAY_KEY`; resuming pulls and drops them again
-    (:meth:`replay`), which costs at most about ``EVERY`` upstream items, once.
+    stage counts the items it pulls since in ``since``. After an error the state is that
+    anchor plus how many of those items were delivered, under :data:`REPLAY_KEY`; resuming
+    pulls and drops them again (:meth:`replay`), which costs at most about ``EVERY`` upstream
+    items, once.
     """
 
     #: pulls between two saved source states
@@ -191,11 +192,6 @@ class Rewind:
         """Nothing pulled is undelivered now: take a new anchor if the last one is old."""
         if self.since >= self.EVERY:
             self.restart(source)
-
-    def pull(self, source: Stage[Any]) -> Any:
-        item = next(source)
-        self.since += 1
-        return item
 
     def here(self, source: Stage[Any]) -> dict[str, Any]:
         """The source's state now, which also becomes the anchor (it is paid for anyway)."""

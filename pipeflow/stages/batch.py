@@ -53,15 +53,24 @@ class Batcher(Stage[Any]):
         source, size, rewind = self.source, self._size, self._rewind
         self._undelivered = 0
         rewind.boundary(source)
+        append = batch.append
         try:
             while len(batch) < size:
-                batch.append(rewind.pull(source))
-                self._undelivered = len(batch)
+                append(next(source))
         except StopIteration:
+            rewind.since += len(batch)
             if not batch or self._drop_last:
-                self._undelivered = 0
                 raise
-        out = self._collate(batch) if self._collate is not None else batch
+        except BaseException:
+            rewind.since += len(batch)
+            self._undelivered = len(batch)  # pulled, never delivered: the state stays before them
+            raise
+        else:
+            rewind.since += size
+        if self._collate is None:
+            return batch
+        self._undelivered = len(batch)
+        out = self._collate(batch)
         self._undelivered = 0
         return out
 

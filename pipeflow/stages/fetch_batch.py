@@ -7,9 +7,10 @@ Each file is deleted as soon as it has been delivered, and the private staging d
 removed on ``close()``, on an exception, on ``break`` (when the iterator is dropped) and at
 garbage collection, so nothing is left in ``/tmp`` or ``/dev/shm``.
 
-Backends other than s5cmd download a batch on a thread pool (``workers`` threads) through
-their ordinary ``open``; any backend object with a ``start_batch(pairs, workdir=...)`` method
-(see :meth:`pipeflow.backends.s5cmd.S5cmdBackend.start_batch`) is used directly.
+How a batch is downloaded is the backend's business (:meth:`pipeflow.backends.Backend.start_batch`,
+the :class:`~pipeflow.backends.batch.BatchDownloader` capability): by default a thread pool
+(``workers`` threads) over the backend's ordinary ``open``; s5cmd overrides it with
+``s5cmd run``.
 """
 
 from __future__ import annotations
@@ -21,97 +22,23 @@ import tempfile
 import threading
 import weakref
 from collections import deque
-from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 from .._checks import check_bool, check_choice, check_int
 from ..backends.base import Backend
+from ..backends.batch import BatchHandle
 from ..backends.registry import backend_class, get_backend, known_backends
 from ..errors import BackendError, ConfigError, StageError
 from ..items import ObjectInfo, Record
 from .base import SOURCES_KEY, Stage, describe_item
 
-__all__ = ["BatchFetcher", "BatchHandle", "ThreadPoolBatch"]
+__all__ = ["BatchFetcher"]
 
 #: extensions (the last one of the key's basename) kept on local file names, so tools that look
 #: at suffixes still work; anything else is dropped: a key never decides a local path
 _SAFE_EXT = re.compile(r"\.[A-Za-z0-9_-]{1,16}")
-_CHUNK = 1 << 20
-
-
-class BatchHandle(Protocol):
-    """A running batch download (what ``start_batch`` returns)."""
-
-    def wait(self, timeout: float | None = None) -> dict[str, BaseException | None]:
-        """Block until done; ``{local path: None, or the error for that file}``."""
-
-    def cancel(self) -> None:
-        """Stop, release processes/threads, leave no partial file open. Idempotent."""
-
-
-class _Cancelled(Exception):
-    pass
-
-
-class ThreadPoolBatch:
-    """Downloads ``(url, path)`` pairs through ``backend.open`` on a pool of threads.
-
-    Each file is written to ``path + ".part"`` and renamed when complete, so a path that exists
-    is whole. ``cancel()`` stops the copies at the next chunk and joins the threads.
-    """
-
-    def __init__(self, backend: Backend, pairs: Sequence[tuple[str, str]], *, workers: int) -> None:
-        from ..executor.pool import WorkerPool
-
-        self.backend = backend
-        self.pairs = list(pairs)
-        self._stop = threading.Event()
-        self._pool = WorkerPool(max(1, min(workers, len(self.pairs))), "thread", name="pipeflow-fetch")
-        self._futures: list[tuple[str, Future[None]]] = [
-            (dest, self._pool.submit(self._copy, url, dest)) for url, dest in self.pairs
-        ]
-        self._results: dict[str, BaseException | None] | None = None
-
-    def _copy(self, url: str, dest: str) -> None:
-        if self._stop.is_set():
-            raise _Cancelled
-        part = dest + ".part"
-        try:
-            with self.backend.open(url) as src, open(part, "wb") as out:
-                while chunk := src.read(_CHUNK):
-                    if self._stop.is_set():
-                        raise _Cancelled
-                    out.write(chunk)
-            os.replace(part, dest)
-        except BaseException:
-            try:
-                os.unlink(part)
-            except OSError:
-                pass
-            raise
-
-    def wait(self, timeout: float | None = None) -> dict[str, BaseException | None]:
-        if self._results is None:
-            results: dict[str, BaseException | None] = {}
-            for dest, future in self._futures:
-                try:
-                    future.result(timeout=timeout)
-                    results[dest] = None
-                except TimeoutError:
-                    self.cancel()
-                    raise BackendError(f"batch download did not finish within {timeout} s",
-                                       url=self.pairs[0][0], backend=self.backend.name, op="fetch") from None
-                except Exception as exc:  # per file; reported when the sample is reached
-                    results[dest] = exc
-            self._pool.shutdown(wait=True)
-            self._results = results
-        return self._results
-
-    def cancel(self) -> None:
-        self._stop.set()
-        self._pool.shutdown(wait=True)
 
 
 @dataclass
@@ -329,12 +256,8 @@ class BatchFetcher(Stage[Any]):
         return batch
 
     def _start_download(self, pairs: list[tuple[str, str]], directory: str) -> BatchHandle:
-        backend = self._backend
-        start = getattr(backend, "start_batch", None)
-        if callable(start):
-            return start(pairs, workdir=directory)
-        assert backend is not None
-        return ThreadPoolBatch(backend, pairs, workers=self._workers)
+        assert self._backend is not None
+        return self._backend.start_batch(pairs, workdir=directory, workers=self._workers)
 
     def _forget(self, batch: _Batch) -> None:
         """Stop tracking a finished download; the finalizer must not keep its results alive."""

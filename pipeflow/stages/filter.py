@@ -38,8 +38,10 @@ class Filterer(Stage[T]):
         source, predicate, rewind = self.source, self._predicate, self._rewind
         self._failed = False
         while True:
-            rewind.boundary(source)
-            item = rewind.pull(source)
+            if rewind.since >= Rewind.EVERY:
+                rewind.restart(source)
+            item = next(source)
+            rewind.since += 1
             try:
                 keep = predicate(item)
             except Exception as exc:

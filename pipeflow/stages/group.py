@@ -29,7 +29,8 @@ def _has(sample: dict[str, Any], name: str) -> bool:
 
 
 class PairGrouper(Stage[dict[str, Any]]):
-    """Groups consecutive records that share a sample key into one sample dict.
+    """Groups consecutive records that share a sample key into one sample dict, whatever the
+    number of fields (``group_pairs`` is the name users know; it is not limited to pairs).
 
     Keys follow WebDataset: ``dir/sample001.image.png`` has key ``dir/sample001`` and field
     ``image.png`` (the key ends at the first dot of the base name; fields are lower-cased).

@@ -4,7 +4,7 @@ Listing happens **once**, where the pipeline is written, never in every DataLoad
 
 * without a manifest, :func:`pipeflow.list_objects` lists eagerly when it is called, and the
   sorted result travels inside the pipeline description to every rank and worker (pickled with
-  it); the runner's sharding then gives each worker its share;
+  it); automatic sharding (:func:`pipeflow.graph.build`) then gives each worker its share;
 * with ``manifest="path.jsonl"``, the first call lists and writes the manifest (JSON lines:
   ``url``, ``size``, ``etag``, ``mtime`` after a header line naming the listed URL and pattern);
   later calls, and every worker, read the file instead of the store. The pipeline carries only

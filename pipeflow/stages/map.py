@@ -16,7 +16,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Literal
 
 from .._checks import check_choice, check_int
-from ..errors import ConfigError
+from ..errors import ConfigError, WorkerCrashedError
 from ..executor.window import Window
 from .base import SOURCES_KEY, Rewind, Stage, describe_item
 
@@ -126,27 +126,27 @@ class WindowedStage(Stage[Any]):
 
     def _next_inline(self) -> Any:
         # no window here: one item at a time needs no futures, and no source state per item
-        rewind, source, inline = self._rewind, self.source, self._inline
+        rewind, source, inline, fn = self._rewind, self.source, self._inline, self._fn
         self._undelivered = 0
         while True:
-            rewind.boundary(source)
-            item = rewind.pull(source)
-            self._undelivered = 1
+            if rewind.since >= Rewind.EVERY:
+                rewind.restart(source)
+            item = next(source)
+            rewind.since += 1
             try:
                 if inline is not None:
                     done, value = inline(item)
                     if done:
-                        break
-                value = self._fn(item)
+                        return value
+                return fn(item)
             except Exception as exc:
+                self._undelivered = 1  # the state stays before this item
                 self._failed(exc, item)  # raises unless the item is skipped
                 self._undelivered = 0
-                continue
-            break
-        self._undelivered = 0
-        return value
 
     def _failed(self, exc: BaseException, item: Any) -> None:
+        if isinstance(exc, WorkerCrashedError):
+            raise exc  # never skippable: the pool is gone
         if isinstance(exc, BrokenProcessPool):
             oldest = describe_item(item)
             raise self._window.crashed(f"items were in flight, the oldest being {oldest}") from exc

@@ -19,12 +19,28 @@ from typing import Any, Literal
 
 from .._checks import check_bool
 from ..backends.base import Backend, scheme_of
+from ..backends.obstore import usable_here as obstore_usable_here
+from ..backends.registry import backend_for_url
 from ..items import Opened, Record
 from ._backends import BackendsByScheme, url_of
 from .base import Stage
 from .map import WindowedStage
 
-__all__ = ["OpenFn", "Opener"]
+__all__ = ["OpenFn", "Opener", "default_backend"]
+
+
+def default_backend(url: str) -> str:
+    """The backend ``open()`` uses when none is named: the fastest measured for the scheme.
+
+    For ``s3://`` that is ``obstore`` (object_store) for both access patterns, one stream per
+    shard and many small objects in flight (docs/backends.md has the table); without obstore
+    installed, or in a process forked after obstore was used (its runtime does not survive a
+    fork), it is the registry's default, ``boto3``. Other schemes take the registry's default.
+    """
+    name = backend_for_url(url)
+    if name == "boto3" and obstore_usable_here():
+        return "obstore"
+    return name
 
 
 class OpenFn:
@@ -35,7 +51,7 @@ class OpenFn:
 
     def __init__(self, backend: str | Backend | None, read: bool, options: Mapping[str, Any]) -> None:
         self.read = read
-        self.backends = BackendsByScheme(backend, options, what="open")
+        self.backends = BackendsByScheme(backend, options, what="open", choose=default_backend)
 
     def __call__(self, item: Any) -> Opened | Record:
         url = url_of(item, "open")
@@ -62,8 +78,8 @@ class Opener(WindowedStage):
 
     Args:
         source: yields URL strings (``s3://``, ``file://``, paths) or ``ObjectInfo`` items.
-        backend: a backend name or instance; None chooses by URL scheme (``s3://`` -> boto3,
-            paths and ``file://`` -> local, other schemes -> fsspec).
+        backend: a backend name or instance; None chooses by URL scheme (:func:`default_backend`:
+            ``s3://`` -> obstore, else boto3; paths and ``file://`` -> local; others -> fsspec).
         workers: requests in flight on threads (0: open inline).
         read: read whole bodies and yield ``Record`` items instead of streams.
         on_error: ``"raise"`` or ``"skip"`` (skips are counted in ``stats()``).

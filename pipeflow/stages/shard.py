@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
+from .._checks import check_choice
+from ..formats.keys import split_key
 from .base import SOURCES_KEY, Stage
 
 __all__ = ["Sharder"]
@@ -16,22 +18,36 @@ class Sharder(Stage[Any]):
     ``shard_index`` is ``rank * num_workers + worker_id``; rank and world size come from
     ``torch.distributed`` when initialised, else from ``RANK``/``WORLD_SIZE``.
 
+    With ``by="key"`` the unit is a *sample*, not an item: consecutive items whose URLs share a
+    sample key (``s3://b/pairs/7.image`` and ``s3://b/pairs/7.label`` -> ``s3://b/pairs/7``) stay
+    together, and sample ``j`` goes to shard ``j % num_shards``. That is what keeps
+    ``list_objects(...).open(read=True).group_pairs()`` whole under several workers and ranks:
+    every object is fetched once, by the shard that groups its sample. Items that are not URLs
+    (or URLs without an extension) count as samples of their own.
+
     Args:
         source: the input stage.
         ranks: split across distributed ranks.
         workers: split across DataLoader workers.
+        by: ``"item"``, ``"key"`` (keep a sample's objects together), or ``"auto"``: ``"key"``
+            when ``group_pairs()`` groups whole objects downstream (no ``untar()`` between),
+            else ``"item"`` (the builder decides; a stage built alone takes ``"item"``).
         auto: set by the builder for the automatic sharding it inserts (shown in explain()).
     """
 
     is_sharder = True
 
     def __init__(self, source: Stage[Any], *, ranks: bool = True, workers: bool = True,
-                 auto: bool = False) -> None:
+                 by: Literal["auto", "item", "key"] = "auto", auto: bool = False) -> None:
         super().__init__(source)
         self._ranks = ranks
         self._workers = workers
+        by = check_choice(by, "shard_by_rank(by=...)", ("auto", "item", "key"))
+        self.by = "item" if by == "auto" else by
         self.auto = auto
         self._pos = 0
+        self._sample = -1      # by="key": index of the current sample
+        self._key: str | None = None
 
     @property
     def shard(self) -> tuple[int, int]:
@@ -43,9 +59,13 @@ class Sharder(Stage[Any]):
 
     def start(self, state: dict[str, Any] | None) -> None:
         self._pos = int(state["pos"]) if state else 0
+        self._sample = int(state.get("sample", -1)) if state else -1
+        self._key = state.get("key") if state else None
         self._index, self._count = self.shard
 
     def next(self) -> Any:
+        if self.by == "key":
+            return self._next_by_key()
         source, index, count = self.source, self._index, self._count
         while True:
             item = next(source)
@@ -54,5 +74,29 @@ class Sharder(Stage[Any]):
             if pos % count == index:
                 return item
 
+    def _next_by_key(self) -> Any:
+        source, index, count = self.source, self._index, self._count
+        while True:
+            item = next(source)
+            self._pos += 1
+            key = _sample_key(item)
+            if key is None or key != self._key:
+                self._sample += 1
+            self._key = key
+            if self._sample % count == index:
+                return item
+
     def get_state(self) -> dict[str, Any]:
-        return {"pos": self._pos, SOURCES_KEY: [self.source.state_dict()]}
+        state: dict[str, Any] = {"pos": self._pos, SOURCES_KEY: [self.source.state_dict()]}
+        if self.by == "key":
+            state.update(sample=self._sample, key=self._key)
+        return state
+
+
+def _sample_key(item: Any) -> str | None:
+    """The sample key of a URL or ``ObjectInfo`` item, None for anything else."""
+    url = item if isinstance(item, str) else getattr(item, "url", None)
+    if not isinstance(url, str):
+        return None
+    parts = split_key(url)
+    return parts[0] if parts is not None else None

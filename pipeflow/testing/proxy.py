@@ -55,7 +55,7 @@ from urllib.parse import urlsplit
 __all__ = ["Action", "DelayProxy", "Faults", "ProxyProcess", "RequestInfo", "main"]
 
 #: What a fault hook may ask the proxy to do with one request.
-Action = Literal["error503", "error500", "reset", "stall"]
+Action = Literal["error503", "error500", "error403", "reset", "stall"]
 
 _STATS_PATH = b"/__proxy__/"
 _MAX_HEAD = 64 * 1024
@@ -67,7 +67,8 @@ class Faults:
 
     Attributes:
         error_rate: fraction of requests answered by the proxy with ``error_status``.
-        error_status: 503 (S3 ``SlowDown``) or 500 (S3 ``InternalError``).
+        error_status: 503 (S3 ``SlowDown``), 500 (S3 ``InternalError``) or 403 (``AccessDenied``,
+            a permanent error: clients must not retry it).
         reset_rate: fraction of responses whose connection is reset mid-body.
         reset_after: body bytes delivered before the reset (at most the body length - 1;
             a response without a body is reset before its first byte).
@@ -102,7 +103,7 @@ class Faults:
         if info.method not in self.methods:
             return None
         if self.error_rate and rng.random() < self.error_rate:
-            return "error503" if self.error_status == 503 else "error500"
+            return f"error{self.error_status}"  # type: ignore[return-value]
         if self.reset_rate and rng.random() < self.reset_rate:
             return "reset"
         if self.stall_rate and rng.random() < self.stall_rate:
@@ -134,6 +135,7 @@ FaultHook = Callable[[RequestInfo], "Action | None"]
 _ERRORS = {
     503: ("Slow Down", "SlowDown", "Please reduce your request rate."),
     500: ("Internal Server Error", "InternalError", "We encountered an internal error. Please try again."),
+    403: ("Forbidden", "AccessDenied", "Access Denied"),
 }
 
 
@@ -364,11 +366,11 @@ class _Connection:
             return
         info = self.proxy.record(method, path, self.number)
         action = self.proxy.decide(info)
-        if action in ("error503", "error500"):
+        if action in ("error503", "error500", "error403"):
             # The body is swallowed; a client waiting for "100 Continue" never sends it, so the
             # connection cannot be reused after such an answer.
             expects = "100-continue" in head.headers.get("expect", "").lower()
-            status = 503 if action == "error503" else 500
+            status = int(action[len("error"):])
             rid = f"pipeflow-proxy-{info.index}"
             self._forwarding_body = False
             self._pending.append(_Pending(method, action, _error_response(status, method, path, rid, expects),

@@ -25,6 +25,7 @@ EIGHT = [
     ("s3torchconnector", {}, "s3"),
     ("s5cmd", {}, "s3"),
     ("pipe", {"allow_pipe": True}, "s3"),
+    ("obstore", {}, "s3"),
 ]
 
 

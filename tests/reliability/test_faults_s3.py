@@ -4,6 +4,10 @@ Every S3 backend reads tar shards while the proxy answers a share of requests wi
 or 500, resets connections in the middle of bodies or stalls responses. Each epoch must end with
 every sample delivered once and byte-identical, or, past the retry budget, with a typed error
 within a bounded time. The server itself is killed and restarted mid-epoch. Never a hang.
+
+Outages: with the default policy (a 60 s budget per request), a store that fails every request
+for 2 s or 10 s mid-epoch costs time, not samples; a 403 or a missing key fails at the first
+request; a store that never comes back fails once a small budget is spent, naming URL and endpoint.
 """
 
 from __future__ import annotations
@@ -15,8 +19,15 @@ from collections import Counter
 import pytest
 
 import pipeflow as pf
+from pipeflow.backends import get_backend
 from pipeflow.backends._retry import RetryPolicy
-from pipeflow.errors import BackendError, PipeflowError
+from pipeflow.errors import (
+    AccessDeniedError,
+    BackendError,
+    ObjectNotFoundError,
+    PipeflowError,
+    RetryExhaustedError,
+)
 from pipeflow.testing import local_s3
 from pipeflow.testing.proxy import DelayProxy, Faults
 
@@ -25,7 +36,7 @@ from .conftest import FIGURES
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]
 
-BACKENDS = ["boto3", "s3fs", "s3torchconnector", "s5cmd"]
+BACKENDS = ["boto3", "s3fs", "s3torchconnector", "s5cmd", "obstore", "iopath"]
 NUM_SHARDS, PER_SHARD = 6, 8
 #: patient enough for a 30% fault rate, fast enough for CI
 POLICY = RetryPolicy(max_attempts=8, base_delay=0.02, max_delay=0.2, max_resumes=50)
@@ -104,6 +115,126 @@ def test_past_the_retry_budget_a_typed_error_within_bounded_time(s3, shards, bac
         FIGURES["faults injected"] += _faults_seen(proxy)
     assert isinstance(info.value, BackendError), f"{type(info.value).__name__}: {info.value}"
     assert shards[0] in str(info.value), "the error names the object"
+
+
+#: every S3 backend, for the outage and permanent-error tests (the default retry policy)
+ALL_S3 = ["boto3", "s3fs", "fsspec", "iopath", "s3torchconnector", "s5cmd"]
+
+
+class _Outage:
+    """A fault hook: from the ``after``-th GET on, every request fails for ``seconds``.
+
+    Failures alternate between ``503 SlowDown`` and a connection reset (mid-body when the
+    response has one), as a store that is down or restarting looks to its clients.
+    """
+
+    def __init__(self, after: int, seconds: float) -> None:
+        self.after, self.seconds = after, seconds
+        self.lock = threading.Lock()
+        self.gets = 0
+        self.failed = 0
+        self.started: float | None = None
+        self.served_after = 0  # requests forwarded once the outage was over
+
+    def __call__(self, info):
+        with self.lock:
+            self.gets += info.method == "GET"
+            if self.started is None and self.gets > self.after:
+                self.started = time.monotonic()
+            if self.started is None:
+                return None
+            if time.monotonic() - self.started < self.seconds:
+                self.failed += 1
+                return "error503" if self.failed % 2 else "reset"
+            self.served_after += 1
+            return None
+
+
+def _outage_cases():
+    for seconds in (2, 10):
+        for backend in ALL_S3:
+            marks = [pytest.mark.slow] if seconds > 2 else []
+            yield pytest.param(backend, seconds, marks=marks, id=f"{backend}-{seconds}s")
+
+
+@pytest.mark.parametrize("backend,seconds", list(_outage_cases()))
+def test_an_outage_mid_epoch_loses_and_duplicates_nothing(s3, shards, backend, seconds):
+    # the default policy (no retry= option): a store that is down for seconds costs time, not data
+    outage = _Outage(after=2, seconds=seconds)
+    with DelayProxy(s3.endpoint, delay_ms=0, hook=outage) as proxy:
+        pipe = (pf.from_items(shards).open(backend, workers=2, endpoint=proxy.url)
+                .untar().group_pairs(required=("bin", "cls")).map(_data.check_sample))
+        keys = list(pipe)
+    FIGURES["faults injected"] += outage.failed
+    FIGURES["samples checked"] += len(keys)
+    assert outage.failed > 0 and outage.served_after > 0, "the outage did not happen mid-epoch"
+    counts = Counter(keys)
+    assert [k for k, c in counts.items() if c > 1] == [], "duplicated samples"
+    assert sorted(counts) == _expected(), "lost samples"
+
+
+def _object_requests(log: list, key: str) -> int:
+    return sum(1 for info in log if info.path.split("?", 1)[0].endswith("/" + key))
+
+
+@pytest.mark.parametrize("backend", ALL_S3)
+def test_access_denied_fails_at_once(s3, shards, backend):
+    log: list = []
+
+    def deny(info):
+        log.append(info)
+        return "error403"
+
+    key = shards[0].split("/", 3)[3]
+    with DelayProxy(s3.endpoint, delay_ms=0, hook=deny) as proxy:
+        be = get_backend(backend, endpoint=proxy.url)
+        try:
+            with pytest.raises(BackendError) as info:
+                be.read(shards[0])
+        finally:
+            be.close()
+    assert not isinstance(info.value, RetryExhaustedError), f"a 403 was retried: {info.value}"
+    if backend != "s3torchconnector":  # the CRT reports no error code (translation by code: issue 15)
+        assert isinstance(info.value, AccessDeniedError), f"{type(info.value).__name__}: {info.value}"
+    assert _object_requests(log, key) == 1, [(i.method, i.path) for i in log]
+
+
+@pytest.mark.parametrize("backend", ALL_S3)
+def test_a_missing_object_fails_at_once(s3, shards, backend):
+    log: list = []
+    url = shards[0] + ".missing"
+    with DelayProxy(s3.endpoint, delay_ms=0, hook=lambda info: log.append(info)) as proxy:
+        be = get_backend(backend, endpoint=proxy.url)
+        try:
+            with pytest.raises(ObjectNotFoundError):
+                be.read(url)
+        finally:
+            be.close()
+    assert _object_requests(log, url.split("/", 3)[3]) == 1, [(i.method, i.path) for i in log]
+
+
+@pytest.mark.parametrize("backend", ALL_S3)
+def test_a_server_that_never_comes_back_fails_after_the_budget(s3, shards, backend):
+    budget = RetryPolicy(budget=1.5, base_delay=0.05, max_delay=0.3)
+    with DelayProxy(s3.endpoint, delay_ms=0, hook=lambda info: "error503") as proxy:
+        be = get_backend(backend, endpoint=proxy.url, retry=budget)
+        started = time.monotonic()
+        try:
+            with pytest.raises(BackendError) as info:
+                be.read(shards[0])
+        finally:
+            be.close()
+        elapsed = time.monotonic() - started
+        endpoint = proxy.url
+    FIGURES["faults injected"] += 1
+    if backend == "s3torchconnector":
+        # the CRT counts attempts, not time: the budget becomes an attempt count there
+        # (RetryPolicy.sdk_attempts), and its errors carry no code to translate yet (issue 15)
+        return
+    assert isinstance(info.value, RetryExhaustedError), f"{type(info.value).__name__}: {info.value}"
+    assert shards[0] in str(info.value) and endpoint in str(info.value), str(info.value)
+    # it kept trying for the whole budget (a lower bound: the attempts themselves add time)
+    assert elapsed >= budget.budget
 
 
 class _Relay:

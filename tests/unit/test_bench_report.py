@@ -104,3 +104,21 @@ def test_count_batch_shapes():
     assert count_batch({"jpg": torch.zeros(4, 3, 2, 2)}) == 4
     assert count_batch([{"a": 1}, {"a": 2}]) == 2
     assert count_batch((torch.zeros(5, 2), torch.zeros(5))) == 5
+
+
+def test_recipe_rows_are_paired_with_the_code_they_reproduce(result, tmp_path):
+    g = "4 MB shards"
+    result["rows"] += [
+        _row("s2", g, "webdataset + boto3 url_opener", 300.0, shard_mb=4, decode=False),
+        _row("s2", g, "recipe wds-boto3", 450.0, shard_mb=4, decode=False,
+             reproduces="webdataset + boto3 url_opener"),
+        {"scenario": "s2", "group": g, "library": "LitData StreamingDataset", "workers": 2,
+         "error": "unavailable: conversion failed: boom\nValueError: no"},
+    ]
+    s = report.summarize(result)
+    assert s["recipes"] == {"s2 4 MB shards: wds-boto3": 1.5}
+    # a recipe is pipeflow's own: never the best peer
+    assert s["s2"][g]["best_peer"] == "S3IterableDataset"
+    md = report.write(result, tmp_path)["markdown"].read_text()
+    assert "| wds-boto3 | webdataset + boto3 url_opener | 450.0 | 300.0 | 1.50 |" in md
+    assert "failed: unavailable: conversion failed: boom" in md

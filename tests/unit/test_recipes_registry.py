@@ -93,3 +93,21 @@ def test_run_option_parsing():
         "seed": 3, "to": "/dev/shm", "cycle": False, "shuffle_buffer": 0}
     with pytest.raises(ConfigError):
         parse_options(["novalue"])
+
+
+def test_every_recipe_says_what_it_is_and_what_each_option_means():
+    for info in recipes.list():
+        assert info.notes and not info.notes.startswith(info.name), info.name
+        missing = [opt for opt in info.options if f"``{opt}``" not in info.option_help]
+        assert missing == [], (info.name, missing)
+
+
+def test_recipes_that_differ_only_in_the_backend_are_one_table():
+    from pipeflow.recipes._table import TABLE
+
+    families: dict = {}
+    for row in TABLE.values():
+        families.setdefault(row.chain.__name__, set()).add(row.backend)
+    # each shared chain is read with several backends
+    assert all(len(backends) > 1 for backends in families.values()), families
+    assert recipes.get("wds-s3fs").backend == "s3fs" and recipes.get("wds-ffm").backend == "local"

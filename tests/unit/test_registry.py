@@ -28,7 +28,7 @@ from pipeflow.errors import (
     UnknownBackendError,
 )
 
-ALL = ["boto3", "fsspec", "iopath", "local", "pipe", "s3fs", "s3torchconnector", "s5cmd"]
+ALL = ["boto3", "fsspec", "iopath", "local", "obstore", "pipe", "s3fs", "s3torchconnector", "s5cmd"]
 
 
 def test_builtin_backends_are_registered() -> None:
@@ -67,7 +67,7 @@ def test_import_pipeflow_imports_no_sdk() -> None:
     code = ("import sys, pipeflow, pipeflow.backends, pipeflow.testing; "
             "import pipeflow.stages.open, pipeflow.stages.listing; "
             "bad = [m for m in ('boto3', 'botocore', 's3fs', 'fsspec', 'iopath', 's3torchconnector', "
-            "'aiobotocore', 'moto') if m in sys.modules]; print(bad); assert not bad")
+            "'obstore', 'aiobotocore', 'moto') if m in sys.modules]; print(bad); assert not bad")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stdout + out.stderr
 

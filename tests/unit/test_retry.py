@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import http.server
 import io
@@ -12,7 +13,8 @@ from collections.abc import Iterator
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
 
-from pipeflow.backends._retry import ResumableStream, RetryPolicy, is_transient, retry_call
+from pipeflow.backends._resumable import ResumableStream
+from pipeflow.backends._retry import RetryPolicy, is_transient, retry_call
 from pipeflow.errors import ConfigError, ObjectNotFoundError, RetryExhaustedError
 
 FAST = RetryPolicy(max_attempts=4, base_delay=0.001, max_delay=0.002, max_resumes=50)
@@ -248,3 +250,129 @@ def test_http_persistent_failure_exhausts_the_budget(flaky_server) -> None:
     with pytest.raises(RetryExhaustedError):
         stream.read()
     assert len(handler.requests) == FAST.max_attempts
+
+
+# ---- the time budget ------------------------------------------------------------------------------
+class _Clock:
+    """A fake monotonic clock that advances only when the code under test sleeps."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_default_policy_is_a_time_budget() -> None:
+    policy = RetryPolicy()
+    assert policy.budget == 60.0 and policy.max_attempts is None
+    assert policy.max_delay <= 5.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        policy.budget = 1.0  # type: ignore[misc]
+
+
+def test_retry_call_keeps_trying_for_the_whole_budget_then_names_url_and_endpoint() -> None:
+    clock = _Clock()
+    calls = []
+
+    def down() -> None:
+        calls.append(clock.now)
+        raise _client_error("SlowDown", 503)
+
+    policy = RetryPolicy(budget=10.0, base_delay=0.1, max_delay=2.0)
+    with pytest.raises(RetryExhaustedError) as info:
+        retry_call(down, policy=policy, url="s3://b/k", backend="boto3", op="open",
+                   endpoint="http://127.0.0.1:9", sleep=clock.sleep, clock=clock)
+    # never a sleep past the budget, never a delay over max_delay, and the budget was used up
+    assert all(0 <= s <= 2.0 for s in clock.sleeps)
+    assert clock.now == pytest.approx(10.0) and calls[-1] == pytest.approx(10.0)
+    assert len(calls) > 8  # many more tries than the old fixed count of five fit in 10 s
+    assert "s3://b/k" in str(info.value) and "http://127.0.0.1:9" in str(info.value)
+    assert isinstance(info.value.__cause__, ClientError)
+
+
+def test_a_recovery_within_the_budget_succeeds() -> None:
+    clock = _Clock()
+
+    def outage_of_seven_seconds() -> str:
+        if clock.now < 7.0:
+            raise ConnectionResetError("down")
+        return "ok"
+
+    assert retry_call(outage_of_seven_seconds, policy=RetryPolicy(budget=60.0), sleep=clock.sleep,
+                      clock=clock) == "ok"
+    assert 7.0 <= clock.now < 7.0 + RetryPolicy().max_delay
+
+
+def test_max_attempts_and_budget_both_bound() -> None:
+    clock = _Clock()
+    calls = []
+
+    def down() -> None:
+        calls.append(1)
+        raise ConnectionResetError
+
+    with pytest.raises(RetryExhaustedError):
+        retry_call(down, policy=RetryPolicy(budget=100.0, max_attempts=3), sleep=clock.sleep, clock=clock)
+    assert len(calls) == 3
+
+
+def test_stream_progress_starts_a_fresh_budget() -> None:
+    # a body that breaks every 1000 bytes, and each resumption takes 4 s of a 5 s budget: a
+    # per-stream budget would give up, a per-stretch-without-progress budget must not
+    clock = _Clock()
+    data = random.Random(3).randbytes(20_000)
+
+    def opener(offset: int) -> io.RawIOBase:
+        clock.now += 4.0
+        return _Breaking(data, offset, 1000)
+
+    stream = ResumableStream(opener, size=len(data), policy=RetryPolicy(budget=5.0, base_delay=0.01),
+                             sleep=clock.sleep, clock=clock)
+    assert stream.read() == data
+    assert stream.resumes == 19
+
+
+@pytest.mark.parametrize("value,expected", [
+    (2, RetryPolicy(max_attempts=3)),
+    (0, RetryPolicy(max_attempts=1)),
+    ({"budget": 5, "max_delay": 1}, RetryPolicy(budget=5, max_delay=1)),
+    (RetryPolicy(budget=1), RetryPolicy(budget=1)),
+])
+def test_retry_option_forms(value, expected) -> None:
+    assert RetryPolicy.coerce(value) == expected
+
+
+@pytest.mark.parametrize("value", [True, -1, 2.5, "3", {"attempts": 3}, {"budget": -1}, None])
+def test_retry_option_refused(value) -> None:
+    with pytest.raises(ConfigError):
+        RetryPolicy.coerce(value)
+
+
+def test_policy_needs_some_bound() -> None:
+    with pytest.raises(ConfigError, match="budget"):
+        RetryPolicy(budget=None)
+    assert RetryPolicy(budget=None, max_attempts=4).max_attempts == 4
+    with pytest.raises(TypeError):
+        RetryPolicy(5)  # type: ignore[misc]  # keyword-only: a bare number is ambiguous
+
+
+def test_backends_take_the_retry_option_in_every_form() -> None:
+    from pipeflow.backends import get_backend
+
+    assert get_backend("boto3", retry=2).options.retry == RetryPolicy(max_attempts=3)
+    assert get_backend("s5cmd", retry={"budget": 3}).options.retry.budget == 3
+    with pytest.raises(ConfigError, match="valid"):
+        get_backend("boto3", retry={"tries": 3})
+
+
+def test_sdk_attempts_follow_the_budget() -> None:
+    assert RetryPolicy(max_attempts=4).sdk_attempts() == 4
+    short, long = RetryPolicy(budget=1.5), RetryPolicy(budget=60.0)
+    assert 1 < short.sdk_attempts(sdk_base_delay=0.5, sdk_max_delay=20.0) \
+        < long.sdk_attempts(sdk_base_delay=0.5, sdk_max_delay=20.0) <= 50

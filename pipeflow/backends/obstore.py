@@ -1,0 +1,347 @@
+"""``obstore``: the Rust ``object_store`` client through its Python binding.
+
+One ``S3Store`` per bucket and process, configured from the shared S3 options (endpoint, region,
+credentials, path-style, timeouts). A stream is one GET whose body is pulled from the socket as
+the reader consumes it, in pieces of at least ``chunk_size`` bytes: the Rust side reads ahead no
+further than the piece being assembled, so one open stream holds about ``chunk_size`` bytes
+(plus the kernel's socket buffer), whatever the object's size.
+
+Errors: obstore raises ``FileNotFoundError`` for a missing object or bucket and typed
+``PermissionDeniedError``/``UnauthenticatedError`` for refused credentials; those map to
+:class:`~pipeflow.errors.ObjectNotFoundError` and :class:`~pipeflow.errors.AccessDeniedError`.
+Everything else (5xx after retries, an unreachable endpoint, a refused range) is one
+``GenericError`` type, which pipeflow does not split by its message: the backend asks the store
+a structural question instead (a HEAD of the object): a range that starts at or past the end
+is an empty read, as on every backend; a HEAD refused as missing or denied gives that typed
+error; otherwise the request kept failing through object_store's retries:
+:class:`~pipeflow.errors.RetryExhaustedError` naming the endpoint.
+
+Retries: object_store retries 5xx, dropped connections and timeouts itself; pipeflow gives it
+the budget of the backend's :class:`~pipeflow.backends._retry.RetryPolicy` (its time budget as
+object_store's retry timeout, ``max_attempts`` when set as the cap on tries, backoff from
+``base_delay`` to ``max_delay``) and adds no loop of its own around requests. A body
+that breaks off mid-way is resumed from the byte already delivered with a ranged GET.
+
+Processes: obstore's Rust runtime does not survive ``fork``. A process forked after it made an
+obstore request gets a :class:`~pipeflow.errors.ConfigError` saying so instead of a hang; use
+``spawn`` or ``forkserver`` DataLoader workers (or make no request before the fork).
+
+Timeouts: ``timeout=(connect, read)`` become object_store's connect timeout and its read timeout
+(the longest wait for the next bytes); its total-request timeout is lifted, since a stream may
+legitimately be consumed for hours.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import io
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+from pipeflow._checks import check_int
+from pipeflow.backends._resumable import ResumableStream
+from pipeflow.backends._retry import is_transient
+from pipeflow.backends._s3config import S3Options
+from pipeflow.backends.base import Backend, S3Location, parse_s3_url
+from pipeflow.errors import (
+    AccessDeniedError,
+    ConfigError,
+    ObjectNotFoundError,
+    PipeflowError,
+    RetryExhaustedError,
+)
+from pipeflow.items import ObjectInfo
+
+__all__ = ["ObstoreBackend", "ObstoreOptions", "usable_here"]
+
+#: the process whose obstore runtime is live (the Rust runtime's threads do not survive a fork)
+_runtime_pid: int | None = None
+
+#: object_store's total-request timeout is meant for small requests; a stream must outlive it
+_REQUEST_LIFETIME = _dt.timedelta(days=7)
+
+
+@dataclass(frozen=True)
+class ObstoreOptions(S3Options):
+    """Options of the obstore backend (plus the shared :class:`S3Options`).
+
+    Attributes:
+        chunk_size: the least bytes handed over per piece of a streamed body; one open stream
+            holds about this much.
+        page_size: keys per listing request (at most 1000).
+    """
+
+    chunk_size: int = 1 << 20
+    page_size: int = 1000
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_int(self.chunk_size, "obstore chunk_size", low=1)
+        check_int(self.page_size, "obstore page_size", low=1)
+        if self.page_size > 1000:
+            raise ConfigError(f"obstore page_size must be at most 1000, got {self.page_size!r}")
+        if self.profile is not None:
+            raise ConfigError("the obstore backend reads credentials from the environment or from "
+                              "access_key/secret_key; named profiles are not supported")
+
+
+def usable_here() -> bool:
+    """Whether obstore is installed and safe in this process (not forked after it was used)."""
+    import importlib.util
+
+    if _runtime_pid is not None and _runtime_pid != os.getpid():
+        return False
+    return importlib.util.find_spec("obstore") is not None
+
+
+def _seconds(value: float) -> _dt.timedelta:
+    return _dt.timedelta(seconds=value)
+
+
+class ObstoreBackend(Backend):
+    """S3 through obstore (object_store): one store per bucket and process."""
+
+    name = "obstore"
+    Options = ObstoreOptions
+    options: ObstoreOptions
+
+    def _make_client(self) -> dict[str, Any]:
+        return {}
+
+    def _store(self, bucket: str) -> Any:
+        global _runtime_pid
+        if _runtime_pid is not None and _runtime_pid != os.getpid():
+            raise ConfigError(
+                "obstore was used before this process was forked and its runtime does not survive "
+                "a fork (it would hang): start DataLoader workers with "
+                "multiprocessing_context='spawn' or 'forkserver', or make no obstore request in the "
+                "parent process")
+        _runtime_pid = os.getpid()
+        stores = self._client()
+        store = stores.get(bucket)
+        if store is None:
+            with self._lock:
+                store = stores.get(bucket)
+                if store is None:
+                    store = stores[bucket] = self._new_store(bucket)
+        return store
+
+    def _new_store(self, bucket: str) -> Any:
+        from obstore.store import S3Store
+
+        opts = self.options
+        config: dict[str, Any] = {"region": opts.resolved_region(),
+                                  "virtual_hosted_style_request": not opts.use_path_style()}
+        endpoint = opts.resolved_endpoint()
+        if endpoint:
+            config["endpoint"] = endpoint
+        if opts.access_key:
+            config.update(access_key_id=opts.access_key, secret_access_key=opts.secret_key)
+            if opts.session_token:
+                config["session_token"] = opts.session_token
+        client: dict[str, Any] = {"allow_http": bool(endpoint and endpoint.startswith("http://")),
+                                  "timeout": _REQUEST_LIFETIME}
+        if opts.timeout is not None:
+            client.update(connect_timeout=_seconds(opts.connect_timeout or 0),
+                          read_timeout=_seconds(opts.read_timeout or 0))
+        policy = opts.retry
+        # object_store counts tries and time itself: the budget is its retry_timeout; the
+        # attempt count only caps it (max_attempts when set)
+        retry = {"max_retries": policy.sdk_attempts() - 1,
+                 "retry_timeout": (_seconds(policy.budget) if policy.budget is not None
+                                   else _REQUEST_LIFETIME),
+                 "backoff": {"init_backoff": _seconds(max(policy.base_delay, 0.001)),
+                             "max_backoff": _seconds(max(policy.max_delay, 0.001)), "base": 2}}
+        return S3Store(bucket, config=config, client_options=client, retry_config=retry)
+
+    # ---- errors ----------------------------------------------------------------------------
+    def _typed(self, exc: BaseException, url: str, op: str) -> BaseException | None:
+        """The typed error obstore's exception type names, None for its generic error."""
+        from obstore.exceptions import GenericError, PermissionDeniedError, UnauthenticatedError
+
+        if isinstance(exc, PipeflowError):
+            return exc
+        if isinstance(exc, FileNotFoundError):
+            return ObjectNotFoundError("no such object or bucket", url=url, backend=self.name, op=op)
+        if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)):
+            return AccessDeniedError(f"access denied ({type(exc).__name__})", url=url, backend=self.name,
+                                     op=op)
+        if isinstance(exc, GenericError):
+            return None
+        return exc
+
+    def _error(self, exc: BaseException, loc: S3Location, url: str, op: str) -> BaseException:
+        typed = self._typed(exc, url, op)
+        if typed is not None:
+            return typed
+        import obstore
+
+        # the generic error, after object_store's own retries: a missing or refused object
+        # shows in a HEAD; otherwise the request kept failing
+        try:
+            obstore.head(self._store(loc.bucket), loc.key)
+        except Exception as probe:
+            typed = self._typed(probe, url, op)
+            if typed is not None:
+                return typed
+        endpoint = self.options.resolved_endpoint() or "the AWS S3 endpoint"
+        policy = self.options.retry
+        limit = (f"{policy.budget:g} s retry budget" if policy.budget is not None
+                 else f"{policy.max_attempts} attempts")
+        return RetryExhaustedError(f"gave up after the {limit} at {endpoint}", url=url,
+                                   backend=self.name, op=op)
+
+    def _raise(self, exc: BaseException, loc: S3Location, url: str, op: str) -> None:
+        err = self._error(exc, loc, url, op)
+        if err is exc:
+            raise exc
+        raise err from exc
+
+    # ---- listing ---------------------------------------------------------------------------
+    def list(self, url: str) -> Iterator[ObjectInfo]:
+        import obstore
+
+        loc = parse_s3_url(url, backend=self.name, op="list")
+        # object_store lists whole path segments ("data/sam" means "data/sam/"): list the
+        # enclosing segment and keep the keys that start with the prefix
+        parent = loc.key.rpartition("/")[0]
+        try:
+            # S3 returns keys in UTF-8 byte order, which is code point order: already sorted
+            for batch in obstore.list(self._store(loc.bucket), parent or None,
+                                      chunk_size=self.options.page_size):
+                for meta in batch:
+                    if meta["path"].startswith(loc.key):
+                        yield _object_info(loc.bucket, meta)
+        except Exception as exc:
+            self._raise(exc, loc, url, "list")
+
+    def info(self, url: str) -> ObjectInfo:
+        import obstore
+
+        loc = parse_s3_url(url, backend=self.name, op="info")
+        try:
+            meta = obstore.head(self._store(loc.bucket), loc.key)
+        except Exception as exc:
+            self._raise(exc, loc, url, "info")
+        return _object_info(loc.bucket, meta, url)
+
+    # ---- reading ---------------------------------------------------------------------------
+    def _get(self, loc: S3Location, url: str, start: int, end: int | None) -> IO[bytes]:
+        import obstore
+
+        options: dict[str, Any] = {}
+        if end is not None:
+            options["range"] = (start, end)
+        elif start:
+            options["range"] = {"offset": start}
+        try:
+            result = obstore.get(self._store(loc.bucket), loc.key, options=options or None)
+        except Exception as exc:
+            if start and self._typed(exc, url, "open") is None and self._past_end(loc, start):
+                return io.BytesIO(b"")  # a range starting at or past the end (S3 answers 416)
+            err = self._error(exc, loc, url, "open")
+            if err is exc:
+                raise
+            raise err from exc
+        return _Body(iter(result.stream(min_chunk_size=self.options.chunk_size)))  # type: ignore[return-value]
+
+    def _past_end(self, loc: S3Location, start: int) -> bool:
+        import obstore
+
+        try:
+            size = obstore.head(self._store(loc.bucket), loc.key)["size"]
+        except Exception:  # the caller reports the original failure
+            return False
+        return start >= int(size)
+
+    def _stream(self, url: str, start: int, end: int | None) -> IO[bytes]:
+        loc = parse_s3_url(url, backend=self.name, op="open")
+        if end is not None and end <= start:
+            self.info(url)
+            return io.BytesIO(b"")
+        first = self._get(loc, url, start, end)
+        if isinstance(first, io.BytesIO):
+            return first
+
+        def classify(exc: BaseException) -> bool:
+            from obstore.exceptions import BaseError
+
+            # a body that fails mid-way is resumed; the reopen's own failures are typed (final)
+            return is_transient(exc) or (isinstance(exc, BaseError) and self._typed(exc, url, "read") is None)
+
+        return ResumableStream(lambda offset: self._get(loc, url, offset, end), start=start, size=None,
+                               policy=self.options.retry, url=url, backend=self.name, first=first,
+                               classify=classify)
+
+    def open(self, url: str, *, start: int = 0) -> IO[bytes]:
+        return self._stream(url, start, None)
+
+    def read(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
+        lo = start or 0
+        if lo < 0 or (end is not None and end < 0):
+            raise ConfigError(f"read({url!r}): start/end must be non-negative (backend={self.name})")
+        with self._stream(url, lo, end) as stream:
+            return stream.read()
+
+
+class _Body(io.RawIOBase):
+    """A raw stream over obstore's iterator of body pieces; holds one piece at a time."""
+
+    def __init__(self, pieces: Iterator[Any]) -> None:
+        super().__init__()
+        self._pieces = pieces
+        self._buf = memoryview(b"")
+        #: the largest piece held at once (the reader's buffer)
+        self.peak_buffered = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self) -> bool:
+        while not self._buf:
+            try:
+                piece = next(self._pieces)
+            except StopIteration:
+                return False
+            self._buf = memoryview(piece).cast("B")
+            self.peak_buffered = max(self.peak_buffered, len(self._buf))
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if not self._fill():
+            return 0
+        n = min(len(buffer), len(self._buf))
+        buffer[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            return self.readall()
+        if not self._fill():
+            return b""
+        out = bytes(self._buf[:size])
+        self._buf = self._buf[len(out):]
+        return out
+
+    def readall(self) -> bytes:
+        parts = []
+        while self._fill():
+            parts.append(bytes(self._buf))
+            self._buf = memoryview(b"")
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self._buf = memoryview(b"")
+        self._pieces = iter(())  # drops the response: object_store closes the connection
+        super().close()
+
+
+def _object_info(bucket: str, meta: Any, url: str | None = None) -> ObjectInfo:
+    etag = meta.get("e_tag")
+    mtime = meta.get("last_modified")
+    return ObjectInfo(url=url or f"s3://{bucket}/{meta['path']}", size=int(meta["size"]),
+                      etag=etag.strip('"') if isinstance(etag, str) else None,
+                      mtime=mtime.timestamp() if mtime is not None else None)

@@ -1,0 +1,91 @@
+"""Every S3 reader holds a bounded window of an object, whatever its size.
+
+Each test streams a 64 MB object from the local server in 1 MiB reads and watches the reader's
+own buffer (not the process's RSS): the bytes it holds, or has requested and not yet handed out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from pipeflow.backends import get_backend
+
+pytestmark = [pytest.mark.s3, pytest.mark.timeout(180)]
+
+SIZE = 64 << 20
+READ = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def big(s3):
+    bucket = s3.make_bucket("bounded-readers")
+    data = os.urandom(1 << 20) * (SIZE >> 20)
+    return s3.put(bucket, "big.bin", data), hashlib.sha256(data).hexdigest()
+
+
+def _stream(stream, held) -> tuple[str, int]:
+    """Read to the end; returns the digest and the largest ``held(raw)`` seen."""
+    digest = hashlib.sha256()
+    peak = 0
+    with stream:
+        while True:
+            chunk = stream.read(READ)
+            if not chunk:
+                break
+            digest.update(chunk)
+            raw = stream._raw  # the SDK's reader under pipeflow's resumable wrapper
+            if raw is not None:
+                peak = max(peak, held(raw))
+    return digest.hexdigest(), peak
+
+
+def _fsspec_cache(raw) -> int:
+    cache = raw.cache  # fsspec's read-ahead cache of the open file
+    return len(getattr(cache, "cache", b"") or b"")
+
+
+@pytest.mark.parametrize("backend", ["s3fs", "fsspec"])
+def test_fsspec_readers_hold_one_block(big, backend):
+    url, expected = big
+    block = 8 << 20
+    digest, peak = _stream(get_backend(backend, block_size=block).open(url), _fsspec_cache)
+    assert digest == expected
+    assert 0 < peak <= block + READ, peak
+
+
+def test_fsspec_default_block_is_bounded_too(big):
+    url, expected = big
+    digest, peak = _stream(get_backend("s3fs").open(url), _fsspec_cache)
+    assert digest == expected
+    assert 0 < peak <= (50 << 20) + READ < SIZE, peak  # s3fs's 50 MiB block, not the object
+
+
+def test_iopath_reads_chunks_not_the_whole_object(big):
+    url, expected = big
+    be = get_backend("iopath")
+    digest, peak = _stream(be.open(url), lambda raw: len(raw.buffer.getbuffer()))
+    assert digest == expected
+    # iopath's chunk ranges are inclusive at both ends: one byte more than chunk_size
+    assert 0 < peak <= be.options.chunk_size + 1, peak
+
+
+def test_obstore_holds_one_piece(big):
+    pytest.importorskip("obstore")
+    url, expected = big
+    be = get_backend("obstore", chunk_size=1 << 20)
+    digest, peak = _stream(be.open(url), lambda raw: raw.peak_buffered)
+    assert digest == expected
+    # object_store hands over pieces of at least chunk_size, grown by at most one network read
+    assert 0 < peak <= 4 << 20, peak
+
+
+def test_crt_holds_two_windows(big):
+    pytest.importorskip("s3torchconnector")
+    url, expected = big
+    be = get_backend("s3torchconnector")
+    digest, peak = _stream(be.open(url), lambda raw: raw.peak_buffered)
+    assert digest == expected
+    assert 0 < peak <= 2 * be.options.effective_window, peak

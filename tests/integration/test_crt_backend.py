@@ -1,0 +1,176 @@
+"""The s3torchconnector (CRT) backend: bounded memory, typed errors, a bounded stall.
+
+Everything runs against the local S3 server, through the fault proxy where a fault is needed.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+
+from pipeflow.backends import get_backend, parse_s3_url
+from pipeflow.backends._retry import RetryPolicy
+from pipeflow.errors import AccessDeniedError, ObjectNotFoundError, RetryExhaustedError
+from pipeflow.testing import local_s3
+from pipeflow.testing.proxy import DelayProxy, Faults, RequestInfo
+
+pytest.importorskip("s3torchconnector")
+pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]
+
+BIG = 64 << 20
+WINDOW = 8 << 20
+
+
+@pytest.fixture(scope="module")
+def big(s3):
+    bucket = s3.make_bucket("crt-big")
+    data = os.urandom(1 << 20) * (BIG >> 20)
+    return s3.put(bucket, "big.bin", data), data
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_reading_a_large_object_keeps_the_buffer_bounded(big):
+    url, data = big
+    be = get_backend("s3torchconnector", part_size=WINDOW)
+    peak = 0
+    got = bytearray()
+    with be.open(url) as stream:
+        while True:
+            chunk = stream.read(1 << 20)
+            if not chunk:
+                break
+            got += chunk
+            # the reader's own account: bytes requested from the server, not yet handed out
+            peak = max(peak, stream._raw.peak_buffered)
+    assert bytes(got) == data
+    assert 0 < peak <= 2 * WINDOW, f"held {peak} bytes of a {BIG}-byte object"
+
+
+def test_an_object_smaller_than_a_window_is_one_get(s3):
+    bucket = s3.make_bucket("crt-small")
+    url = s3.put(bucket, "small.bin", b"x" * 1000)
+    exact = s3.put(bucket, "exact.bin", b"y" * (1 << 20))
+    with DelayProxy(s3.endpoint, delay_ms=0) as proxy:
+        be = get_backend("s3torchconnector", endpoint=proxy.url, window=1 << 20)
+        assert be.read(url) == b"x" * 1000
+        assert proxy.counts().get("GET") == 1
+        assert proxy.counts().get("HEAD", 0) == 0
+        # exactly one window: the next window starts at the end and is answered 416
+        assert be.read(exact) == b"y" * (1 << 20)
+        be.close()
+
+
+def test_a_closed_port_is_retry_exhausted_naming_the_endpoint_quickly():
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    be = get_backend("s3torchconnector", endpoint=endpoint,
+                     retry=RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05))
+    started = time.monotonic()
+    with pytest.raises(RetryExhaustedError) as info:
+        be.read("s3://bucket/key")
+    elapsed = time.monotonic() - started
+    assert str(info.value).count(endpoint) == 1
+    assert "s3://bucket/key" in str(info.value)
+    with pytest.raises(RetryExhaustedError, match="127.0.0.1"):
+        list(be.list("s3://bucket/"))
+    print(f"closed port: RetryExhaustedError after {elapsed:.2f} s")
+
+
+def test_no_credentials_is_access_denied(s3, big, monkeypatch, tmp_path):
+    url, _ = big
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    with pytest.raises(AccessDeniedError):
+        get_backend("s3torchconnector").read(url)
+
+
+@pytest.mark.parametrize("backend", ["s3torchconnector", "boto3", "s3fs"])
+def test_wrong_credentials_are_access_denied(backend, monkeypatch):
+    # a second server that checks signatures: moto knows no access key, so every key is wrong
+    monkeypatch.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "0")
+    with local_s3(export_env=False) as server:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "wrong")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+        be = get_backend(backend, endpoint=server.endpoint)
+        with pytest.raises(AccessDeniedError):
+            be.read("s3://bucket/key")
+        be.close()
+
+
+def test_missing_object_is_not_found(s3, big):
+    url, _ = big
+    with pytest.raises(ObjectNotFoundError):
+        get_backend("s3torchconnector").open(url + ".missing")
+
+
+def test_a_stalled_body_is_resumed_after_the_read_timeout(s3, big):
+    url, data = big
+    stalled: list[int] = []
+
+    def stall_first_get(info: RequestInfo):
+        if info.method == "GET" and "list-type" not in info.path and not stalled:
+            stalled.append(info.index)
+            return "stall"
+        return None
+
+    with DelayProxy(s3.endpoint, delay_ms=0, faults=Faults(stall_s=20.0), hook=stall_first_get) as proxy:
+        be = get_backend("s3torchconnector", endpoint=proxy.url, timeout=(5.0, 1.0),
+                         retry=RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.02))
+        started = time.monotonic()
+        assert be.read(url, 0, 3 << 20) == data[: 3 << 20]
+        assert time.monotonic() - started < 15, "waited the stall out instead of timing out"
+        assert stalled, "the proxy stalled nothing"
+        be.close()
+
+
+def test_a_server_that_always_stalls_ends_in_retry_exhausted(s3, big):
+    url, _ = big
+    with DelayProxy(s3.endpoint, delay_ms=0, faults=Faults(stall_rate=1.0, stall_s=20.0)) as proxy:
+        be = get_backend("s3torchconnector", endpoint=proxy.url, timeout=(5.0, 0.5),
+                         retry=RetryPolicy(max_attempts=2, base_delay=0.01, max_delay=0.02))
+        with pytest.raises(RetryExhaustedError) as info:
+            be.read(url, 0, 1000)
+        assert url in str(info.value)
+        assert proxy.url in str(info.value)
+        be.close()
+
+
+@pytest.mark.parametrize("backend", ["s3fs", "fsspec", "iopath", "obstore"])
+def test_every_retry_exhausted_names_the_endpoint(backend):
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    be = get_backend(backend, endpoint=endpoint,
+                     retry=RetryPolicy(max_attempts=2, base_delay=0.01, max_delay=0.02))
+    with pytest.raises(RetryExhaustedError) as info:
+        be.read("s3://bucket/key")
+    assert str(info.value).count(endpoint) == 1
+    assert "s3://bucket/key" in str(info.value)
+
+
+def test_a_stream_dropped_without_close_leaves_no_thread(big):
+    import gc
+    import threading
+
+    url, data = big
+    be = get_backend("s3torchconnector", part_size=WINDOW)
+    before = {t.ident for t in threading.enumerate()}
+    # the windowed body itself, as a wrapper that forgot to close it would hold it
+    stream = be._windowed(parse_s3_url(url), url, 0, None)
+    assert stream.read(1000) == data[:1000]
+    del stream  # never closed, read far from the end: the pump waits for a reader that is gone
+    gc.collect()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        left = [t for t in threading.enumerate() if t.name == "pipeflow-window" and t.ident not in before]
+        if not left:
+            break
+        time.sleep(0.1)
+    assert not left, "the window thread outlived its stream"

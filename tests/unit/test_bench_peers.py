@@ -1,0 +1,64 @@
+"""The benchmark's shared pieces that decide what every library computes (no server, no timing)."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import pipeflow as pf  # noqa: E402
+from benchmarks import photos  # noqa: E402
+from benchmarks.harness import Case, _one_epoch, count_batch  # noqa: E402
+from benchmarks.peers import _common  # noqa: E402
+
+
+@pytest.mark.parametrize("kind", ["imagenet", "photo"])
+def test_peers_and_pipeflow_decode_to_the_same_224_tensor(kind):
+    data = photos.jpeg(kind, 3)
+    width, height, _ = photos.KINDS[kind]
+    assert Image.open(io.BytesIO(data)).size == (width, height)
+    peer = _common.decode_224({"jpg": data, "cls": b"7"})
+    ours = next(iter(pf.from_items([{"jpg": data, "cls": b"7"}]).decode("torch", resize=(224, 224))))
+    assert peer["cls"] == ours["cls"] == 7
+    assert peer["jpg"].shape == ours["jpg"].shape == (3, 224, 224)
+    assert peer["jpg"].dtype == ours["jpg"].dtype
+    # the same resize on the same decoder: equal up to rounding (a faster decoder may differ a little)
+    diff = (peer["jpg"].int() - ours["jpg"].int()).abs().float().mean().item()
+    assert diff < 3.0
+
+
+def test_photo_sizes_are_those_of_their_kind():
+    assert 200_000 < len(photos.jpeg("photo", 0)) < 450_000
+    assert 50_000 < len(photos.jpeg("imagenet", 0)) < 160_000
+
+
+class _Counted:
+    """A re-iterable data set of ``size`` items, counting how often it was iterated."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.passes = size, 0
+
+    def __iter__(self):
+        self.passes += 1
+        return iter([[i] for i in range(self.size)])
+
+
+def test_a_short_data_set_is_read_again_until_the_minimum_samples():
+    data = _Counted(10)
+    case = Case("s2", "g", "lib", "x:y", min_samples=35, max_seconds=60)
+    out = _one_epoch(case, data, count_batch)
+    assert data.passes == 4 and out["passes"] == 4 and out["samples"] == 40
+    assert out["first_batch_s"] is not None and out["samples_per_s"] > 0
+
+
+def test_max_samples_stops_mid_pass_and_an_empty_data_set_ends():
+    case = Case("s2", "g", "lib", "x:y", max_samples=5, max_seconds=60)
+    assert _one_epoch(case, _Counted(100), count_batch)["samples"] == 5
+    empty = _Counted(0)
+    assert _one_epoch(Case("s2", "g", "lib", "x:y", min_samples=10), empty, count_batch)["samples"] == 0
+    assert empty.passes == 1
