@@ -31,7 +31,7 @@ from .stages.group import PairGrouper
 from .stages.listing import ObjectLister
 from .stages.map import WindowedStage
 from .stages.prefetch import Prefetcher
-from .stages.shard import Sharder
+from .stages.shard import Sharder, _sample_key
 from .stages.shuffle import Shuffler
 from .stages.source import ItemSource
 from .stages.unbatch import Unbatcher
@@ -245,19 +245,29 @@ def _check_graph(stages: list[Stage[Any]], sharder: int, point: int) -> None:
                           f"{', '.join(s.name for s in expanders)}")
 
 
-def _source_items(node: Node, epoch: int) -> list[Any]:
-    """The stream before the shard, in order: the same on every rank for a seed and epoch."""
+def _source_units(node: Node, epoch: int, by: str) -> list[list[Any]]:
+    """The stream before the shard, in order (the same on every rank for a seed and epoch), in
+    the units the shard splits: single items, or with ``by="key"`` the items of one sample."""
     stage = build(node, RunContext(epoch=epoch))
+    units: list[list[Any]] = []
+    last: Any = None
     try:
-        return list(stage)
+        for item in stage:
+            key = _sample_key(item) if by == "key" else None
+            if key is None or key != last or not units:
+                units.append([])
+            units[-1].append(item)
+            last = key
     finally:
         stage.close()
+    return units
 
 
-def _offsets(item: Any, to_point: list[Node], epoch: int) -> list[int]:
+def _offsets(unit: list[Any], to_point: list[Node], epoch: int, by: str) -> list[int]:
     """The record offset each item of one object starts at, at the drop point: the object run
     alone through the stages between the shard and the drop point."""
-    current = Node(Sharder, (), {"ranks": False, "workers": False}, (Node(ItemSource, ([item],)),))
+    current = Node(Sharder, (), {"ranks": False, "workers": False, "by": by},
+                   (Node(ItemSource, (unit,)),))
     for node in reversed(to_point):
         current = Node(node.stage, node.args, node.kwargs, (current,), node.label)
     top = build(current, RunContext(epoch=epoch))
@@ -278,14 +288,14 @@ def _offsets(item: Any, to_point: list[Node], epoch: int) -> list[int]:
         top.close()
 
 
-def _resolve(window: dict[str, Any], items: list[Any], to_point: list[Node], epoch: int,
-             done: list[list[Any]], partial: dict[str, list[int]]) -> None:
+def _resolve(window: dict[str, Any], items: list[list[Any]], to_point: list[Node], epoch: int,
+             by: str, done: list[list[Any]], partial: dict[str, list[int]]) -> None:
     """Which items of an old shard's window were delivered: every one before the window's
     first item and, from it on, the ones pulled into the buffer and no longer in it."""
     pulled, skip, buffered = int(window["pulled"]), int(window["skip"]), set(window["buffered"])
     seq, first = 0, True
     for g in range(int(window["start"]), len(items), int(window["step"])):
-        offsets = _offsets(items[g], to_point, epoch)
+        offsets = _offsets(items[g], to_point, epoch, by)
         delivered = []
         for j, offset in enumerate(offsets):
             if first and offset < skip:
@@ -325,14 +335,15 @@ def resume_node(node: Node, merged: dict[str, Any]) -> Node:
             raise ConfigError(f"this merged state belongs to a pipeline of another shape: saved "
                               f"{merged['graph']}, resuming {fingerprint(root)}")
         _check_graph(stages, sharder, point)
+        by = stages[sharder].by
     finally:
         root.close()
-    items = _source_items(nodes[sharder + 1], epoch)
+    items = _source_units(nodes[sharder + 1], epoch, by)
     done = [list(r) for r in merged["done"]]
     partial: dict[str, list[int]] = {}
     for window in merged["windows"]:
-        _resolve(window, items, nodes[point + 1: sharder], epoch, done, partial)
-    current = Node(ElasticRemaining, (done,), {"epoch": epoch}, (nodes[sharder + 1],),
+        _resolve(window, items, nodes[point + 1: sharder], epoch, by, done, partial)
+    current = Node(ElasticRemaining, (done,), {"epoch": epoch, "by": by}, (nodes[sharder + 1],),
                    f"resume_remaining(epoch={epoch})")
     for i in range(sharder, -1, -1):
         if i == point:

@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import ConfigError
 from ._expand import ExpandingStage
 from .base import REPLAY_KEY, SOURCES_KEY, Stage
+from .shard import _sample_key
 from .unbatch import Unbatcher
 
 __all__ = ["ElasticDropper", "ElasticRemaining", "in_ranges", "locate", "owned_after", "owned_before"]
@@ -60,7 +61,8 @@ def locate(chain: Sequence[type], state: dict[str, Any], shard: tuple[int, int],
             raise ConfigError("elastic resume cannot read a state saved after an error ended an "
                               f"item mid-way (at {cls.__name__}); resume it on the same topology")
         if getattr(cls, "is_sharder", False):
-            pos = int(st["pos"])
+            # by="key" shards whole samples: the unit is the sample, "sample" the current one
+            pos = int(st["sample"]) + 1 if "sample" in st else int(st["pos"])
             g = owned_after(pos, index, count) if rule == "next" else owned_before(pos, index, count)
             return g, offset
         if not expanded and issubclass(cls, ExpandingStage):
@@ -90,43 +92,50 @@ def _chain_to_sharder(stage: Stage[Any]) -> list[Stage[Any]]:
 
 
 class ElasticRemaining(Stage[Any]):
-    """Passes the source items not completed before an elastic resume (in its epoch only).
+    """Passes the source units not completed before an elastic resume (in its epoch only).
+
+    A unit is an item, or with ``by="key"`` the consecutive items of one sample key, as the
+    ``shard_by_rank()`` after this stage counts them.
 
     Args:
         source: the stream before ``shard_by_rank()``.
-        done: completed source indices as ``[start, stop, step]`` ranges.
+        done: completed unit indices as ``[start, stop, step]`` ranges.
         epoch: the epoch being resumed.
+        by: ``"item"`` or ``"key"``, as the sharder.
     """
 
-    def __init__(self, source: Stage[Any], done: Sequence[Sequence[Any]], *, epoch: int) -> None:
+    def __init__(self, source: Stage[Any], done: Sequence[Sequence[Any]], *, epoch: int,
+                 by: str = "item") -> None:
         super().__init__(source)
         self.done = [tuple(r) for r in done]
         self.epoch = epoch
-        self.kept: list[int] = []  # source index of each item passed, in order
-        self._pos = 0
-
-    @property
-    def active(self) -> bool:
-        return self.context.epoch == self.epoch
+        self.by = by
+        self.kept: list[int] = []  # unit index of each unit passed, in order
+        self._unit = -1
+        self._key: str | None = None
 
     def start(self, state: dict[str, Any] | None) -> None:
-        self._pos = int(state["pos"]) if state else 0
-        self.kept = [g for g in range(self._pos) if not in_ranges(g, self.done)]
+        self._unit = int(state["unit"]) if state else -1
+        self._key = state.get("key") if state else None
+        active = self.context.epoch == self.epoch
+        self._done = self.done if active else []
+        self.kept = [u for u in range(self._unit + 1) if not in_ranges(u, self._done)]
 
     def next(self) -> Any:
         while True:
             item = next(self.source)
-            g = self._pos
-            self._pos = g + 1
-            if not self.active:
-                self.kept.append(g)
-                return item
-            if not in_ranges(g, self.done):
-                self.kept.append(g)
+            key = _sample_key(item) if self.by == "key" else None
+            if key is None or key != self._key:
+                self._unit += 1
+                if not in_ranges(self._unit, self._done):
+                    self.kept.append(self._unit)
+            self._key = key
+            if not in_ranges(self._unit, self._done):
                 return item
 
     def get_state(self) -> dict[str, Any]:
-        return {"pos": self._pos, "resumed_epoch": self.epoch, SOURCES_KEY: [self.source.state_dict()]}
+        return {"unit": self._unit, "key": self._key, "resumed_epoch": self.epoch,
+                SOURCES_KEY: [self.source.state_dict()]}
 
 
 class ElasticDropper(Stage[Any]):

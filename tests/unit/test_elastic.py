@@ -209,3 +209,46 @@ def merge_graph_of(pipe):
     from pipeflow.run_context import RunContext
 
     return fingerprint(build(pipe.node, RunContext()))
+
+
+@pytest.fixture
+def pair_objects(tmp_path):
+    """One object per field: ``NNN.image`` and ``NNN.label`` for 17 samples."""
+    paths = []
+    for i in range(17):
+        for field in ("image", "label"):
+            path = tmp_path / f"{i:03d}.{field}"
+            path.write_bytes(f"{i} {field}".encode())
+            paths.append(str(path))
+    return paths
+
+
+def _pair_key(sample):
+    assert sample["image"] and sample["label"], sample
+    return sample["__key__"].rsplit("/", 1)[1]
+
+
+@pytest.mark.parametrize("old,new", [(2, 3), (3, 2)])
+def test_objects_sharded_by_sample_key(monkeypatch, pair_objects, old, new):
+    # shard_by_rank() keeps a sample's objects together (by="key" under group_pairs)
+    def make():
+        return (pf.from_items(pair_objects).shard_by_rank().open(read=True, workers=2)
+                .group_pairs(required=["image", "label"]).map(_pair_key).shuffle(4, seed=5).batch(2))
+
+    before, after, merged = save_and_resume(monkeypatch, make, old, new, 2)
+    assert_exactly_once(before + after, [f"{i:03d}" for i in range(17)])
+
+
+def test_companion_objects_of_one_listed_object(monkeypatch, pair_objects):
+    images = [p for p in pair_objects if p.endswith(".image")]
+
+    def make():
+        return (pf.from_items(images).shuffle(32, seed=1).shard_by_rank().map(_companions).unbatch()
+                .open(read=True).group_pairs(required=["image", "label"]).map(_pair_key).batch(3))
+
+    before, after, _ = save_and_resume(monkeypatch, make, 3, 2, 1)
+    assert_exactly_once(before + after, [f"{i:03d}" for i in range(17)])
+
+
+def _companions(path):
+    return [path, path[: -len("image")] + "label"]
