@@ -166,6 +166,20 @@ class ElasticDropper(Stage[Any]):
         self._chain = [type(s) for s in chain]
         self._shard = sharder.shard
         self._active = self.context.epoch == self.epoch and bool(self.partial)
+        self._last = self._last_partial(*self._shard) if self._active else -1
+        self._active = self._last >= 0
+
+    def _last_partial(self, index: int, count: int) -> int:
+        """The position (after the skipped units) of the last partial object this shard gets:
+        past it nothing is dropped, and naming each item's object costs a state per item."""
+        done, last, q = self._remaining.done, -1, 0
+        for g in range(max(self.partial) + 1):
+            if in_ranges(g, done):
+                continue
+            if g in self.partial and q % count == index:
+                last = q
+            q += 1
+        return last
 
     def next(self) -> Any:
         while True:
@@ -173,6 +187,9 @@ class ElasticDropper(Stage[Any]):
             if not self._active:
                 return item
             pos, _ = locate(self._chain, self.source.state_dict(), self._shard, after=True)
+            if pos > self._last:
+                self._active = False
+                return item
             g = self._remaining.kept[pos]
             if g != self._obj:
                 self._obj, self._count = g, 0
