@@ -24,7 +24,7 @@ from .graph import Node, build, fingerprint
 from .run_context import RunContext
 from .stages._elastic import ElasticDropper, ElasticRemaining, locate
 from .stages._expand import ExpandingStage
-from .stages.base import SOURCES_KEY, Stage
+from .stages.base import REPLAY_KEY, SOURCES_KEY, Stage
 from .stages.batch import Batcher
 from .stages.filter import Filterer
 from .stages.group import PairGrouper
@@ -139,6 +139,9 @@ def _cursor(state: dict[str, Any], chain: list[type], shard: tuple[int, int]) ->
     for i in range(point + 1):  # from the root down to the drop point's input
         if not st:
             return {"done": None, "window": None}  # never started: nothing delivered
+        if REPLAY_KEY in st:
+            raise ConfigError(f"elastic resume cannot read a state saved after an error ended an "
+                              f"item mid-way (at {chain[i].__name__}); resume it on the same topology")
         if chain[i] is Shuffler:
             base = int(st["base"])
             window = {"pulled": int(st["pulled"]) - base,

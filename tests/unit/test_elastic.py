@@ -252,3 +252,62 @@ def test_companion_objects_of_one_listed_object(monkeypatch, pair_objects):
 
 def _companions(path):
     return [path, path[: -len("image")] + "label"]
+
+
+def test_stateful_dataloader_states_one_rank(monkeypatch):
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    pipe = census(True)
+    pipe.set_epoch(EPOCH)
+    loader = StatefulDataLoader(pipe, batch_size=None, num_workers=2)
+    it = iter(loader)
+    before = [k for _ in range(5) for k in next(it)]
+    merged = pf.merge_states([loader.state_dict()])
+    del it, loader
+    resumed = census(True).resume_from(merged)
+    after = []
+    for rank in range(2):
+        after += run_rank(monkeypatch, resumed, rank, 2)[0]
+    assert_exactly_once(before + after, _data.all_keys(10))
+
+    lagging = StatefulDataLoader(census(True), batch_size=None, num_workers=2, snapshot_every_n_steps=4)
+    it = iter(lagging)
+    for _ in range(3):
+        next(it)
+    with pytest.raises(ConfigError, match="snapshot_every_n_steps"):
+        pf.merge_states([lagging.state_dict()])
+    del it, lagging
+
+
+def test_a_state_saved_after_an_error_is_refused(monkeypatch):
+    def make():
+        return (pf.from_items(list(_data.shard_sizes(10))).shard_by_rank().map(_data.expand)
+                .unbatch().map(_flaky).batch(4))
+
+    states = []
+    for rank in range(2):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        it = iter(make())
+        with pytest.raises(ValueError) if rank == 1 else _nothing():
+            for _ in it:
+                pass
+        states.append(it.state_dict())
+    with pytest.raises(ConfigError, match="after an error"):
+        make().resume_from(pf.merge_states(states))
+
+
+def _flaky(sample):
+    if sample["__key__"] == "shard-01/002":
+        raise ValueError("boom")
+    return sample["__key__"]
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
