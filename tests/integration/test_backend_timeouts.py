@@ -51,7 +51,8 @@ def test_a_stalled_server_ends_in_retry_exhausted(s3, obj, backend):
         assert _gets(proxy) >= BUDGET.max_attempts, "the timed-out request was not retried"
 
 
-@pytest.mark.parametrize("backend", ["boto3", "s3fs", "fsspec", "s3torchconnector", "s5cmd", "obstore"])
+@pytest.mark.parametrize("backend", ["boto3", "s3fs", "fsspec", "iopath", "s3torchconnector", "s5cmd",
+                                     "obstore"])
 def test_sdk_retries_do_not_stack_under_the_policy(s3, obj, backend):
     # every GET is answered 503: the store sees at most max_attempts GETs of the object
     # (s5cmd runs with its own retries off, under the policy; the CRT retries requests itself

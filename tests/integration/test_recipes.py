@@ -70,8 +70,10 @@ def test_recipe_through_dataloader_workers(name, datasets, tmp_path):
     info = recipes.get(name)
     pipeline = recipes.load(name, url=datasets[info.layout]["s3"], **_options(info, tmp_path))
     # The AWS CRT behind s3torchconnector is not fork-safe once the parent has used it (as
-    # earlier tests in this session do): its workers must start with forkserver or spawn.
-    context = "forkserver" if info.backend == "s3torchconnector" else None
+    # earlier tests in this session do): its workers must not be forked from this process. Not
+    # forkserver either: a fork server started by an earlier test (tests run in random order)
+    # keeps the environment of that moment, without the local server's endpoint and credentials.
+    context = "spawn" if info.backend == "s3torchconnector" else None
     loader = torch.utils.data.DataLoader(pipeline, batch_size=None, num_workers=2,
                                          multiprocessing_context=context)
     _check(list(loader), info.layout)

@@ -30,7 +30,9 @@ def _children() -> set[int]:
 
 
 @pytest.fixture
-def backend() -> S5cmdBackend:
+def backend(s3) -> S5cmdBackend:
+    # the endpoint comes from the environment the s3 fixture exports: without it, a test run on
+    # its own would send its requests to the real AWS endpoint
     return get_backend("s5cmd")  # type: ignore[return-value]
 
 

@@ -1,8 +1,8 @@
 """open -> untar -> group_pairs yields exactly what webdataset.WebDataset yields.
 
 Shards come from ``webdataset.TarWriter`` and from hand-made tars with awkward names; they are
-read from local files and from the local S3 server. Until ``open()`` is available the streams
-are fed as ``Opened`` items (an S3 body is as non-seekable as it gets).
+read from local files and from the local S3 server, both as ``Opened`` items made by hand (an S3
+body is as non-seekable as it gets) and through ``open()``.
 """
 
 from __future__ import annotations
@@ -132,5 +132,4 @@ def test_over_local_s3(s3, s3_bucket, tmp_path):
     for sample in theirs:
         sample["__url__"] = s3_urls[urls.index(sample["__url__"])]
     assert ours == theirs
-    if hasattr(pf.Pipeline, "open"):
-        assert list(pf.from_items(s3_urls).open().untar().group_pairs()) == theirs
+    assert list(pf.from_items(s3_urls).open().untar().group_pairs()) == theirs

@@ -68,10 +68,11 @@ def tar_dataset(num_shards: int, per_shard: int, size: int = 3000) -> dict[str, 
             for i in range(num_shards)}
 
 
-def check_sample(sample: dict) -> str:
-    """The key of a grouped sample after verifying its bytes (raises on corruption)."""
+def check_sample(sample: dict, size: int = 3000) -> str:
+    """The key of a grouped sample after verifying its bytes against the whole payload (raises on
+    corruption, truncation or an empty field)."""
     key = sample["__key__"]
-    if sample["bin"] != payload(key, len(sample["bin"])) or sample["cls"] != key.encode():
+    if sample["bin"] != payload(key, size) or sample["cls"] != key.encode():
         raise AssertionError(f"sample {key} came back corrupted")
     return key
 

@@ -58,3 +58,21 @@ def test_unshuffled_sample_level_split_is_round_robin(census):
     expected = _data.all_keys(10)
     for rank, rank_data in enumerate(census):
         assert _keys(rank_data["sample-ordered-w0"]["epoch0"]) == expected[rank::2]
+
+
+@pytest.mark.parametrize("config", [f"several-{how}-w{nw}" for how in ("mix", "interleave", "zip")
+                                    for nw in (0, 2, 3)])
+def test_several_sources_exactly_once_across_ranks_and_workers(census, config):
+    keys = _data.all_keys(10)
+    half = len(keys) // 2
+    per_rank = [_keys(rank_data[config]["epoch0"]) for rank_data in census]
+    if config.startswith("several-zip"):
+        # each shard zips its own share of both sources: partners keep their index
+        pairs = [pair for keys_ in per_rank for pair in keys_]
+        assert all(keys.index(b) - keys.index(a) == half for a, b in pairs), config
+        per_rank = [[k for pair in keys_ for k in pair] for keys_ in per_rank]
+    counts = Counter(k for keys_ in per_rank for k in keys_)
+    assert [k for k, c in counts.items() if c > 1] == [], f"{config}: duplicated"
+    assert sorted(counts) == sorted(keys[:2 * half]), f"{config}: lost"
+    assert all(per_rank), f"{config}: a rank got nothing"
+    FIGURES["samples checked"] += sum(counts.values())

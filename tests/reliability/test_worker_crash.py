@@ -48,6 +48,22 @@ def _settled(before: set[int], timeout: float = 15.0) -> set[int]:
         time.sleep(0.1)
 
 
+def _dead(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _poll(check, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def _samples(n_shards: int = 8) -> pf.Pipeline:
     return pf.from_items(list(_data.shard_sizes(n_shards))).map(_data.expand).unbatch()
 
@@ -76,7 +92,8 @@ def test_sigkill_of_a_map_process_worker_raises_worker_crashed_error():
     workers = [pid for pid in set(now) - before - _infrastructure(now)]
     assert workers, "no process worker found"
     os.kill(workers[0], signal.SIGKILL)
-    time.sleep(1.0)  # let the executor notice: the next submit() then meets a broken pool
+    # wait until the worker is really dead, so the next items meet a pool that lost it
+    assert _poll(lambda: _dead(workers[0])), f"worker {workers[0]} survived SIGKILL"
     with pytest.raises(WorkerCrashedError, match="died"):
         for _ in it:
             pass

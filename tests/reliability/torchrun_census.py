@@ -23,6 +23,7 @@ from tests.reliability import _data  # noqa: E402
 
 NUM_SHARDS = 10
 WORKERS = (0, 2, 3)
+SEVERAL = ("mix", "interleave", "zip")
 
 
 def census_pipeline(level: str, shuffle: bool, shards: list[str]) -> pf.Pipeline:
@@ -44,6 +45,20 @@ def census_pipeline(level: str, shuffle: bool, shards: list[str]) -> pf.Pipeline
     return pipe.map(_data.slow_identity, workers=2).prefetch(2).map(_data.key_of).batch(4)
 
 
+def several_sources(how: str) -> pf.Pipeline:
+    """Two sources combined, no shard_by_rank(): automatic sharding must split each of them."""
+    keys = _data.all_keys(NUM_SHARDS)
+    half = len(keys) // 2
+    first, second = pf.from_items(keys[:half]), pf.from_items(keys[half:2 * half])
+    if how == "mix":
+        pipe = pf.mix([first, second], [1, 1], seed=7)
+    elif how == "interleave":
+        pipe = pf.interleave([first, second])
+    else:
+        pipe = first.zip(second).map(list)
+    return pipe.batch(3)
+
+
 def run_loader(pipe: pf.Pipeline, num_workers: int, epoch: int) -> list[list[str]]:
     pipe.set_epoch(epoch)
     loader = DataLoader(pipe, batch_size=None, num_workers=num_workers)
@@ -63,6 +78,9 @@ def suite_census(rank: int) -> dict[str, object]:
                     runs["epoch0_again"] = run_loader(pipe, nw, 0)
                     runs["epoch1"] = run_loader(pipe, nw, 1)
                 out[name] = runs
+    for how in SEVERAL:
+        for nw in WORKERS:
+            out[f"several-{how}-w{nw}"] = {"epoch0": run_loader(several_sources(how), nw, 0)}
     return out
 
 

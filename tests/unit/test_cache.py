@@ -92,14 +92,30 @@ def test_dataloader_workers_share_the_cache_across_epochs(tmp_path, objects):
     assert _no_tmp_files(tmp_path / "cache")
 
 
+def _until_the_clock_moves_past(path: str, probe: Path, timeout: float = 5.0) -> None:
+    """Wait until a file written now gets a later modification time than ``path`` has.
+
+    File times come from the kernel's coarse clock: recency is only comparable once it ticked.
+    """
+    reference = os.stat(path).st_mtime_ns
+    deadline = time.monotonic() + timeout
+    while True:
+        probe.touch()
+        if os.stat(probe).st_mtime_ns > reference:
+            return
+        assert time.monotonic() < deadline, "the file system clock did not move"
+        time.sleep(0.001)
+
+
 def test_lru_eviction_keeps_the_recently_used(tmp_path):
     cache = DiskCache(tmp_path / "c", max_bytes=250)
+    probe = tmp_path / "probe"
     cache.put("a", b"a" * 100)
-    time.sleep(0.01)
+    _until_the_clock_moves_past(cache.path_for("a"), probe)
     cache.put("b", b"b" * 100)
-    time.sleep(0.01)
+    _until_the_clock_moves_past(cache.path_for("b"), probe)
     assert cache.get("a") == b"a" * 100  # a is now more recent than b
-    time.sleep(0.01)
+    _until_the_clock_moves_past(cache.path_for("a"), probe)
     cache.put("c", b"c" * 100)
     assert cache.get("b") is None
     assert cache.get("a") == b"a" * 100

@@ -5,6 +5,9 @@ import torch
 
 import pipeflow as pf
 from pipeflow.errors import ConfigError
+from pipeflow.run_context import RunContext
+from pipeflow.stages.shard import Sharder
+from pipeflow.stages.source import ItemSource
 
 from ._core_helpers import double
 
@@ -97,11 +100,10 @@ def test_map_skip_counts():
 
 
 def test_zip_interleave_mix():
-    a, b = pf.from_items([1, 2, 3]), pf.from_items("xy".split() or ["x", "y"])
+    a = pf.from_items([1, 2, 3])
     assert list(a.zip(pf.from_items(["x", "y"]))) == [(1, "x"), (2, "y")]
     assert list(pf.interleave([a, pf.from_items([10, 20])])) == [1, 10, 2, 20, 3]
     assert list(pf.interleave([a, pf.from_items([10])], stop="first")) == [1, 10, 2]
-    del b
     mixed = list(pf.mix([pf.from_items(range(100)), pf.from_items(range(100, 130))], [3, 1], seed=5))
     assert sorted(mixed) == list(range(130))
     # the mix is weighted: early on, about 3 of 4 items come from the first input
@@ -127,6 +129,21 @@ def test_shard_by_rank_uses_env(monkeypatch):
     assert list(pf.from_items(range(10)).shard_by_rank(ranks=False)) == list(range(10))
     # no shard_by_rank: the source is sharded automatically, so ranks never duplicate data
     assert list(pf.from_items(range(10)).map(double)) == [2, 8, 14]
+
+
+@pytest.mark.parametrize("ranks,workers,expected", [
+    (True, True, [4, 10, 16, 22]),      # shard 1 * 3 + 1 of 2 * 3
+    (True, False, list(range(1, 24, 2))),  # shard 1 of 2: every DataLoader worker reads it all
+    (False, True, list(range(1, 24, 3))),  # shard 1 of 3: every rank reads it all
+    (False, False, list(range(24))),
+])
+def test_sharder_splits_by_rank_and_worker(ranks, workers, expected):
+    # rank 1 of 2, DataLoader worker 1 of 3, as the builder would see it inside that worker
+    ctx = RunContext(rank=1, world_size=2, worker_id=1, num_workers=3)
+    source = ItemSource(list(range(24)))
+    stage = Sharder(source, ranks=ranks, workers=workers)
+    source.context = stage.context = ctx
+    assert list(stage) == expected
 
 
 def test_shuffle_before_shard_is_identical_on_every_rank(monkeypatch):

@@ -67,8 +67,9 @@ def test_stateful_dataloader_checkpoint_and_resume(num_workers):
     resumed = StatefulDataLoader(make(), batch_size=None, num_workers=num_workers)
     resumed.load_state_dict(state)
     tail = _flatten_lists(resumed)
-    assert sorted(head + tail) == [2 * x for x in range(60)]
-    assert len(head + tail) == 60
+    # the seed fixes the order, and the loader takes batches from its workers in turn: the resumed
+    # run continues exactly where the saved one stopped
+    assert head + tail == full
 
 
 def _flatten_lists(loader):
@@ -76,3 +77,31 @@ def _flatten_lists(loader):
     for batch in loader:
         out.extend(batch)
     return out
+
+
+def _several_sources():
+    a, b = pf.from_items(range(0, 30)), pf.from_items(range(100, 130))
+    return {
+        "mix": pf.mix([a, b], [1, 1], seed=4),
+        "interleave": pf.interleave([a, b]),
+        "zip": a.zip(b),
+    }
+
+
+@pytest.mark.parametrize("num_workers", [2, 3])
+@pytest.mark.parametrize("how", ["mix", "interleave", "zip"])
+def test_several_sources_are_each_sharded_across_workers(how, num_workers):
+    # no shard_by_rank(): automatic sharding must split every source, not only the first
+    pipe = _several_sources()[how]
+    got = list(DataLoader(pipe, batch_size=None, num_workers=num_workers, collate_fn=lambda x: x))
+    if how == "zip":
+        assert all(y == x + 100 for x, y in got), "each worker zips its own share of both sources"
+        got = [v for pair in got for v in pair]
+    assert sorted(got) == list(range(0, 30)) + list(range(100, 130))
+
+
+def test_shard_by_rank_without_workers_gives_every_worker_every_item():
+    # workers=False switches the split across DataLoader workers off: each worker reads it all
+    pipe = pf.from_items(range(10)).shard_by_rank(workers=False)
+    got = list(DataLoader(pipe, batch_size=None, num_workers=2))
+    assert sorted(got) == sorted(list(range(10)) * 2)

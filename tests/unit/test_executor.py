@@ -56,7 +56,8 @@ def test_backpressure_bounds_items_in_flight():
     it = iter(pf.from_items(range(1000)).map(record).map(blocked, workers=2, max_inflight=5))
     consumer = threading.Thread(target=lambda: next(it))
     consumer.start()
-    time.sleep(0.3)
+    assert _settle(lambda: len(pulled) >= 5), pulled
+    time.sleep(0.2)  # a window in which a missing bound would keep reading: absence needs one
     assert len(pulled) == 5  # nothing beyond the in-flight bound was read from the source
     gate.set()
     consumer.join(5)
@@ -90,24 +91,43 @@ def _cmdline(p):
         return ""
 
 
+def _break_out(pipe, at=5):
+    # a plain for-loop in a frame that ends: the last reference goes away with the frame
+    for i, _ in enumerate(pipe):
+        if i == at:
+            break
+
+
+def _abandon_in_a_cycle(pipe, at=5):
+    # the iterator is reachable only from a reference cycle: reference counting never frees it,
+    # only the cycle collector does
+    it = iter(pipe)
+    for i, _ in enumerate(it):
+        if i == at:
+            break
+    cycle = [it]
+    cycle.append(cycle)
+
+
 @pytest.mark.parametrize("how", ["break", "close", "gc", "exception"])
 @pytest.mark.parametrize("method", ["thread", "process"])
 def test_no_leaks_after_break_close_gc_or_error(how, method):
     threads_before, children_before = _threads(), _children()
     pipe = pf.from_items(range(10_000)).map(slow_double, workers=3, method=method).prefetch(4)
-    it = iter(pipe)
-    for i, _ in enumerate(it):
-        if i == 5:
-            break
-    if how == "close":
-        it.close()
-    elif how in ("gc", "break"):
-        del it
+    if how == "break":
+        _break_out(pipe)
+    elif how == "gc":
+        _abandon_in_a_cycle(pipe)
         gc.collect()
-    elif how == "exception":
-        bad = iter(pf.from_items(range(100)).map(fail_on_13, workers=3, method=method).prefetch(2))
-        with pytest.raises(KeyError):
-            list(bad)
+    else:
+        it = iter(pipe)
+        for i, _ in enumerate(it):
+            if i == 5:
+                break
+        if how == "exception":
+            bad = iter(pf.from_items(range(100)).map(fail_on_13, workers=3, method=method).prefetch(2))
+            with pytest.raises(KeyError):
+                list(bad)
         it.close()
     assert _settle(lambda: _threads() <= threads_before), _threads()
     assert _settle(lambda: _children() <= children_before | _forkserver(children_before))

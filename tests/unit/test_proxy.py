@@ -239,12 +239,12 @@ def test_reset_mid_body_after_n_bytes(server):
         conn.request("GET", "/obj/1000000")
         resp = conn.getresponse()
         assert resp.status == 200
-        got = b""
+        chunks = []
+        # the response announces its length, so a cut shows as an error, never as a quiet EOF
         with pytest.raises((http.client.IncompleteRead, ConnectionResetError)):
             while chunk := resp.read(1024):
-                got += chunk
-            raise http.client.IncompleteRead(got)  # EOF without an error also counts as a cut
-        assert len(got) <= 4096
+                chunks.append(chunk)
+        assert len(b"".join(chunks)) <= 4096
         conn.close()
         assert proxy.stats()["faults"] == {"reset": 1}
 

@@ -181,6 +181,55 @@ def test_shuffle_state_holds_indices_not_data():
     assert len(pickle.dumps(it.state_dict())) < 2_000
 
 
+def _epoch_dependent():
+    return {
+        "shuffle": lambda: pf.from_items(range(57)).shuffle(10, seed=3),
+        "mix": lambda: pf.mix([pf.from_items(range(40)), pf.from_items(range(100, 130))], [2, 1], seed=1),
+        "everything": lambda: (pf.from_items(range(57)).shuffle(8).map(slow_double, workers=2)
+                               .batch(3).prefetch(2).unbatch().shuffle(4, seed=9)),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_epoch_dependent()))
+@pytest.mark.parametrize("stop_at", [0, 9])
+def test_resume_into_a_fresh_pipeline_left_at_epoch_zero(name, stop_at):
+    # a training script rebuilds the pipeline and loads the checkpoint without calling set_epoch:
+    # the epoch saved in the state, not the new pipeline's 0, decides the rest of the order
+    make = _epoch_dependent()[name]
+    saved_epoch = make()
+    saved_epoch.set_epoch(3)
+    full = list(saved_epoch)
+    assert full != list(make()), "the order must depend on the epoch for this check to mean anything"
+
+    pipe = make()
+    pipe.set_epoch(3)
+    it = iter(pipe)
+    head = [next(it) for _ in range(stop_at)]
+    state = pickle.loads(pickle.dumps(it.state_dict()))
+    it.close()
+
+    fresh = make()
+    assert fresh.epoch == 0
+    resumed = iter(fresh)
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == full
+    assert resumed.context.epoch == 3
+
+
+@pytest.mark.parametrize("explicit", [True, False])
+@pytest.mark.parametrize("stop_at", [1, 4])
+def test_state_round_trip_of_a_sharder_on_one_rank_of_several(monkeypatch, explicit, stop_at):
+    # on a single process every item is kept and the sharder's position never matters: only on a
+    # rank of several does a resume have to restore it
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    src = pf.from_items(range(40))
+    pipe = src.shard_by_rank() if explicit else src.map(double)
+    expected = list(range(1, 40, 3)) if explicit else [2 * x for x in range(1, 40, 3)]
+    assert list(pipe) == expected
+    _round_trip(pipe, True, stop_at)
+
+
 # ---- the state survives an error: what was delivered, whatever ended the epoch -------------------
 class Boom(Exception):
     pass
@@ -247,3 +296,28 @@ def test_state_after_an_error_resumes_exactly_for_io_and_format_stages(io_data, 
 
     _error_round_trip(build, True)
 
+
+
+@pytest.mark.parametrize("name", ["shuffle", "everything", "mix", "repeat"])
+@pytest.mark.parametrize("first,second", [(3, 2), (13, 9)])
+def test_a_resumed_run_can_be_saved_and_resumed_again(name, first, second):
+    # checkpoints keep coming after a restart: the state saved by a resumed iterator, before the
+    # items rebuilt from the first state are all delivered, must resume exactly as well
+    pipe, _ = PIPELINES[name]
+    pipe.set_epoch(2)
+    full = list(pipe)
+    pipe.set_epoch(2)
+    it = iter(pipe)
+    head = [next(it) for _ in range(first)]
+    state = pickle.loads(pickle.dumps(it.state_dict()))
+    it.close()
+    again = iter(pickle.loads(pickle.dumps(pipe)))
+    again.load_state_dict(state)
+    middle = [next(again) for _ in range(second)]
+    state = pickle.loads(pickle.dumps(again.state_dict()))
+    again.close()
+    last = iter(pickle.loads(pickle.dumps(pipe)))
+    last.load_state_dict(state)
+    delivered = head + middle + list(last)
+    assert len(delivered) == len(full)
+    assert all(map(_same, delivered, full))
