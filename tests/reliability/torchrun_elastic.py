@@ -10,6 +10,7 @@ Usage: torchrun --nproc_per_node=N ... torchrun_elastic.py OUT_DIR PHASE SHARED_
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 import sys
@@ -37,7 +38,7 @@ def tar_pipeline(shared: str) -> pf.Pipeline:
     paths = tar_paths(shared)
     return (pf.from_items(paths).shuffle(len(paths), seed=4).shard_by_rank().open(workers=2).untar()
             .group_pairs(required=["bin", "cls"]).decode(handlers={"cls": "bytes"})
-            .map(_data.check_sample).shuffle(12, seed=4).batch(3))
+            .map(functools.partial(_data.check_sample, size=300)).shuffle(12, seed=4).batch(3))
 
 
 def make(kind: str, shuffle: bool, shared: str) -> pf.Pipeline:

@@ -4,6 +4,7 @@ of the epoch; the union must be the epoch, each item once."""
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections import Counter
@@ -104,7 +105,7 @@ def tar_pipeline(paths, shuffle):
     if shuffle:
         pipe = pipe.shuffle(len(paths), seed=1)
     pipe = (pipe.shard_by_rank().open(workers=2).untar().group_pairs(required=["bin", "cls"])
-            .decode(handlers={"cls": "bytes"}).map(_data.check_sample))
+            .decode(handlers={"cls": "bytes"}).map(functools.partial(_data.check_sample, size=200)))
     if shuffle:
         pipe = pipe.shuffle(8, seed=1)
     return pipe.batch(3)
