@@ -18,6 +18,7 @@ import torch.utils.data
 
 from ._checks import check_int
 from .elastic import resume_node
+from .formats.images import resolve_jpeg_decoder
 from .graph import Node, checks_options, draw, format_value, make_label, validate
 from .iterator import PipelineIterator
 from .sinks import shards as _shards
@@ -190,11 +191,14 @@ class Pipeline(torch.utils.data.IterableDataset):
                handlers: dict[str, Any] | None = None,
                resize: int | tuple[int, int] | None = None, allow_pickle: bool = False,
                on_error: Literal["raise", "skip"] = "raise", workers: int = 0,
-               method: Literal["thread", "process"] = "thread") -> Pipeline:
+               method: Literal["thread", "process"] = "thread",
+               jpeg_decoder: Literal["auto", "pil", "simplejpeg"] = "auto") -> Pipeline:
         """Decode sample fields by extension (images, cls, txt, json, npy, pt; pickle opt-in),
-        inline or on ``workers`` threads/processes."""
+        inline or on ``workers`` threads/processes; ``resize`` decodes JPEGs at a reduced scale.
+        ``jpeg_decoder="auto"`` is resolved here, so explain() shows the decoder in use."""
         return self._then("decode", Decoder, mode, handlers=handlers, resize=resize,
-                          allow_pickle=allow_pickle, on_error=on_error, workers=workers, method=method)
+                          allow_pickle=allow_pickle, on_error=on_error, workers=workers, method=method,
+                          jpeg_decoder=resolve_jpeg_decoder(jpeg_decoder))
 
     @checks_options
     def read_tfrecord(self, *, check_crc: bool = True, parse_example: bool = True,

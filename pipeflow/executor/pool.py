@@ -2,27 +2,36 @@
 
 The pools are thin owners of ``concurrent.futures`` executors; what pipeflow adds is the policy
 around them: the choice of start method, the fallback inside daemonic DataLoader workers (which
-may not have children), translation of a dead worker into :class:`WorkerCrashedError`, and a
-shutdown that never leaves a process behind even if a task hangs.
+may not have children), translation of a dead worker into :class:`WorkerCrashedError`, a
+shutdown that never leaves a process behind even if a task hangs, workers that die with the
+process that started them (:mod:`.lifetime`), large results through shared memory
+(:mod:`.shm`), and process pools that outlive one epoch (:func:`lease_pool`).
 """
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing
 import os
 import threading
 import warnings
-from collections.abc import Callable
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from collections.abc import Callable, Hashable
+from concurrent.futures import Executor, Future, InvalidStateError, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Literal
 
 from .._checks import check_choice, check_int
 from .._once import first_time
+from .lifetime import arm_worker, pool_cache
+from .shm import available as shm_available
+from .shm import discard, pool_prefix, restore, run_task, sweep, sweep_dead_owners
 
-__all__ = ["WorkerPool", "make_pool"]
+__all__ = ["WorkerPool", "lease_pool", "make_pool", "return_pool"]
 
 #: how long close() waits for busy process workers before terminating them
 PROCESS_GRACE_SECONDS = 5.0
+
+_pool_ids = itertools.count()
+_BASE_PRELOAD = ("__main__", "pipeflow", "pipeflow.stages.map", "pipeflow.executor.lifetime")
 
 
 def _default_start_method() -> str:
@@ -32,11 +41,11 @@ def _default_start_method() -> str:
     return "forkserver" if "forkserver" in methods else "spawn"
 
 
-def _preload_forkserver(ctx: Any) -> None:
+def _preload_forkserver(ctx: Any, modules: tuple[str, ...]) -> None:
     # The fork server imports these once; every worker forked from it then starts in
-    # milliseconds instead of importing torch and pipeflow again (seconds each). It only
-    # takes effect if the fork server is not running yet.
-    ctx.set_forkserver_preload(["__main__", "pipeflow", "pipeflow.stages.map"])
+    # milliseconds instead of importing torch, pipeflow and the mapped function's module again.
+    # It only takes effect if the fork server is not running yet (it is one per process).
+    ctx.set_forkserver_preload(list(dict.fromkeys(_BASE_PRELOAD + modules)))
 
 
 class WorkerPool:
@@ -48,10 +57,12 @@ class WorkerPool:
         name: shown in thread names and errors.
         start_method: multiprocessing start method for process workers
             (default: ``PIPEFLOW_START_METHOD`` or forkserver on Linux).
+        preload: modules the fork server imports before forking workers (the mapped
+            function's module), when it is started by this pool.
     """
 
     def __init__(self, workers: int, method: Literal["thread", "process"], *, name: str = "pipeflow",
-                 start_method: str | None = None) -> None:
+                 start_method: str | None = None, preload: tuple[str, ...] = ()) -> None:
         check_int(workers, "workers", low=1)
         check_choice(method, "method", ("thread", "process"))
         if method == "process" and multiprocessing.current_process().daemon:
@@ -69,6 +80,7 @@ class WorkerPool:
         self.start_method: str | None = None
         self._lock = threading.Lock()
         self._executor: Executor
+        self._shm_prefix = ""
         if method == "thread":
             self._executor = ThreadPoolExecutor(workers, thread_name_prefix=f"pipeflow-{name}")
         else:
@@ -76,12 +88,22 @@ class WorkerPool:
             ctx = multiprocessing.get_context(method_name)
             self.start_method = method_name
             if method_name == "forkserver":
-                _preload_forkserver(ctx)
-            self._executor = ProcessPoolExecutor(workers, mp_context=ctx)
+                _preload_forkserver(ctx, preload)
+            if shm_available():
+                sweep_dead_owners()
+                self._shm_prefix = pool_prefix(next(_pool_ids))
+            self._executor = ProcessPoolExecutor(workers, mp_context=ctx, initializer=arm_worker,
+                                                 initargs=(os.getpid(), self._shm_prefix))
         self._closed = False
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        return self._executor.submit(fn, *args)
+        if self.method == "thread":
+            return self._executor.submit(fn, *args)
+        return _restoring(self._executor.submit(run_task, fn, *args))
+
+    def usable(self) -> bool:
+        """Not shut down and no worker died: fit to be reused by another epoch."""
+        return not self._closed and not getattr(self._executor, "_broken", False)
 
     def shutdown(self, wait: bool = True) -> None:
         """Cancel queued tasks and stop the workers; process workers that do not finish in
@@ -103,9 +125,86 @@ class WorkerPool:
                 proc.join(1.0)
         if wait:
             executor.shutdown(wait=True)
+        if self._shm_prefix:
+            # results a crashed worker wrote, or that were cancelled before anyone read them
+            sweep(self._shm_prefix)
+
+
+def _restoring(inner: Future[Any]) -> Future[Any]:
+    """A future for the caller whose result has the shared-memory handles turned into arrays."""
+    outer: Future[Any] = Future()
+
+    def cancel_inner(done: Future[Any]) -> None:
+        if done.cancelled():
+            inner.cancel()
+
+    def transfer(done: Future[Any]) -> None:
+        if done.cancelled():
+            outer.cancel()
+            return
+        exc = done.exception()
+        if exc is not None:
+            _set(outer, exc=exc)
+            return
+        value = done.result()
+        if outer.cancelled():
+            discard(value)
+            return
+        try:
+            restored = restore(value)
+        except Exception as err:  # noqa: BLE001 - delivered to the consumer
+            discard(value)
+            _set(outer, exc=err)
+            return
+        _set(outer, value=restored)
+
+    outer.add_done_callback(cancel_inner)
+    inner.add_done_callback(transfer)
+    return outer
+
+
+def _set(future: Future[Any], *, value: Any = None, exc: BaseException | None = None) -> None:
+    try:
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(value)
+    except InvalidStateError:  # cancelled meanwhile; what it carried is dropped
+        pass
 
 
 def make_pool(workers: int, method: Literal["thread", "process"], *, name: str = "pipeflow",
-              start_method: str | None = None) -> WorkerPool:
+              start_method: str | None = None, preload: tuple[str, ...] = ()) -> WorkerPool:
     """Create a :class:`WorkerPool` (a seam for tests and future pool kinds)."""
-    return WorkerPool(workers, method, name=name, start_method=start_method)
+    return WorkerPool(workers, method, name=name, start_method=start_method, preload=preload)
+
+
+def _pool_key(fn: Callable[..., Any], workers: int, method: str, start_method: str | None) -> Hashable:
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    return (module, workers, method, start_method or os.environ.get("PIPEFLOW_START_METHOD"))
+
+
+def lease_pool(fn: Callable[..., Any], workers: int, method: Literal["thread", "process"], *,
+               name: str, start_method: str | None = None, owner: Any = None) -> WorkerPool:
+    """A pool for running ``fn``: a warm idle process pool ``owner`` returned earlier, or a new one.
+
+    Thread pools are cheap to start and are never kept.
+    """
+    if method != "process" or owner is None:
+        return make_pool(workers, method, name=name, start_method=start_method)
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    preload = (module,) if module and module != "__main__" else ()
+    key = (id(owner), _pool_key(fn, workers, method, start_method))
+    return pool_cache.acquire(
+        key, lambda: make_pool(workers, method, name=name, start_method=start_method, preload=preload))
+
+
+def return_pool(pool: WorkerPool, fn: Callable[..., Any], *, start_method: str | None = None,
+                owner: Any = None) -> None:
+    """Give back a pool after an epoch that ended normally: kept idle while ``owner`` lives
+    (process pools), shut down otherwise."""
+    if pool.method != "process" or owner is None:
+        pool.shutdown(wait=True)
+        return
+    key = (id(owner), _pool_key(fn, pool.workers, "process", start_method))
+    pool_cache.release(key, pool, owner)

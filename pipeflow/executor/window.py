@@ -25,7 +25,7 @@ from typing import Any, Literal, Protocol
 from ..errors import WorkerCrashedError
 from ..items import describe_item
 from ._bootstrap import crashed_error
-from .pool import WorkerPool, make_pool
+from .pool import WorkerPool, lease_pool, return_pool
 
 __all__ = ["Source", "Task", "Window"]
 
@@ -88,22 +88,38 @@ class Window:
         self.start_method = start_method
         self.inline = inline
         self.on_discard = on_discard
+        #: the object whose lifetime bounds idle process pools kept between epochs (the
+        #: pipeline's stats, set by the stage); None keeps the pool until shutdown()
+        self.owner: Any = None
         self._pool: WorkerPool | None = None
         self._pending: deque[Task] = deque()
-        self.restart()
+        self._clear()
 
     # ---- lifecycle ------------------------------------------------------------------------
     def restart(self, skip: Iterable[int] = ()) -> None:
         """Drop what is in flight and start counting from a resume point; ``skip`` lists the
         offsets (from the resume point) of items delivered before it."""
+        self._clear(skip)
+        if self.workers and self._pool is None:
+            # started lazily: no pool (and no process) exists before the first pass
+            self._pool = lease_pool(self.fn, self.workers, self.method, name=self.name,
+                                    start_method=self.start_method, owner=self.owner)
+
+    def _clear(self, skip: Iterable[int] = ()) -> None:
         self.cancel()
         self._exhausted = False
         self._seq = 0  # sequence number of the next item pulled, relative to the resume point
         self._skip: set[int] = set(skip)
         self._delivered: set[int] = set()  # unordered: delivered while older ones are pending
-        if self.workers and self._pool is None:
-            self._pool = make_pool(self.workers, self.method, name=self.name,
-                                   start_method=self.start_method)
+
+    def _release(self) -> None:
+        """Exhausted, nothing in flight: a process pool goes back to the per-process cache,
+        so the next epoch's window (a new graph) gets the same warm workers."""
+        pool = self._pool
+        if pool is None or self.owner is None or pool.method != "process":
+            return
+        self._pool = None
+        return_pool(pool, self.fn, start_method=self.start_method, owner=self.owner)
 
     def cancel(self) -> None:
         """Drop every task not yet delivered."""
@@ -129,6 +145,7 @@ class Window:
         nothing is left. The task stays in the window until :meth:`complete`."""
         self._fill(source)
         if not self._pending:
+            self._release()
             return None
         if self.in_order or len(self._pending) == 1:
             return self._pending[0]

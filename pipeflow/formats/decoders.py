@@ -5,7 +5,8 @@ extension (last part of the field)  result
 =================================  ==================================================
 ``png jpg jpeg ppm pgm pbm bmp``    image: ``PIL.Image`` (mode ``"pil"``), ``uint8``
  ``gif tif tiff webp``              tensor CHW (``"torch"``) or ``uint8`` array HWC
-                                    (``"numpy"``); optionally resized
+                                    (``"numpy"``); optionally resized at the decoder
+                                    (:mod:`pipeflow.formats.images`)
 ``cls cls2 index``                  ``int``
 ``txt text``                        ``str`` (UTF-8)
 ``json jsn``                        the parsed object
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..errors import ConfigError
+from .images import decode_image, resolve_jpeg_decoder
 
 __all__ = ["BUILTIN_DECODERS", "DecodeOptions", "decode_sample", "decode_value", "extension_of"]
 
@@ -92,8 +94,10 @@ class DecodeOptions:
     Attributes:
         mode: ``"pil"``, ``"torch"`` (uint8 CHW tensor) or ``"numpy"`` (uint8 HWC array).
         handlers: extension or field name -> callable or built-in decoder name.
-        resize: ``None``, an int (square) or ``(height, width)``; images are resized with PIL
-            (bilinear) before conversion.
+        resize: ``None``, an int (square) or ``(height, width)``; JPEGs are decoded at the
+            smallest DCT scale covering it, then images are resized (antialiased bilinear).
+        jpeg_decoder: ``"auto"``, ``"pil"`` or ``"simplejpeg"`` (see
+            :mod:`pipeflow.formats.images`); ``"auto"`` is resolved here to the installed one.
         allow_pickle: allow ``pickle``/``pkl``/``pyd`` fields (never on by default: unpickling
             runs arbitrary code).
     """
@@ -102,6 +106,7 @@ class DecodeOptions:
     handlers: Mapping[str, Handler | str] = field(default_factory=dict)
     resize: int | tuple[int, int] | None = None
     allow_pickle: bool = False
+    jpeg_decoder: str = "auto"
 
     def __post_init__(self) -> None:
         if self.mode not in ("pil", "torch", "numpy"):
@@ -134,6 +139,7 @@ class DecodeOptions:
         if not isinstance(self.allow_pickle, bool):
             raise ConfigError(f"allow_pickle must be a bool, got {self.allow_pickle!r}")
         object.__setattr__(self, "handlers", dict(self.handlers))
+        object.__setattr__(self, "jpeg_decoder", resolve_jpeg_decoder(self.jpeg_decoder))
 
 
 def extension_of(field_name: str) -> str:
@@ -142,32 +148,8 @@ def extension_of(field_name: str) -> str:
 
 
 def _image(data: bytes, options: DecodeOptions) -> Any:
-    from PIL import Image
-
-    with Image.open(io.BytesIO(data)) as img:
-        img.load()
-        if options.resize is not None:
-            height, width = options.resize  # type: ignore[misc]
-            if img.mode not in ("1", "L", "RGB", "RGBA", "I", "F", "I;16"):
-                img = img.convert("RGBA" if "A" in img.getbands() or
-                                  "transparency" in img.info else "RGB")
-            img = img.resize((width, height), Image.Resampling.BILINEAR)
-        if options.mode == "pil":
-            return img.copy() if options.resize is None else img
-        # uint8 arrays: keep L/RGB/RGBA, convert everything else (palette, CMYK, 16-bit...)
-        if img.mode not in ("L", "RGB", "RGBA"):
-            img = img.convert("RGBA" if "A" in img.getbands() or
-                              "transparency" in img.info else "RGB")
-        import numpy as np
-
-        array = np.array(img, dtype=np.uint8)  # a writable copy
-    if array.ndim == 2:
-        array = array[:, :, None]
-    if options.mode == "numpy":
-        return array
-    import torch
-
-    return torch.from_numpy(array).permute(2, 0, 1).contiguous()
+    return decode_image(data, mode=options.mode, resize=options.resize,  # type: ignore[arg-type]
+                        jpeg_decoder=options.jpeg_decoder)
 
 
 def _builtin(name: str, options: DecodeOptions) -> Handler:

@@ -48,7 +48,10 @@ class Decoder(WindowedStage):
         handlers: extension or field name -> callable ``bytes -> value`` or the name of a
             built-in decoder (``"image"``, ``"cls"``, ``"txt"``, ``"json"``, ``"npy"``,
             ``"pt"``, ``"bytes"``); overrides the defaults.
-        resize: ``None``, an int or ``(height, width)``: resize images with PIL (bilinear).
+        resize: ``None``, an int or ``(height, width)``: JPEGs are decoded at the smallest DCT
+            scale that covers the size, then images are resized (antialiased bilinear).
+        jpeg_decoder: ``"auto"`` (the fastest installed), ``"pil"`` or ``"simplejpeg"``
+            (``pipeflow[fast-decode]``); see :mod:`pipeflow.formats.images`.
         allow_pickle: decode ``pickle``/``pkl``/``pyd`` fields. Off by default because
             unpickling untrusted data runs arbitrary code; such fields raise otherwise.
         on_error: ``"raise"`` :class:`~pipeflow.errors.DecodeError` naming the sample key
@@ -61,9 +64,10 @@ class Decoder(WindowedStage):
                  handlers: Mapping[str, Handler | str] | None = None,
                  resize: int | tuple[int, int] | None = None, allow_pickle: bool = False,
                  on_error: Literal["raise", "skip"] = "raise", workers: int = 0,
-                 method: Literal["thread", "process"] = "thread") -> None:
+                 method: Literal["thread", "process"] = "thread",
+                 jpeg_decoder: Literal["auto", "pil", "simplejpeg"] = "auto") -> None:
         self.options = DecodeOptions(mode=mode, handlers=handlers or {}, resize=resize,
-                                     allow_pickle=allow_pickle)
+                                     allow_pickle=allow_pickle, jpeg_decoder=jpeg_decoder)
         self._decode_fn = _DecodeFn(self.options)
         # only undecodable data is skippable; a pipeline wired wrongly always raises
         super().__init__(source, self._decode_fn, what="decode", workers=workers, method=method,

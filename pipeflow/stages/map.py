@@ -91,6 +91,7 @@ class WindowedStage(Stage[Any]):
         self._rewind.restart(self.source)
         self._undelivered = 0
         self._window.name = self.name
+        self._window.owner = self.context.stats  # idle process pools live as long as the pipeline
         self._window.restart(state.get("skip", ()) if state else ())
 
     def stop(self) -> None:

@@ -1,0 +1,184 @@
+"""Process workers: they die with their owner, are reused across epochs, and their large results
+travel through shared memory that is never left behind (close, error, crash, SIGKILL)."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+import pipeflow as pf
+from pipeflow.errors import WorkerCrashedError
+from pipeflow.executor import shm
+
+from . import _procs
+
+pytestmark = [pytest.mark.timeout(120)]
+
+ROOT = Path(__file__).resolve().parents[2]
+SHM = Path(shm.SHM_DIR)
+
+# A user's script: a process map, some items, then the owner ends abruptly. It prints the pids
+# of every process it started and the shared-memory segments in use, then exits or waits.
+SCRIPT = """
+import json, os, sys, time, psutil
+import pipeflow as pf
+from tests.reliability._procs import slow_big
+if __name__ == "__main__":
+    it = iter(pf.from_items(range(10_000)).map(slow_big, workers=2, method="process", max_inflight=8))
+    for _ in range(3):
+        next(it)
+    pids = [p.pid for p in psutil.Process().children(recursive=True)]
+    print(json.dumps(pids), flush=True)
+    if sys.argv[1] == "exit":
+        os._exit(0)
+    time.sleep(600)
+"""
+
+
+def _alive(pids):
+    out = set()
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.add(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _wait_for(check, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _segments(prefix="pipeflow-"):
+    return {p.name for p in SHM.iterdir() if p.name.startswith(prefix)} if SHM.is_dir() else set()
+
+
+@pytest.mark.parametrize("how", ["os._exit", "SIGKILL"])
+def test_no_process_outlives_an_abrupt_end_of_its_owner(how, tmp_path):
+    script = tmp_path / "user_script.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, str(script), "exit" if how == "os._exit" else "wait"],
+                            stdout=subprocess.PIPE, env=env, cwd=tmp_path)
+    try:
+        line = proc.stdout.readline()
+        pids = json.loads(line)
+        assert len(pids) >= 4, pids  # fork server, resource tracker, 2 workers
+        owner = proc.pid
+        if how == "SIGKILL":
+            os.kill(owner, signal.SIGKILL)
+        proc.wait(30)
+        assert _wait_for(lambda: not _alive(pids)), f"survivors: {_alive(pids)}"
+        # nobody holds the owner's stdout any more: a reader (`| tail`) sees EOF, no hang
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        assert ready and proc.stdout.read() == b""
+        assert _wait_for(lambda: not _segments(f"pipeflow-{owner}-")), _segments(f"pipeflow-{owner}-")
+    finally:
+        proc.kill()
+        proc.stdout.close()
+
+
+def _check_results(results, n):
+    assert [r["__key__"] for r in results] == [f"k{i}" for i in range(n)]
+    for i, r in enumerate(results):
+        assert isinstance(r["image"], torch.Tensor) and r["image"].dtype == torch.uint8
+        assert r["image"].shape == (3, 224, 224) and int(r["image"][2, 100, 7]) == i % 251
+        assert isinstance(r["depth"], np.ndarray) and r["depth"].dtype == np.float32
+        assert float(r["depth"][255, 0]) == float(i) and r["depth"].flags.writeable
+        assert r["small"].tolist() == [i, i + 1, i + 2, i + 3]
+        assert torch.equal(r["list"][0], torch.arange(40_000, dtype=torch.int32) + i)
+
+
+def test_large_results_arrive_through_shared_memory_and_leave_nothing():
+    before = _segments()
+    seen = []
+    real_read = shm._read
+
+    def spy(handle):
+        seen.append(handle.name)
+        return real_read(handle)
+
+    shm._read = spy
+    try:
+        results = list(pf.from_items(range(12)).map(_procs.big_sample, workers=2, method="process"))
+    finally:
+        shm._read = real_read
+    _check_results(results, 12)
+    assert len(seen) == 12 * 3  # image, depth, list[0]; "small" was pickled
+    results[3]["image"] += 1  # the memory is the result's own
+    assert int(results[3]["image"][0, 0, 0]) == 4
+    assert _segments() <= before
+
+
+@pytest.mark.parametrize("how", ["close", "exception", "crash", "sigkill"])
+def test_no_segment_is_left_after_close_error_crash_or_sigkill(how):
+    before = _segments()
+    fn = {"close": _procs.slow_big, "exception": _procs.big_or_raise_on_5, "crash": _procs.big_or_die_on_5,
+          "sigkill": _procs.slow_big}[how]
+    pipe = pf.from_items(range(200)).map(fn, workers=2, method="process", max_inflight=8)
+    it = iter(pipe)
+    if how == "close":
+        for _ in range(4):
+            next(it)
+        it.close()
+    elif how == "exception":
+        with pytest.raises(ValueError, match="bad item 5"):
+            list(it)
+    elif how == "crash":
+        with pytest.raises(WorkerCrashedError):
+            list(it)
+    else:
+        next(it)
+        workers = [p for p in psutil.Process().children(recursive=True)
+                   if p.ppid() != os.getpid()]  # forked by the fork server
+        assert workers
+        os.kill(workers[0].pid, signal.SIGKILL)
+        with pytest.raises(WorkerCrashedError):
+            list(it)
+    it.close()
+    assert _wait_for(lambda: _segments() <= before, 15), _segments() - before
+
+
+def _workers():
+    return {p.pid for p in psutil.Process().children(recursive=True) if p.ppid() != os.getpid()}
+
+
+def test_process_pool_is_reused_across_epochs_and_dropped_with_the_pipeline():
+    import gc
+
+    pipe = pf.from_items(range(20)).map(_procs.big_sample, workers=2, method="process")
+    assert len(list(pipe)) == 20
+    first = _workers()
+    assert len(first) >= 1
+    pipe.set_epoch(5)
+    _check_results(list(pipe), 20)
+    assert _workers() == first  # the same warm workers served the next epochs
+    assert len(list(pipe)) == 20 and _workers() == first
+    del pipe
+    gc.collect()
+    assert _wait_for(lambda: not (_workers() & first), 15), _workers() & first
+
+
+def test_a_crashed_pool_is_not_reused():
+    pipe = pf.from_items(range(10)).map(_procs.big_or_die_on_5, workers=2, method="process")
+    with pytest.raises(WorkerCrashedError):
+        list(pipe)
+    ok = pf.from_items(range(5)).map(_procs.big_sample, workers=2, method="process")
+    _check_results(list(ok), 5)
