@@ -32,6 +32,7 @@ _EXPORTS: dict[str, str] = {
     "mix": "pipeline",
     "tfrecord_stream": "pipeline",
     "Stage": "stages.base",
+    "merge_states": "elastic",
     "RetryPolicy": "backends._retry",
     **{name: "errors" for name in (
         "AccessDeniedError", "BackendError", "CommandError", "ConfigError", "CorruptDataError",
@@ -76,6 +77,7 @@ __all__ = [
     "from_items",
     "interleave",
     "list_objects",
+    "merge_states",
     "mix",
     "recipes",
     "testing",
@@ -85,6 +87,7 @@ __all__ = [
 if _TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ loads on demand
     from . import backends, errors, formats, recipes, testing
     from .backends._retry import RetryPolicy
+    from .elastic import merge_states
     from .errors import (
         AccessDeniedError,
         BackendError,

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch.utils.data
 
 from ._checks import check_int
+from .elastic import resume_node
 from .formats.images import resolve_jpeg_decoder
 from .graph import Node, checks_options, draw, format_value, make_label, validate
 from .iterator import PipelineIterator
@@ -265,6 +266,15 @@ class Pipeline(torch.utils.data.IterableDataset):
         return True
 
     # ---- running ------------------------------------------------------------------------
+    def resume_from(self, merged: dict[str, Any]) -> Pipeline:
+        """The rest of the epoch ``merged`` (:func:`pipeflow.merge_states`) was saved in, on any
+        number of ranks x DataLoader workers: every item the old topology had not delivered,
+        once; later epochs are the normal ones. See docs/guarantees.md (elastic resume)."""
+        resumed = Pipeline(resume_node(self._node, merged))
+        resumed._length = self._length
+        resumed.set_epoch(int(merged["epoch"]))
+        return resumed
+
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch used to reseed shuffles on the next iteration (like DistributedSampler)."""
         self._epoch = int(epoch)

@@ -66,6 +66,9 @@ class ExpandingStage(Stage[Any]):
         self._start_state: dict[str, Any] | None = None
         self._count = 0
         self._resume_skip = 0
+        #: the upstream state before the object most recently begun (elastic resume reads it
+        #: from a state taken between objects to tell which object the last item came from)
+        self._last_start: dict[str, Any] | None = None
 
     def expand(self, url: str, stream: IO[bytes], skip: int) -> Iterator[Any]:
         """Yield the items of one object, passing over the first ``skip``."""
@@ -73,6 +76,7 @@ class ExpandingStage(Stage[Any]):
 
     def start(self, state: dict[str, Any] | None) -> None:
         self._start_state = None
+        self._last_start = None
         self._count = 0
         self._resume_skip = int(state.get("items", 0)) if state else 0
 
@@ -96,7 +100,7 @@ class ExpandingStage(Stage[Any]):
             if self._iter is None:
                 start_state = self.source.state_dict()
                 item = next(self.source)
-                self._start_state = start_state
+                self._start_state = self._last_start = start_state
                 url, stream, _owned = as_stream(item, self.verb)
                 self._url, self._stream = url, stream
                 self._count = self._resume_skip
@@ -131,5 +135,8 @@ class ExpandingStage(Stage[Any]):
 
     def get_state(self) -> dict[str, Any]:
         if self._start_state is None:  # between objects
-            return {SOURCES_KEY: [self.source.state_dict()], "items": self._resume_skip}
+            state = {SOURCES_KEY: [self.source.state_dict()], "items": self._resume_skip}
+            if self._last_start is not None:
+                state["last"] = self._last_start
+            return state
         return {SOURCES_KEY: [self._start_state], "items": self._count}

@@ -77,7 +77,8 @@ def _layer(module: str) -> str:
 
 
 FOUNDATION = {"errors", "_checks", "_io", "_fs", "_rng", "items", "stats", "run_context", "disk_cache"}
-ABOVE_STAGES = {"graph", "iterator", "sinks", "pipeline", "recipes", "_cli", "cli", "testing", "pipeflow"}
+ABOVE_STAGES = {"graph", "iterator", "elastic", "sinks", "pipeline", "recipes", "_cli", "cli", "testing",
+                "pipeflow"}
 
 #: layer -> the layers it must never import
 FORBIDDEN = {
@@ -88,6 +89,7 @@ FORBIDDEN = {
     "stages": ABOVE_STAGES - {"graph"},
     "graph": {"iterator", "pipeline", "recipes", "_cli", "cli", "pipeflow"},
     "iterator": {"pipeline", "recipes", "_cli", "cli", "pipeflow"},
+    "elastic": {"iterator", "pipeline", "recipes", "_cli", "cli", "pipeflow"},
     "sinks": {"stages", "graph", "pipeline", "recipes", "_cli", "cli", "pipeflow"},
 }
 
