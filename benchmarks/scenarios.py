@@ -236,7 +236,9 @@ def _client(endpoint: str) -> Any:
     import boto3
     from botocore.config import Config
 
-    return boto3.client(
+    # a fresh session: boto3's default one keeps the first credentials it resolved, which in a
+    # process that talked to another server (moto's "testing" keys) are the wrong ones here
+    return boto3.session.Session().client(
         "s3",
         endpoint_url=endpoint,
         region_name=os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
