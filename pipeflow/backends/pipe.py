@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO
 
-from .._checks import is_int
+from .._checks import check_bool, is_int
 from ..errors import CommandError, ConfigError, InvalidURLError
 from ..items import ObjectInfo
 from ._subprocess import describe_argv, open_process
@@ -123,8 +123,7 @@ class PipeOptions(BackendOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.allow_pipe, bool):
-            raise ConfigError(f"allow_pipe must be True or False, got {self.allow_pipe!r}")
+        check_bool(self.allow_pipe, "allow_pipe")
         if self.command is not None:
             argv = split_command(self.command, what="pipe command template")
             if not any(PLACEHOLDER in part for part in argv):

@@ -45,6 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any, Literal
 
+from pipeflow._checks import check_int, is_int
 from pipeflow.backends._resumable import ResumableStream
 from pipeflow.backends._retry import TRANSIENT_CODES, is_transient, retry_call
 from pipeflow.backends._s3config import S3Options, error_for_status
@@ -123,14 +124,9 @@ class S3TorchConnectorOptions(S3Options):
             raise ConfigError(f"reader must be 'sequential' or 'range_based', got {self.reader!r}")
         if not isinstance(self.part_size, int) or not (5 << 20) <= self.part_size <= (5 << 30):
             raise ConfigError(f"part_size must be an int between 5 MiB and 5 GiB, got {self.part_size!r}")
-        if self.window is not None and (not isinstance(self.window, int) or isinstance(self.window, bool)
-                                        or self.window < (64 << 10)):
+        if self.window is not None and (not is_int(self.window) or self.window < (64 << 10)):
             raise ConfigError(f"window must be an int of at least 64 KiB or None, got {self.window!r}")
-        if self.crt_max_attempts is not None and (
-                not isinstance(self.crt_max_attempts, int) or isinstance(self.crt_max_attempts, bool)
-                or self.crt_max_attempts < 1):
-            raise ConfigError(
-                f"crt_max_attempts must be a positive int or None, got {self.crt_max_attempts!r}")
+        check_int(self.crt_max_attempts, "crt_max_attempts", low=1, optional=True)
         if self.access_key is not None:
             raise ConfigError("the s3torchconnector backend takes credentials from the environment or a "
                               "profile only (the CRT client has no key arguments)")

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .._checks import check_bool, is_int
 from ..errors import ConfigError
 from .images import decode_image, resolve_jpeg_decoder
 
@@ -128,16 +129,14 @@ class DecodeOptions:
                                   f"got {type(handler).__name__}")
         if self.resize is not None:
             size = self.resize
-            if isinstance(size, int) and not isinstance(size, bool):
+            if is_int(size):
                 size = (size, size)
             if (not isinstance(size, (tuple, list)) or len(size) != 2
-                    or not all(isinstance(s, int) and not isinstance(s, bool) and s > 0
-                               for s in size)):
+                    or not all(is_int(s) and s > 0 for s in size)):
                 raise ConfigError(f"resize must be a positive int or (height, width), got "
                                   f"{self.resize!r}")
             object.__setattr__(self, "resize", (int(size[0]), int(size[1])))
-        if not isinstance(self.allow_pickle, bool):
-            raise ConfigError(f"allow_pickle must be a bool, got {self.allow_pickle!r}")
+        check_bool(self.allow_pickle, "allow_pickle")
         object.__setattr__(self, "handlers", dict(self.handlers))
         object.__setattr__(self, "jpeg_decoder", resolve_jpeg_decoder(self.jpeg_decoder))
 
