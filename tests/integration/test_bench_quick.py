@@ -56,7 +56,8 @@ def test_tiny_bench_writes_every_output_with_every_peer(tmp_path):
     assert not STREAMING_PEERS & libraries  # switched off: no rows, not failed ones
     for r in result["rows"]:
         assert r["samples"] > 0 and r["cpu_pct"] is not None and r["peak_rss_mb"] > 0
-        assert r["cpu_s_per_sample"] > 0 and r["first_batch_s"] is not None
+        # a tiny case can use less CPU than the clock resolution: measured, not necessarily > 0
+        assert r["cpu_s_per_sample"] >= 0 and r["first_batch_s"] is not None
     # every recipe row sits beside the row of the code it reproduces, in the same group
     for r in result["rows"]:
         if r["library"].startswith("recipe "):
