@@ -166,3 +166,106 @@ def test_property_corruption_never_untyped_or_hanging(members, compression, data
         return
     # undetected damage (inside member data or padding) keeps the layout
     assert len(got) <= len(members)
+
+
+# --- PAX extended headers built by hand: exact sizes, padding, damage ---------------------------
+
+def _entry(name: str, typeflag: bytes, data: bytes) -> bytes:
+    """One header block (ustar, as tarfile writes it) and its data padded to whole blocks."""
+    info = tarfile.TarInfo(name)
+    info.type = typeflag
+    info.size = len(data)
+    header = info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
+    return header + data + b"\0" * (-len(data) % 512)
+
+
+def _record(key: str, value: bytes) -> bytes:
+    """A PAX record ``"LEN key=value\\n"`` whose length counts its own digits."""
+    body = b" " + key.encode() + b"=" + value + b"\n"
+    length = len(body) + 1
+    while len(str(length)) + len(body) != length:
+        length += 1
+    return str(length).encode() + body
+
+
+def _pax_of_size(path: str, size: int) -> bytes:
+    """PAX data of exactly ``size`` bytes: a path record and a comment that fills the rest."""
+    path_record = _record("path", path.encode())
+    fill = size - len(path_record)
+    comment = next(c for n in range(fill, -1, -1)
+                   if len(c := _record("comment", b"c" * n)) == fill)
+    data = path_record + comment
+    assert len(data) == size
+    return data
+
+
+FIRST = _entry("first.txt", tarfile.REGTYPE, b"abc")          # 1024 bytes: the PAX header follows it
+END = b"\0" * 1024
+
+
+@pytest.mark.parametrize("size", [511, 512, 513, 1023, 1024, 1025])
+def test_pax_header_data_at_block_boundaries(size):
+    long_name = "p/" + "n" * 150 + ".bin"
+    data = (FIRST + _entry("PaxHeader", tarfile.XHDTYPE, _pax_of_size(long_name, size))
+            + _entry("short", tarfile.REGTYPE, b"payload" * 100)
+            + _entry("after.txt", tarfile.REGTYPE, b"next") + END)
+    expected = [("first.txt", b"abc"), (long_name, b"payload" * 100), ("after.txt", b"next")]
+    assert read(data, chunk=333) == expected
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:  # the independent reference agrees
+        assert [(m.name, tf.extractfile(m).read()) for m in tf] == expected
+    offsets = [m.offset for m in iter_tar(io.BytesIO(data), "mem://t")]
+    assert offsets == [0, 1024, 1024 + 512 + (size + 511) // 512 * 512 + 512 + 1024]
+
+
+def test_pax_data_padded_with_nuls_after_the_records():
+    pax = _record("path", b"renamed/by/pax.txt") + b"\0" * 37
+    data = FIRST + _entry("PaxHeader", tarfile.XHDTYPE, pax) + _entry("x", tarfile.REGTYPE, b"v") + END
+    assert read(data) == [("first.txt", b"abc"), ("renamed/by/pax.txt", b"v")]
+
+
+def test_global_pax_header_is_not_a_member():
+    members = [("a.txt", b"A" * 600), ("dir/" + "b" * 120 + ".txt", b"B"), ("c.txt", b"")]
+    buf = io.BytesIO()
+    # git archive and tarfile(pax_headers=...) both write a 'g' header first
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT,
+                      pax_headers={"comment": "f" * 40}) as tf:
+        for name, payload in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(payload)
+            tf.addfile(info, io.BytesIO(payload))
+    data = buf.getvalue()
+    assert data[156:157] == b"g"
+    assert read(data, chunk=100) == members
+
+
+MALFORMED_PAX = [
+    (b"30", "malformed PAX header"),                          # no space after the length
+    (b"3x a=b\n", "malformed PAX header length"),             # length not a number
+    (b"6 abc\n", "malformed PAX header record"),              # no '='
+    (b"7 a=bc", "malformed PAX header record"),               # no newline at the end
+    (b"20 a=b\n", "malformed PAX header record"),             # record past the end of the data
+    (b"0 a=b\n", "malformed PAX header record"),              # length 0
+    (b"-1 a=b\n\n", "malformed PAX header record"),           # negative length
+    (_record("path", b"ok") + b"9 a=b\n", "malformed PAX header record"),  # second record bad
+]
+
+
+@pytest.mark.parametrize("typeflag", [tarfile.XHDTYPE, tarfile.XGLTYPE])
+@pytest.mark.parametrize("pax, message", MALFORMED_PAX)
+def test_malformed_pax_header_names_url_and_header_offset(typeflag, pax, message):
+    data = FIRST + _entry("PaxHeader", typeflag, pax) + _entry("x", tarfile.REGTYPE, b"v") + END
+    with pytest.raises(CorruptDataError) as err:
+        read(data, url="s3://bucket/shard-7.tar")
+    assert err.value.message == f"{message} (offset 1024)"
+    assert err.value.key == "s3://bucket/shard-7.tar"
+    assert err.value.stage == "untar"
+    assert str(err.value) == (f"{message} (offset 1024) (stage=untar, "
+                              "key='s3://bucket/shard-7.tar')")
+
+
+def test_truncated_pax_header_data_names_offset():
+    data = (FIRST + _entry("PaxHeader", tarfile.XHDTYPE, _record("path", b"x" * 700)))[:1024 + 512 + 100]
+    with pytest.raises(CorruptDataError) as err:
+        read(data, url="mem://cut")
+    assert err.value.message == "extended header is truncated (100 of 1024 bytes) (offset 1024)"
+    assert err.value.key == "mem://cut"
