@@ -323,22 +323,23 @@ class _Reader:
     def gnu_sparse(self, header: bytes, name: str) -> _Sparse:
         """Old GNU (type ``S``): 4 map entries in the header, 21 in each extension block
         that follows it (read here, so ``offset`` moves past them)."""
-        chunks = self._sparse_entries(header[386:482], 4)
+        header_offset = self.offset - BLOCK  # the caller has moved past the header
+        chunks = self._sparse_entries(header[386:482], 4, header_offset)
         extended = header[482]
-        real_size = _number(header[483:495], "real size", self.url, self.offset)
+        real_size = _number(header[483:495], "real size", self.url, header_offset)
         while extended:
             block = self.read(BLOCK, "sparse extension header", member=name)
-            chunks += self._sparse_entries(block[:504], 21)
+            chunks += self._sparse_entries(block[:504], 21, self.offset)
             extended = block[504]
             self.offset += BLOCK
         return _Sparse(real_size, chunks)
 
-    def _sparse_entries(self, raw: bytes, count: int) -> list[tuple[int, int]]:
+    def _sparse_entries(self, raw: bytes, count: int, offset: int) -> list[tuple[int, int]]:
         entries = []
         for i in range(count):
             field = raw[i * 24:(i + 1) * 24]
-            start = _number(field[:12], "sparse offset", self.url, self.offset)
-            size = _number(field[12:], "sparse size", self.url, self.offset)
+            start = _number(field[:12], "sparse offset", self.url, offset)
+            size = _number(field[12:], "sparse size", self.url, offset)
             if size:
                 entries.append((start, size))
         return entries

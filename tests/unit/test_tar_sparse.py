@@ -7,6 +7,7 @@ The committed fixtures under ``data/`` were written by GNU tar 1.34 from the fil
 
 from __future__ import annotations
 
+import gzip
 import io
 import shutil
 import subprocess
@@ -156,7 +157,7 @@ def test_sparse_member_too_large_to_expand_is_refused(monkeypatch):
 
 @pytest.mark.parametrize("fixture", FIXTURES)
 def test_truncated_sparse_archive_is_corrupt_data(fixture):
-    import gzip
+
 
     raw = gzip.decompress((DATA / fixture).read_bytes())
     for cut in (600, 1100, 1600, len(raw) // 2):
@@ -174,3 +175,201 @@ def test_unknown_sparse_major_version_is_refused():
     with pytest.raises(CorruptDataError, match="unsupported GNU sparse format version 2.0"):
         _ours(buf.getvalue())
 
+
+
+# --- damage in sparse members: the exact error, its URL and the member's header offset ---------
+
+URL = "s3://bucket/sparse-3.tar"
+
+
+def _pax_member(pax: dict[str, str], stored: bytes, name: str = "./GNUSparseFile.0/s.bin"
+                ) -> tuple[bytes, int]:
+    """An archive with a plain member, then one member with these PAX records; returns the
+    archive and the offset of that member's own header (after its PAX header)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        first = tarfile.TarInfo("first.txt")
+        first.size = 3
+        tf.addfile(first, io.BytesIO(b"abc"))
+        info = tarfile.TarInfo(name)
+        info.size = len(stored)
+        info.pax_headers = pax
+        tf.addfile(info, io.BytesIO(stored))
+    data = buf.getvalue()
+    # first.txt takes 1024 bytes; then the PAX header, its data, and the member's own header
+    pax_size = int(data[1024 + 124:1024 + 136].rstrip(b"\0"), 8)
+    return data, 1024 + 512 + (pax_size + 511) // 512 * 512
+
+
+def _raises(data: bytes, message: str, offset: int, member: str | None = None) -> None:
+    with pytest.raises(CorruptDataError) as err:
+        list(iter_tar(OneWay(data, 500), URL))
+    where = f"member {member!r}, offset {offset}" if member else f"offset {offset}"
+    assert err.value.message == f"{message} ({where})"
+    assert err.value.key == URL
+    assert err.value.stage == "untar"
+    assert str(err.value) == f"{message} ({where}) (stage=untar, key={URL!r})"
+
+
+V01 = {"GNU.sparse.name": "s.bin", "GNU.sparse.numblocks": "1"}
+V10 = {"GNU.sparse.name": "s.bin", "GNU.sparse.major": "1", "GNU.sparse.minor": "0"}
+
+
+@pytest.mark.parametrize("pax, message", [
+    ({**V01, "GNU.sparse.size": "100", "GNU.sparse.map": "10,x"},
+     "bad sparse map entry b'x' in a sparse member's PAX header"),
+    ({**V01, "GNU.sparse.size": "100", "GNU.sparse.map": "10,-3"},
+     "negative sparse map entry in a sparse member's PAX header"),
+    ({**V01, "GNU.sparse.size": "1e3", "GNU.sparse.map": "10,3"},
+     "bad real size b'1e3' in a sparse member's PAX header"),
+    ({**V01, "GNU.sparse.size": "-100", "GNU.sparse.map": "10,3"},
+     "negative real size in a sparse member's PAX header"),
+    ({**V01, "GNU.sparse.map": "10,3"}, "sparse member without GNU.sparse.size"),
+    ({**V01, "GNU.sparse.size": "100", "GNU.sparse.map": "10,3,50"},
+     "sparse map has an odd number of entries"),
+    ({**V10}, "sparse member without GNU.sparse.realsize"),
+    ({**V10, "GNU.sparse.realsize": "12k"}, "bad real size b'12k' in a sparse member's PAX header"),
+    ({**V10, "GNU.sparse.minor": "1", "GNU.sparse.realsize": "10"},
+     "unsupported GNU sparse format version 1.1"),
+    ({"GNU.sparse.major": "0", "GNU.sparse.minor": "1", "GNU.sparse.realsize": "10"},
+     "unsupported GNU sparse format version 0.1"),
+    ({"GNU.sparse.major": "1", "GNU.sparse.realsize": "10"},
+     "unsupported GNU sparse format version 1.?"),   # a major without a minor is not 1.0
+], ids=["bad-entry", "negative-entry", "bad-size", "negative-size", "no-size", "odd-map",
+        "no-realsize", "bad-realsize", "v1.1", "v0.1-by-number", "no-minor"])
+def test_bad_sparse_pax_records_name_url_and_member_offset(pax, message):
+    data, offset = _pax_member(pax, b"abc")
+    _raises(data, message, offset)
+
+
+def test_sparse_pax00_odd_map_is_refused():
+    # 0.0 repeats offset/numbytes records: tarfile's writer keeps only the last of a repeated
+    # key, so these are written by hand
+    pax = (_rec("GNU.sparse.size", b"100") + _rec("GNU.sparse.numblocks", b"1")
+           + _rec("GNU.sparse.offset", b"10") + _rec("GNU.sparse.numbytes", b"3")
+           + _rec("GNU.sparse.offset", b"50"))
+    data = _raw_entry("PaxHeader", b"x", pax) + _raw_entry("s.bin", b"0", b"abc") + b"\0" * 1024
+    _raises(data, "sparse map has an odd number of entries", 1024)
+    even = (_rec("GNU.sparse.size", b"100") + _rec("GNU.sparse.offset", b"10")
+            + _rec("GNU.sparse.numbytes", b"1") + _rec("GNU.sparse.offset", b"50")
+            + _rec("GNU.sparse.numbytes", b"2"))
+    data = _raw_entry("PaxHeader", b"x", even) + _raw_entry("s.bin", b"0", b"abc") + b"\0" * 1024
+    expected = bytearray(100)
+    expected[10:11], expected[50:52] = b"a", b"bc"
+    assert _ours(data) == _tarfile_members(data) == [("s.bin", bytes(expected))]
+
+
+def _rec(key: str, value: bytes) -> bytes:
+    body = b" " + key.encode() + b"=" + value + b"\n"
+    length = len(body) + 1
+    while len(str(length)) + len(body) != length:
+        length += 1
+    return str(length).encode() + body
+
+
+def _raw_entry(name: str, typeflag: bytes, data: bytes) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.type = typeflag
+    info.size = len(data)
+    return (info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "surrogateescape")
+            + data + b"\0" * (-len(data) % 512))
+
+
+def _pax10(real_size: int, map_text: bytes, stored: bytes, size_key: str = "GNU.sparse.realsize"
+           ) -> tuple[bytes, int]:
+    """A PAX 1.0 sparse member: the decimal map at the start of the data, padded to a block."""
+    body = map_text + b"\0" * (-len(map_text) % 512) + stored
+    return _pax_member({**V10, size_key: str(real_size)}, body)
+
+
+def _map_text(numbers: list[int], length: int) -> bytes:
+    """The map lines (count, then offset/size pairs), zero-padded to exactly ``length`` bytes."""
+    lines = [str(len(numbers) // 2), *map(str, numbers)]
+    extra = length - sum(len(line) + 1 for line in lines)
+    padded = []
+    for line in lines:
+        pad = min(extra, 20 - len(line))
+        padded.append("0" * pad + line)
+        extra -= pad
+    assert extra == 0
+    return "".join(line + "\n" for line in padded).encode()
+
+
+@pytest.mark.parametrize("length", [511, 512, 513, 1024, 1025])
+def test_pax10_map_at_block_boundaries(length):
+    chunks = [(i * 100, 2) for i in range(30)]
+    numbers = [n for chunk in chunks for n in chunk]
+    stored = bytes(range(60))
+    data, _ = _pax10(3000, _map_text(numbers, length), stored)
+    expected = bytearray(3000)
+    for i, (start, size) in enumerate(chunks):
+        expected[start:start + size] = stored[2 * i:2 * i + 2]
+    assert _ours(data) == _tarfile_members(data) == [("first.txt", b"abc"), ("s.bin", bytes(expected))]
+
+
+def test_pax10_real_size_from_gnu_sparse_size():
+    # a 1.0 member whose real size is given as GNU.sparse.size only (tarfile fills it with
+    # zeros, dropping the data)
+    data, _ = _pax10(20, b"1\n5\n3\n", b"xyz", size_key="GNU.sparse.size")
+    expected = bytes(5) + b"xyz" + bytes(12)
+    assert _ours(data) == [("first.txt", b"abc"), ("s.bin", expected)]
+
+
+def test_pax10_map_numbers_of_20_digits_are_read_and_21_refused():
+    twenty = b"1\n" + b"5".zfill(20) + b"\n" + b"3".zfill(20) + b"\n"
+    data, _ = _pax10(20, twenty, b"xyz")
+    assert _ours(data) == _tarfile_members(data) == [("first.txt", b"abc"),
+                                                     ("s.bin", bytes(5) + b"xyz" + bytes(12))]
+    data, offset = _pax10(20, b"1\n" + b"5".zfill(21) + b"\n3\n", b"xyz")
+    _raises(data, "sparse member's map is truncated or malformed", offset, member="s.bin")
+
+
+@pytest.mark.parametrize("map_text, message", [
+    (b"2\n5\n3\n", "sparse member's map is truncated or malformed"),     # promises 2 blocks
+    (b"1\n5\n3", "sparse member's map is truncated or malformed"),       # no final newline
+    (b"\n5\n3\n", "sparse member's map is malformed"),                   # empty count line
+    (b"1\nfive\n3\n", "sparse member's map is malformed"),
+], ids=["short", "no-newline", "empty-line", "not-a-number"])
+def test_pax10_bad_map_names_member_url_and_offset(map_text, message):
+    # the map text is the member's whole data here: it cannot run into the data blocks
+    data, offset = _pax_member({**V10, "GNU.sparse.realsize": "20"}, map_text)
+    _raises(data, message, offset, member="s.bin")
+
+
+def test_old_gnu_sparse_offsets_match_tarfile():
+    raw = gzip.decompress((DATA / "sparse-gnu.tar.gz").read_bytes())
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tf:
+        expected = [(m.name, m.offset) for m in tf if m.isreg()]
+    ours = [(m.name, m.offset) for m in iter_tar(OneWay(raw, 700), URL)]
+    assert ours == expected
+    assert ours[-1] == ("plain.txt", 121344)   # after ext.bin's two extension blocks
+
+
+def test_old_gnu_sparse_truncated_extension_block():
+    raw = gzip.decompress((DATA / "sparse-gnu.tar.gz").read_bytes())
+    # ext.bin's header is at 13312, its first extension block at 13824
+    _raises(raw[:13824 + 100], "sparse extension header is truncated (100 of 512 bytes)", 13824,
+            member="ext.bin")
+
+
+def test_old_gnu_sparse_bad_real_size_field():
+    raw = bytearray(gzip.decompress((DATA / "sparse-gnu.tar.gz").read_bytes()))
+    header = 13312
+    raw[header + 483:header + 495] = b"0000000zz00\0"
+    raw[header + 148:header + 156] = b" " * 8
+    raw[header + 148:header + 156] = b"%06o\0 " % sum(raw[header:header + 512])
+    _raises(bytes(raw), "bad real size field b'0000000zz00\\x00' in tar header", header)
+
+
+@pytest.mark.parametrize("block, field, what", [
+    (13312, 386, "sparse offset"), (13312, 386 + 12, "sparse size"),
+    (13824, 0, "sparse offset"), (14336, 20 * 24 + 12, "sparse size"),
+], ids=["header-offset", "header-size", "ext1-offset", "ext2-last-size"])
+def test_old_gnu_sparse_bad_map_field_names_its_block(block, field, what):
+    # ext.bin: its header at 13312, two extension blocks at 13824 and 14336
+    raw = bytearray(gzip.decompress((DATA / "sparse-gnu.tar.gz").read_bytes()))
+    raw[block + field:block + field + 12] = b"000000000q0\0"
+    if block == 13312:  # the member's header has a checksum; extension blocks have none
+        raw[block + 148:block + 156] = b" " * 8
+        raw[block + 148:block + 156] = b"%06o\0 " % sum(raw[block:block + 512])
+    _raises(bytes(raw), f"bad {what} field b'000000000q0\\x00' in tar header", block)
