@@ -32,8 +32,10 @@ from .pool import WorkerPool, lease_pool, return_pool
 
 __all__ = ["Source", "Task", "Window"]
 
-#: thread workers time one item in about this many (a power of two), jittered
+#: thread workers time one item in about this many (a power of two), jittered...
 TIME_EVERY = 16
+#: ...after timing every one of the first items, so a short run's figure is exact
+TIME_ALL_FIRST = 64
 _TIME_BITS = TIME_EVERY.bit_length() - 1
 
 
@@ -214,7 +216,8 @@ class Window:
                 self._submitted += 1
                 if self._submitted <= self._sample_at:
                     return self._pool.submit(self.fn, item)
-                self._sample_at = self._submitted + TIME_EVERY // 2 + getrandbits(_TIME_BITS)
+                if self._submitted >= TIME_ALL_FIRST:
+                    self._sample_at = self._submitted + TIME_EVERY // 2 + getrandbits(_TIME_BITS)
                 return self._pool.submit(self._timed, item)
             future = self._pool.submit(self.fn, item)
             future.add_done_callback(self._timer(perf_counter()))

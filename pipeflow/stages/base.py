@@ -43,6 +43,9 @@ REPLAY_KEY = "replay"
 #: two calls in about this many (a power of two; at least) are timed, in a row, the second one
 #: also measuring the gap since the first returned (the time the output waited on the consumer)
 SAMPLE_EVERY = 256
+#: the first calls of a stage are all timed: a short run gets exact figures, and one call
+#: slowed by the machine (another process got the core) is not multiplied by the sampling ratio
+TIME_ALL_FIRST = 64
 #: a stage's calls between two samples take about this long at least: cheaper calls are
 #: sampled less often (down to one pair in 32 * SAMPLE_EVERY), so that timing them stays well
 #: under 1% of their cost
@@ -225,11 +228,13 @@ class Stage(Generic[T]):
         meter.slow_calls += 1
         # the next call is timed too (measuring the gap), then about SAMPLE_EVERY - 2 are not
         meter.second = not second
-        if not second:
+        if not second or meter.slow_calls < TIME_ALL_FIRST:
             left = 1
         elif meter.own:
             left = 0  # until the stage asks for the next sample
         else:
+            # a jittered interval, so a stage with a period of its own (a batch every 8
+            # calls) is not always sampled in the same phase
             left = sample_interval(meter)
             meter.issued += left - 1
         self._left = left
