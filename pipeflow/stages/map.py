@@ -69,8 +69,9 @@ class WindowedStage(Stage[Any]):
                               limit=max_inflight, start_method=start_method, inline=inline,
                               on_discard=on_discard)
         #: inline (workers=0): the position before an item whose function raised
-        self._rewind = Rewind()
+        self._rewind = Rewind(samples=True)
         self._undelivered = 0
+        self._dropped = 0  # inline: items pulled and not delivered (skipped, or raised)
 
     def _check_picklable(self) -> None:
         try:
@@ -94,6 +95,11 @@ class WindowedStage(Stage[Any]):
             numbers["busy_s"] = self._window.busy_s
             numbers["lanes"] = workers
         return numbers
+
+    def delivered(self) -> int | None:
+        # inline, items are counted from the pulls the stage counts anyway; with workers every
+        # item costs far more than counting it per call
+        return None if self._window.workers else self._rewind.pulls - self._dropped
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self, state: dict[str, Any] | None) -> None:
@@ -140,17 +146,20 @@ class WindowedStage(Stage[Any]):
         rewind, source, inline, fn = self._rewind, self.source, self._inline, self._fn
         self._undelivered = 0
         while True:
-            if rewind.since >= Rewind.EVERY:
-                rewind.restart(source)
+            if rewind.pulls >= rewind.due:
+                rewind.event(source, self)
             item = next(source)
-            rewind.since += 1
+            rewind.pulls += 1
             try:
                 if inline is not None:
                     done, value = inline(item)
                     if done:
                         return value
                 return fn(item)
-            except Exception as exc:
+            except BaseException as exc:
+                self._dropped += 1
+                if not isinstance(exc, Exception):
+                    raise
                 self._undelivered = 1  # the state stays before this item
                 self._failed(exc, item)  # raises unless the item is skipped
                 self._undelivered = 0
