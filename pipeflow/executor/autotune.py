@@ -37,7 +37,7 @@ IO_HIGH = 64
 #: bytes in flight an ``open`` may hold per process (results read into memory)
 BYTE_BUDGET = 256 << 20
 
-Kind = Literal["cpu", "thread", "io"]
+Kind = Literal["cpu", "thread", "io", "stream"]
 
 
 def dataloader_workers() -> int:
@@ -61,10 +61,12 @@ def cpu_budget() -> int:
 def bounds(kind: Kind) -> tuple[int, int]:
     """``(start, high)`` concurrency for a stage's work: ``"cpu"`` (decode, process map) is
     bounded by the cores; ``"thread"`` (a thread map, whose function may wait on I/O) by
-    four per core; ``"io"`` (open) by a request budget."""
-    if kind == "io":
+    four per core; ``"io"`` (``open(read=True)``) by a request budget; ``"stream"``
+    (``open()`` handing out streams) too, but starting from one stream opened ahead, since a
+    tar shard is read for a long time after it is opened."""
+    if kind in ("io", "stream"):
         high = max(4, IO_HIGH // dataloader_workers())
-        return min(4, high), high
+        return (min(4, high) if kind == "io" else 1), high
     cores = cpu_budget()
     return 1, (cores if kind == "cpu" else 4 * cores)
 

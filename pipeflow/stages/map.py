@@ -116,7 +116,7 @@ class WindowedStage(Stage[Any]):
                 tuner = Tuner(1, 2 * high, start)
         else:
             tuner = Tuner(workers, 4 * workers, 2 * workers)
-        if self._kind == "io":
+        if self._kind in ("io", "stream"):
             tuner.byte_budget = BYTE_BUDGET // dataloader_workers()
         window.tuner = tuner
 
