@@ -230,3 +230,18 @@ def test_invalid_values_are_config_errors(build, message):
     with pytest.raises(ConfigError) as info:
         build(pf.from_items(range(3)))
     assert message in str(info.value)
+
+
+def _spin(x):
+    total = 0
+    for i in range(20_000):  # holds the GIL: threads cannot help
+        total += i
+    return x
+
+
+def test_verdict_of_a_tuned_stage_says_more_did_not_help():
+    pipe = pf.from_items(range(300)).map(_spin, workers="auto").batch(4)
+    assert sum(len(b) for b in pipe) == 300
+    stats = pipe.stats()
+    assert stats.bottleneck == "map", str(stats)
+    assert "tunes itself (workers='auto'" in stats.advice
