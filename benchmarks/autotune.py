@@ -116,6 +116,10 @@ def make_s4(count: int, workers: Any, method: str, report: str | None = None) ->
     blobs = _in_memory("jpeg", count, 360)
     knob = _knob(pf.Pipeline.map, "workers", workers)
     pipe = pf.from_items(blobs).map(_decode_shape, method=method, **knob)
+    # the fork server (which imports torch once) starts before the measurement: on a loaded
+    # machine its start-up would otherwise fill a short case, whatever the concurrency
+    for _ in pipe.take(16):
+        pass
     return _loaded(pipe, 0, report)
 
 
@@ -129,7 +133,8 @@ class Grid:
     rows: dict[str, dict[str, Any]]
     proxy: Any = None
     results: dict[str, list[float]] = field(default_factory=dict)
-    chosen: dict[str, Any] = field(default_factory=dict)
+    #: what the auto row's stages chose, per repeat (per process)
+    chosen: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _auto_label(grid: Grid) -> str:
@@ -137,7 +142,8 @@ def _auto_label(grid: Grid) -> str:
     methods = {"open_workers": (pf.Pipeline.open, "workers"),
                "decode_workers": (pf.Pipeline.decode, "workers"),
                "prefetch": (pf.Pipeline.prefetch, "size"), "workers": (pf.Pipeline.map, "workers")}
-    passed = [f"{methods[k][1]}='auto'" for k in knobs if k in methods and not _default_is_auto(*methods[k])]
+    passed = [f"{methods[k][1]}='auto'" for k, v in knobs.items()
+              if v == AUTO and k in methods and not _default_is_auto(*methods[k])]
     return "auto (no knob set)" if not passed else f"auto ({', '.join(passed)})"
 
 
@@ -178,7 +184,7 @@ def _run_row(grid: Grid, label: str, seconds: float, workdir: Path, log: Callabl
         log(f"  ! {grid.group} / {label}: {row['error'][-800:]}")
         return 0.0
     if label == AUTO and report.exists():
-        grid.chosen = json.loads(report.read_text())
+        grid.chosen.append(json.loads(report.read_text()))
     log(f"  {grid.group:<42} {label:<36} {row['samples_per_s']:>9.1f} samples/s")
     return float(row["samples_per_s"])
 
@@ -217,10 +223,15 @@ def run(quick: bool, repeats: int, log: Callable[[str], None] = print) -> dict[s
 
 
 # ---- the table -----------------------------------------------------------------------------
+def _chosen(stages: dict[str, Any]) -> str:
+    return ", ".join(f"{label} {v.get('workers', '-'):g}/{v['inflight']:g}" for label, v in stages.items())
+
+
 def table(result: dict[str, Any]) -> str:
     lines = ["| workload | configuration | samples/s | vs best |", "|---|---|---:|---:|"]
-    summary = ["| workload | best grid point | best | auto | auto/best (median) | auto/best per repeat |",
-               "|---|---|---:|---:|---:|---|"]
+    summary = ["| workload | best grid point | best | auto | auto/best (median) | auto/best per repeat "
+               "| auto chose (workers/in flight per process, per repeat) |",
+               "|---|---|---:|---:|---:|---|---|"]
     for g in result["grids"]:
         med = {label: statistics.median(v) for label, v in g["results"].items()}
         grid = {k: v for k, v in med.items() if k != AUTO}
@@ -234,9 +245,9 @@ def table(result: dict[str, Any]) -> str:
             best_r = max(v[r] for k, v in g["results"].items() if k != AUTO)
             ratios.append(g["results"][AUTO][r] / best_r if best_r else 0.0)
         per = ", ".join(f"{x:.2f}" for x in ratios)
-        chosen = "; ".join(f"{k}: {v}" for k, v in g["chosen"].items())
+        chosen = " / ".join(_chosen(c) for c in g["chosen"])
         summary.append(f"| {g['group']} | {best_label} | {best:.0f} | {med[AUTO]:.0f} | "
-                       f"{statistics.median(ratios):.2f} | {per} |" + (f" chose {chosen}" if chosen else ""))
+                       f"{statistics.median(ratios):.2f} | {per} | {chosen} |")
     m = result["machine"]
     head = (f"{result['date']}, {m['cpu_affinity']} cores ({m['processor']}), {m['memory_gb']} GB, "
             f"{'quick' if result['quick'] else 'full'} grid, {result['seconds_per_case']:g} s per case, "

@@ -3,7 +3,8 @@
 A :class:`Tuner` owns one number, the in-flight limit of a window. The window reports every
 item it delivers; over short intervals the tuner measures delivered items per second and
 hill-climbs: it doubles the limit while each step delivers clearly more (beyond the noise of
-a shared machine), tries one step in between when a doubling does not pay, settles on the best
+a shared machine; a step that does not pay is measured twice before it counts as a failure),
+tries one step in between when a doubling does not pay, settles on the best
 value, and probes one step up now and then in case the load changed. It never leaves
 ``[low, high]``; ``high`` comes from a budget: the cores this process may use (divided among
 DataLoader workers) for CPU-bound work, a larger request count for I/O-bound ``open``, and,
@@ -90,6 +91,7 @@ class Tuner:
         self._phase = "grow"
         self._base = (self.value, 0.0)  # (value, rate) the current step is compared with
         self._settled = 0
+        self._doubted = False
         self.pause()
 
     def pause(self) -> None:
@@ -123,8 +125,13 @@ class Tuner:
         better = rate > base_rate * (1 + GAIN)
         if self._phase == "grow":
             if base_rate == 0.0 or (better and self.value > base_value):
+                self._doubted = False
                 self._try(self.value, rate, self.value * 2)
-            elif self.value > base_value:  # the last step did not pay: try between, or stop
+            elif self.value > base_value and not self._doubted:
+                # one interval that did not pay may be noise (or a neighbour's step: DataLoader
+                # workers tune at once and share the cores): measure the same step again
+                self._doubted = True
+            elif self.value > base_value:  # the step did not pay twice: try between, or stop
                 middle = (base_value + self.value) // 2
                 if self.value - base_value >= 2 and middle > base_value:
                     self._phase = "refine"

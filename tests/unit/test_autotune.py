@@ -1,6 +1,7 @@
 """``"auto"`` concurrency: the controller against simulated workloads (a fake clock), and the
 stages that use it on real threads and processes. Behaviour only, never speed."""
 
+import os
 import threading
 import time
 from collections import Counter
@@ -95,6 +96,19 @@ def test_cpu_budget_is_shared_among_dataloader_workers(monkeypatch):
     monkeypatch.setattr(autotune, "dataloader_workers", lambda: 3)
     assert autotune.cpu_budget() == 2
     assert autotune.bounds("io") == (4, 64 // 3)
+
+
+def _budget_seen(x):
+    return autotune.dataloader_workers(), autotune.cpu_budget()
+
+
+def test_dataloader_workers_each_get_a_share_of_the_cores():
+    from torch.utils.data import DataLoader
+
+    pipe = pf.from_items(range(8)).map(_budget_seen)
+    seen = {tuple(x) for x in DataLoader(pipe, batch_size=None, num_workers=2)}
+    assert seen == {(2, max(1, len(os.sched_getaffinity(0)) // 2))}
+    assert _budget_seen(0) == (1, len(os.sched_getaffinity(0)))  # the main process: all of them
 
 
 def test_buffer_grows_only_when_both_sides_wait(clock):
