@@ -70,6 +70,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "'article-001' (the article's PNG-pair shards, its code beside the recipes), 'decode' "
         "(photo-sized and ImageNet-sized JPEGs decoded to 224x224); default all",
     )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=(),
+        metavar="LIBRARY",
+        help="run only the cases of these libraries, named as in the tables (e.g. 'pipeflow' "
+        "'S3IterableDataset' 'webdataset pipe:s5cmd')",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, metavar="N", help="run each case N times in a row (default 1)"
+    )
     parser.add_argument("--workdir", default=None, help="keep local data and caches here")
 
 
@@ -96,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.latency_ms < 0:
         raise SystemExit("--latency-ms must be >= 0")
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be >= 1")
     mode = "tiny" if args.tiny else "quick" if args.quick else "full"
     sizes = {"tiny": scenarios.TINY, "quick": scenarios.QUICK, "full": scenarios.FULL}[mode]
     if args.shard_mb:
@@ -118,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
         datapipes=not args.no_datapipes,
         streaming_peers=not args.no_streaming_peers,
         scenarios=tuple(args.scenarios),
+        only=tuple(args.only),
+        repeats=args.repeats,
     )
     result = scenarios.run(cfg, log=lambda line: print(line, flush=True))
     paths = report.write(result, cfg.out)
