@@ -358,10 +358,14 @@ class _Runner:
         self.notes: list[str] = []
         self.endpoint = ""
         self.workdir = Path(".")
+        #: told of every case before it runs (the command's progress bar)
+        self.on_case: Callable[[Case], None] | None = None
 
     def case(self, proxy: Any, case: Case) -> dict[str, Any] | None:
         if self.cfg.only and case.library not in self.cfg.only:
             return None
+        if self.on_case is not None:
+            self.on_case(case)
         env = {"AWS_ENDPOINT_URL": proxy.url, "S3_ENDPOINT_URL": proxy.url}
         row: dict[str, Any] | None = None
         for repeat in range(self.cfg.repeats):
@@ -750,11 +754,16 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the scenarios of ``cfg``; returns everything the report needs."""
+def run(cfg: BenchConfig, log: Callable[[str], None] = print,
+        on_scenario: Callable[[str], None] | None = None,
+        on_case: Callable[[Case], None] | None = None) -> dict[str, Any]:
+    """Run the scenarios of ``cfg``; returns everything the report needs. ``on_scenario`` is
+    called with each scenario's name (``"s1"``) as it starts, ``on_case`` with each case."""
     from pipeflow.testing.proxy import ProxyProcess
 
     runner = _Runner(cfg, log)
+    runner.on_case = on_case
+    started_scenario = on_scenario or (lambda name: None)
     workdir = Path(cfg.workdir or tempfile.mkdtemp(prefix="pipeflow-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -783,9 +792,11 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
             ]
             for name, step in steps:
                 if name in cfg.scenarios:
+                    started_scenario(name)
                     log(f"== scenario {name[1:]}")
                     step()
         if "s5" in cfg.scenarios:
+            started_scenario("s5")
             log("== scenario 5 (per-stage overhead vs torchdata.nodes)")
             overhead_rows = runner.s5()
     if cfg.workdir is None:

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
 __all__ = ["add_arguments", "run"]
 
@@ -82,6 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--repeats", type=int, default=1, metavar="N", help="run each case N times in a row (default 1)"
     )
     parser.add_argument("--workdir", default=None, help="keep local data and caches here")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _import_benchmarks() -> None:
@@ -99,6 +101,37 @@ def _import_benchmarks() -> None:
         "pipeflow bench needs the benchmarks/ directory of a pipeflow clone "
         "(git clone ...; pip install -e '.[bench]')"
     )
+
+
+class _BenchBar:
+    """Scenarios done of those asked for, with the running count of cases and the name of the
+    current one (how many cases a scenario has is known only once its data is generated)."""
+
+    def __init__(self, names: tuple[str, ...], *, quiet: bool) -> None:
+        from ._progress import progress_bar
+
+        self._bar = progress_bar("bench", total=len(names), unit=" scenarios", quiet=quiet)
+        self._scenario = ""
+        self._cases = 0
+
+    def scenario(self, name: str) -> None:
+        if self._scenario:
+            self._bar.update(1)
+        self._scenario = name
+        self._bar.set_description(f"bench {name}")
+
+    def case(self, case: Any) -> None:
+        self._cases += 1
+        self._bar.set_description(f"bench {self._scenario}, case {self._cases}: {case.library} "
+                                  f"({case.group})")
+
+    def write(self, line: str) -> None:
+        self._bar.write(line)
+
+    def close(self) -> None:
+        if self._scenario:
+            self._bar.update(1)
+        self._bar.close()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -134,7 +167,11 @@ def run(args: argparse.Namespace) -> int:
         only=tuple(args.only),
         repeats=args.repeats,
     )
-    result = scenarios.run(cfg, log=lambda line: print(line, flush=True))
+    bar = _BenchBar(cfg.scenarios, quiet=args.quiet)
+    try:
+        result = scenarios.run(cfg, log=bar.write, on_scenario=bar.scenario, on_case=bar.case)
+    finally:
+        bar.close()
     paths = report.write(result, cfg.out)
     failed = [r for r in result["rows"] if "error" in r]
     print(f"\nwrote {', '.join(str(p) for p in paths.values())}")
