@@ -241,6 +241,7 @@ def test_global_pax_header_is_not_a_member():
 MALFORMED_PAX = [
     (b"30", "malformed PAX header"),                          # no space after the length
     (b"3x a=b\n", "malformed PAX header length"),             # length not a number
+    (b" 6 a=b\n", "malformed PAX header length"),             # no length before the space
     (b"6 abc\n", "malformed PAX header record"),              # no '='
     (b"7 a=bc", "malformed PAX header record"),               # no newline at the end
     (b"20 a=b\n", "malformed PAX header record"),             # record past the end of the data
@@ -269,3 +270,9 @@ def test_truncated_pax_header_data_names_offset():
         read(data, url="mem://cut")
     assert err.value.message == "extended header is truncated (100 of 1024 bytes) (offset 1024)"
     assert err.value.key == "mem://cut"
+
+
+def test_pax_record_with_a_non_utf8_key_is_ignored():
+    pax = _record("path", b"kept.txt") + b"10 \xff\xfek=v1\n"
+    data = FIRST + _entry("PaxHeader", tarfile.XHDTYPE, pax) + _entry("x", tarfile.REGTYPE, b"v") + END
+    assert read(data) == [("first.txt", b"abc"), ("kept.txt", b"v")]

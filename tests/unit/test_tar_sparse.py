@@ -373,3 +373,30 @@ def test_old_gnu_sparse_bad_map_field_names_its_block(block, field, what):
         raw[block + 148:block + 156] = b" " * 8
         raw[block + 148:block + 156] = b"%06o\0 " % sum(raw[block:block + 512])
     _raises(bytes(raw), f"bad {what} field b'000000000q0\\x00' in tar header", block)
+
+
+@pytest.mark.parametrize("records, message", [
+    ([("GNU.sparse.offset", b"10"), ("GNU.sparse.numbytes", b"3x")],
+     "bad sparse map entry b'3x' in a sparse member's PAX header"),
+    ([("GNU.sparse.offset", b"-10"), ("GNU.sparse.numbytes", b"3")],
+     "negative sparse map entry in a sparse member's PAX header"),
+    ([("GNU.sparse.major", b"\xff"), ("GNU.sparse.minor", b"0"), ("GNU.sparse.realsize", b"9")],
+     "unsupported GNU sparse format version \ufffd.0"),
+], ids=["pax0.0-bad-entry", "pax0.0-negative-entry", "non-utf8-version"])
+def test_bad_sparse_records_written_by_hand(records, message):
+    pax = _rec("GNU.sparse.size", b"100") + b"".join(_rec(k, v) for k, v in records)
+    data = (_raw_entry("first.txt", b"0", b"abc") + _raw_entry("PaxHeader", b"x", pax)
+            + _raw_entry("s.bin", b"0", b"abc") + b"\0" * 1024)
+    _raises(data, message, 2048)
+
+
+def test_old_gnu_sparse_real_size_of_a_gibibyte_and_more(monkeypatch):
+    # a real size with a leading non-zero octal digit (8**10 bytes): reported, not expanded
+    monkeypatch.setattr(tarmod, "MAX_SPARSE_SIZE", 300_000)  # above the other members
+    raw = bytearray(gzip.decompress((DATA / "sparse-gnu.tar.gz").read_bytes()))
+    header = 13312
+    raw[header + 483:header + 495] = b"10000000000\0"
+    raw[header + 148:header + 156] = b" " * 8
+    raw[header + 148:header + 156] = b"%06o\0 " % sum(raw[header:header + 512])
+    _raises(bytes(raw), f"sparse member expands to {8 ** 10} bytes, more than the 300000 pipeflow "
+            "expands in memory", header, member="ext.bin")
