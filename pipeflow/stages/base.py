@@ -43,6 +43,9 @@ REPLAY_KEY = "replay"
 #: two calls in about this many (a power of two) are timed, in a row, the second one
 #: also measuring the gap since the first returned (the time the output waited on the consumer)
 SAMPLE_EVERY = 256
+#: the first calls of a stage are all timed: a short run gets exact figures, and one call
+#: slowed by the machine (another process got the core) is not multiplied by the sampling ratio
+TIME_ALL_FIRST = 64
 _JITTER_BITS = SAMPLE_EVERY.bit_length() - 1  # intervals of SAMPLE_EVERY / 2 .. 3/2
 
 
@@ -190,7 +193,10 @@ class Stage(Generic[T]):
         meter.second = not second
         # a jittered interval, so a stage with a period of its own (a batch every 8 calls)
         # is not always sampled in the same phase
-        left = 1 if not second else SAMPLE_EVERY // 2 + getrandbits(_JITTER_BITS)
+        if not second or meter.slow_calls < TIME_ALL_FIRST:
+            left = 1
+        else:
+            left = SAMPLE_EVERY // 2 + getrandbits(_JITTER_BITS)
         meter.issued += left - 1
         self._left = left
         try:
