@@ -25,6 +25,7 @@ import argparse
 import importlib
 import io
 import json
+import multiprocessing
 import os
 import statistics
 import subprocess
@@ -98,8 +99,12 @@ class _Epochs:
         if self.pipeline is not None:
             return iter(self.pipeline)
         if self.pool is None:
-            cls = ProcessPoolExecutor if self.spec["case"] == "bare-process" else ThreadPoolExecutor
-            self.pool = cls(self.spec["workers"])
+            if self.spec["case"] == "bare-process":
+                method = self.spec.get("start_method")
+                ctx = multiprocessing.get_context(method) if method else None
+                self.pool = ProcessPoolExecutor(self.spec["workers"], mp_context=ctx)
+            else:
+                self.pool = ThreadPoolExecutor(self.spec["workers"])
         if self.spec["case"] == "bare-process":
             return self.pool.map(self.fn, self.blobs, chunksize=self.spec["chunksize"])
         return self.pool.map(self.fn, self.blobs)
@@ -187,7 +192,8 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
 
 def _label(spec: dict[str, Any]) -> str:
     if spec["case"] == "bare-process":
-        return f"bare-process c{spec['chunksize']}"
+        method = f" {spec['start_method']}" if spec.get("start_method") else ""
+        return f"bare-process c{spec['chunksize']}{method}"
     if spec["case"].startswith("pipeflow") and spec.get("max_inflight"):
         return f"{spec['case']} w{spec['max_inflight']}"
     return spec["case"]
@@ -199,7 +205,8 @@ def _specs(args: argparse.Namespace) -> list[dict[str, Any]]:
     out = []
     for case in args.cases:
         if case == "bare-process":
-            out += [{**base, "case": case, "chunksize": c} for c in args.chunksize]
+            out += [{**base, "case": case, "chunksize": c, "start_method": m or None}
+                    for c in args.chunksize for m in args.bare_start_method]
         elif case.startswith("pipeflow"):
             out += [{**base, "case": case, "max_inflight": w or None} for w in args.max_inflight]
         else:
@@ -220,6 +227,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     p.add_argument("--chunksize", type=int, nargs="+", default=[1], help="bare-process chunk sizes")
+    p.add_argument("--bare-start-method", nargs="+", default=[""],
+                   help="start methods of the bare process pool ('' : the platform default, fork on Linux)")
     p.add_argument("--max-inflight", type=int, nargs="+", default=[0],
                    help="pipeflow max_inflight values (0: the default)")
     p.add_argument("--json", help="write every row here")
