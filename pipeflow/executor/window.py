@@ -29,18 +29,12 @@ from ..items import describe_item
 from ._bootstrap import crashed_error
 from .pool import WorkerPool, lease_pool, return_pool
 
-__all__ = ["PROCESS_INFLIGHT_PER_WORKER", "Source", "Task", "Window", "default_limit"]
-
-
-#: default in-flight items per process worker: deep enough for chunks of 4 items, two per
-#: worker (see :mod:`.chunks`); threads keep ``2 * workers`` one-item tasks
-PROCESS_INFLIGHT_PER_WORKER = 8
+__all__ = ["Source", "Task", "Window", "default_limit"]
 
 
 def default_limit(workers: int, method: str) -> int:
-    """The default ``max_inflight`` of a window with ``workers`` workers."""
-    per_worker = PROCESS_INFLIGHT_PER_WORKER if method == "process" else 2
-    return max(per_worker * workers, 1)
+    """The default ``max_inflight`` of a window with ``workers`` workers (threads or processes)."""
+    return max(2 * workers, 1)
 
 
 class Source(Protocol):
@@ -97,8 +91,9 @@ class Window:
         self.method = method
         self.in_order = in_order
         self.limit = (limit or default_limit(workers, method)) if workers else 1
-        #: items per process task: enough tasks stay in flight (two per worker) to keep every
-        #: worker busy, each carrying as many items as that leaves room for
+        #: items per process task: two tasks per worker fill the window, each carrying as many
+        #: items as that leaves room for (1 with the default window; a deeper ``max_inflight``
+        #: asks for chunks, which divide the per-task cost for small per-item work)
         self.chunk = max(1, self.limit // (2 * workers)) if workers and method == "process" else 1
         self.name = name
         self.start_method = start_method
@@ -144,6 +139,8 @@ class Window:
     def cancel(self) -> None:
         """Drop every task not yet delivered."""
         for task in self._pending:
+            if task.future is None:  # interrupted between pulling it and sending it
+                continue
             if not task.future.cancel() and self.on_discard is not None:
                 task.future.add_done_callback(self.on_discard)
         self._pending.clear()
