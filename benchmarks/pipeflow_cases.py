@@ -31,7 +31,7 @@ def single_objects(
     count: int,
     fields: list[str],
     *,
-    backend: str,
+    backend: str | None,
     inflight: int,
     decode: bool = False,
     seed: int = 0,
@@ -59,7 +59,7 @@ def make_single(
     fields: list[str],
     workers: int,
     *,
-    backend: str = "boto3",
+    backend: str | None = "boto3",
     inflight: int = 32,
     batch_size: int = 4,
     decode: bool = False,
@@ -68,7 +68,7 @@ def make_single(
     return _common.loader(pipeline, workers=workers, batch_size=batch_size)
 
 
-def tar_shards(shards: list[str], *, backend: str, decode: bool = False) -> pf.Pipeline:
+def tar_shards(shards: list[str], *, backend: str | None, decode: bool = False) -> pf.Pipeline:
     """Sequential reads of tar shards: the shard list split by rank and worker, one streaming
     GET per shard, members grouped into samples."""
     pipeline = pf.from_items(shards).shard_by_rank().open(backend).untar().group_pairs()
@@ -82,7 +82,8 @@ def _strip(sample: dict[str, Any]) -> dict[str, Any]:
 
 
 def make_shards(
-    shards: list[str], workers: int, *, backend: str = "boto3", batch_size: int = 4, decode: bool = False
+    shards: list[str], workers: int, *, backend: str | None = "boto3", batch_size: int = 4,
+    decode: bool = False,
 ) -> Any:
     return _common.loader(
         tar_shards(shards, backend=backend, decode=decode), workers=workers, batch_size=batch_size
@@ -96,7 +97,7 @@ def make_cached(
     workers: int,
     *,
     cache_dir: str | None,
-    backend: str = "boto3",
+    backend: str | None = "boto3",
     inflight: int = 32,
     batch_size: int = 4,
 ) -> Any:
@@ -176,13 +177,13 @@ def make_recipe(name: str, url: str, workers: int, *, batch_size: int = 4) -> An
 
 
 # ---- S2 decode groups: decode to 224x224 ---------------------------------------------------------
-def photo_shards(shards: list[str], *, backend: str) -> pf.Pipeline:
+def photo_shards(shards: list[str], *, backend: str | None) -> pf.Pipeline:
     """Tar shards decoded to 224x224 uint8 CHW tensors with pipeflow's own ``decode(resize=...)``."""
     pipeline = pf.from_items(shards).shard_by_rank().open(backend).untar().group_pairs().map(_strip)
     return pipeline.prefetch(64).decode("torch", resize=(224, 224))
 
 
-def make_photo_shards(shards: list[str], workers: int, *, backend: str = "s3torchconnector",
+def make_photo_shards(shards: list[str], workers: int, *, backend: str | None = None,
                       batch_size: int = 4) -> Any:
     return _common.loader(photo_shards(shards, backend=backend), workers=workers, batch_size=batch_size)
 

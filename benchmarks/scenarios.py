@@ -179,6 +179,8 @@ class BenchConfig:
     datapipes: bool = True
     streaming_peers: bool = True  # LitData and Mosaic Streaming (their own side venv)
     scenarios: tuple[str, ...] = ("s1", "s2", "s3", "s4", "s5")
+    only: tuple[str, ...] = ()  # run only the cases of these libraries (labels as in the tables)
+    repeats: int = 1  # run each case this many times in a row (rows carry "repeat")
 
 
 # ---- server, proxies, data ----------------------------------------------------------------------
@@ -356,13 +358,23 @@ class _Runner:
         self.notes: list[str] = []
         self.endpoint = ""
         self.workdir = Path(".")
+        #: told of every case before it runs (the command's progress bar)
+        self.on_case: Callable[[Case], None] | None = None
 
-    def case(self, proxy: Any, case: Case) -> dict[str, Any]:
+    def case(self, proxy: Any, case: Case) -> dict[str, Any] | None:
+        if self.cfg.only and case.library not in self.cfg.only:
+            return None
+        if self.on_case is not None:
+            self.on_case(case)
         env = {"AWS_ENDPOINT_URL": proxy.url, "S3_ENDPOINT_URL": proxy.url}
-        row = run_case(case, proxy_url=proxy.url, env=env, log=self.log)
-        row["latency_ms"] = proxy.delay_ms
-        self.rows.append(row)
-        self._checkpoint()
+        row: dict[str, Any] | None = None
+        for repeat in range(self.cfg.repeats):
+            row = run_case(case, proxy_url=proxy.url, env=env, log=self.log)
+            row["latency_ms"] = proxy.delay_ms
+            if self.cfg.repeats > 1:
+                row["repeat"] = repeat
+            self.rows.append(row)
+            self._checkpoint()
         return row
 
     def _checkpoint(self) -> None:
@@ -407,7 +419,7 @@ class _Runner:
                     mk(
                         "pipeflow",
                         "benchmarks.pipeflow_cases:make_single",
-                        {**common, "workers": 2, "backend": "s3torchconnector", "inflight": 32},
+                        {**common, "workers": 2, "backend": None, "inflight": 32},
                         2,
                     )
                 ]
@@ -520,8 +532,9 @@ class _Runner:
         w = S2_WORKERS
         pipeflow_factory = "make_photo_shards" if decode else "make_shards"
         cases = [
+            # the default pipeline: no backend named, as a user writes it
             Case("s2", group, "pipeflow", f"benchmarks.pipeflow_cases:{pipeflow_factory}",
-                 {"shards": shards, "workers": w, "backend": "s3torchconnector"}, w, **kw),
+                 {"shards": shards, "workers": w, "backend": None}, w, **kw),
             Case("s2", group, "S3IterableDataset", "benchmarks.peers.s3torch:make_iterable",
                  {"prefix": prefix, "workers": w, "decode": decode}, w, **kw),
             Case("s2", group, "webdataset + boto3 url_opener", "benchmarks.peers.webdataset_peers:make",
@@ -534,6 +547,8 @@ class _Runner:
         cases += [
             Case("s2", group, "pipeflow (boto3 backend)", "benchmarks.pipeflow_cases:make_shards",
                  {"shards": shards, "workers": w, "backend": "boto3"}, w, **kw),
+            Case("s2", group, "pipeflow (s3torchconnector backend)", "benchmarks.pipeflow_cases:make_shards",
+                 {"shards": shards, "workers": w, "backend": "s3torchconnector"}, w, **kw),
             Case("s2", group, "webdataset + s3fs url_opener", "benchmarks.peers.webdataset_peers:make",
                  {"shards": shards, "opener": "s3fs", "workers": w}, w, **kw),
         ]
@@ -739,11 +754,16 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the scenarios of ``cfg``; returns everything the report needs."""
+def run(cfg: BenchConfig, log: Callable[[str], None] = print,
+        on_scenario: Callable[[str], None] | None = None,
+        on_case: Callable[[Case], None] | None = None) -> dict[str, Any]:
+    """Run the scenarios of ``cfg``; returns everything the report needs. ``on_scenario`` is
+    called with each scenario's name (``"s1"``) as it starts, ``on_case`` with each case."""
     from pipeflow.testing.proxy import ProxyProcess
 
     runner = _Runner(cfg, log)
+    runner.on_case = on_case
+    started_scenario = on_scenario or (lambda name: None)
     workdir = Path(cfg.workdir or tempfile.mkdtemp(prefix="pipeflow-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -772,9 +792,11 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
             ]
             for name, step in steps:
                 if name in cfg.scenarios:
+                    started_scenario(name)
                     log(f"== scenario {name[1:]}")
                     step()
         if "s5" in cfg.scenarios:
+            started_scenario("s5")
             log("== scenario 5 (per-stage overhead vs torchdata.nodes)")
             overhead_rows = runner.s5()
     if cfg.workdir is None:

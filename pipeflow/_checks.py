@@ -10,7 +10,7 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["check_bool", "check_choice", "check_int", "is_int"]
+__all__ = ["check_bool", "check_choice", "check_int", "check_int_or_auto", "is_int"]
 
 
 def is_int(value: Any) -> bool:
@@ -23,10 +23,23 @@ def check_int(value: Any, what: str, *, low: int | None = None, optional: bool =
     if value is None and optional:
         return None
     if not is_int(value) or (low is not None and value < low):
-        bound = "" if low is None else {0: "a non-negative ", 1: "a positive "}.get(low, f"an >= {low} ")
-        kind = f"{bound}int" if bound else "an int"
-        raise ConfigError(f"{what} must be {kind}, got {value!r}")
+        raise ConfigError(f"{what} must be {_int_kind(low)}, got {value!r}")
     return value
+
+
+def _int_kind(low: int | None) -> str:
+    bound = "" if low is None else {0: "a non-negative ", 1: "a positive "}.get(low, f"an >= {low} ")
+    return f"{bound}int" if bound else "an int"
+
+
+def check_int_or_auto(value: Any, what: str, *, low: int | None = None,
+                      optional: bool = False) -> int | str | None:
+    """Like :func:`check_int`, but the string ``"auto"`` (tuned while running) is accepted too."""
+    if isinstance(value, str) and value == "auto":
+        return value
+    if (value is None and optional) or (is_int(value) and (low is None or value >= low)):
+        return value
+    raise ConfigError(f"{what} must be 'auto' or {_int_kind(low)}, got {value!r}")
 
 
 def check_bool(value: Any, what: str) -> bool:

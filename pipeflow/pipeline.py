@@ -107,11 +107,12 @@ class Pipeline(torch.utils.data.IterableDataset):
         return self._then("shard_by_rank", Sharder, ranks=ranks, workers=workers, by=by)
 
     @checks_options
-    def map(self, fn: Callable[[Any], Any], *, workers: int = 0,
+    def map(self, fn: Callable[[Any], Any], *, workers: int | Literal["auto"] = 0,
             method: Literal["thread", "process"] = "thread", in_order: bool = True,
-            max_inflight: int | None = None, on_error: Literal["raise", "skip"] = "raise",
+            max_inflight: int | Literal["auto"] | None = None, on_error: Literal["raise", "skip"] = "raise",
             ) -> Pipeline:
-        """Apply ``fn`` to every item, inline (``workers=0``) or on N thread/process workers."""
+        """Apply ``fn`` to every item, inline (``workers=0``) or on N thread/process workers
+        (``"auto"``: tuned while running)."""
         return self._then("map", Mapper, fn, workers=workers, method=method, in_order=in_order,
                           max_inflight=max_inflight, on_error=on_error)
 
@@ -132,8 +133,9 @@ class Pipeline(torch.utils.data.IterableDataset):
         return self._then("unbatch", Unbatcher)
 
     @checks_options
-    def prefetch(self, size: int = 2) -> Pipeline:
-        """Run everything upstream in a background thread, keeping up to ``size`` items ready."""
+    def prefetch(self, size: int | Literal["auto"] = 2) -> Pipeline:
+        """Run everything upstream in a background thread, keeping up to ``size`` items ready
+        (``"auto"``: grown while running when the consumer finds the buffer empty)."""
         return self._then("prefetch", Prefetcher, size)
 
     @checks_options
@@ -156,12 +158,13 @@ class Pipeline(torch.utils.data.IterableDataset):
 
     # ---- backends (issue: storage backends) ---------------------------------------------
     @checks_options
-    def open(self, backend: str | Any = None, *, workers: int = 0, read: bool = False,
+    def open(self, backend: str | Any = None, *, workers: int | Literal["auto"] = "auto", read: bool = False,
              on_error: Literal["raise", "skip"] = "raise", **options: Any) -> Pipeline:
         """Open URL / ``ObjectInfo`` items as ``Opened(url, stream)`` (``Record`` with ``read=True``).
 
         ``backend`` is a name (``"boto3"``, ``"s3torchconnector"``, ...) or None to choose by URL
-        scheme; ``workers=N`` keeps N requests in flight on threads, results in order.
+        scheme; ``workers=N`` keeps N requests in flight on threads, results in order
+        (``"auto"``, the default: tuned while running; 0 opens inline).
         """
         return self._then("open", Opener, backend, workers=workers, read=read, on_error=on_error,
                           **options)
@@ -194,11 +197,12 @@ class Pipeline(torch.utils.data.IterableDataset):
     def decode(self, mode: Literal["pil", "torch", "numpy"] = "pil", *,
                handlers: dict[str, Any] | None = None,
                resize: int | tuple[int, int] | None = None, allow_pickle: bool = False,
-               on_error: Literal["raise", "skip"] = "raise", workers: int = 0,
+               on_error: Literal["raise", "skip"] = "raise", workers: int | Literal["auto"] = "auto",
                method: Literal["thread", "process"] = "thread",
                jpeg_decoder: Literal["auto", "pil", "simplejpeg"] = "auto") -> Pipeline:
         """Decode sample fields by extension (images, cls, txt, json, npy, pt; pickle opt-in),
-        inline or on ``workers`` threads/processes; ``resize`` decodes JPEGs at a reduced scale.
+        inline (``workers=0``) or on ``workers`` threads/processes (default ``"auto"``: tuned
+        while running); ``resize`` decodes JPEGs at a reduced scale.
         ``jpeg_decoder="auto"`` is resolved here, so explain() shows the decoder in use."""
         return self._then("decode", Decoder, mode, handlers=handlers, resize=resize,
                           allow_pickle=allow_pickle, on_error=on_error, workers=workers, method=method,

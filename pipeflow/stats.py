@@ -350,6 +350,8 @@ class PipelineStats(Mapping[str, dict[str, float]]):
     def _advice(self, label: str) -> str:
         values, kind = self._stages[label], _kind(label)
         workers = int(round(values.get("workers", 0) / self.processes))
+        if "inflight" in values and kind in _IO_KINDS + _CPU_KINDS:
+            return self._tuned_advice(label, kind, workers, int(round(values["inflight"] / self.processes)))
         if kind in _IO_KINDS:
             more = max(8, 2 * workers)
             return (f"more requests in flight: {kind}(workers={more}) (now {workers}); each "
@@ -363,6 +365,17 @@ class PipelineStats(Mapping[str, dict[str, float]]):
                     f"backend's part/buffer size) or more DataLoader workers to read shards in parallel")
         return (f"{label} runs in the loader's thread: more DataLoader workers, or move its "
                 f"work into a map(workers=N)")
+
+    @staticmethod
+    def _tuned_advice(label: str, kind: str, workers: int, inflight: int) -> str:
+        # a tuned stage already tried more and found no gain: the limit is elsewhere
+        if kind in _IO_KINDS:
+            return (f"more requests in flight did not deliver more: {label} tunes itself "
+                    f"(workers='auto', now {inflight} in flight); the storage or this process's CPU "
+                    f"is the limit: more DataLoader workers spread the requests over more cores")
+        return (f"more workers for {label} need more cores: it tunes itself (workers='auto', now "
+                f"{workers}) within this process's share of the cores; more DataLoader workers on a "
+                f"machine with more cores, or method='process' if it holds the GIL")
 
     # ---- display ------------------------------------------------------------------------------
     def table(self) -> str:

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
+from typing import Any
 
 __all__ = ["add_arguments", "run"]
 
@@ -70,7 +71,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "'article-001' (the article's PNG-pair shards, its code beside the recipes), 'decode' "
         "(photo-sized and ImageNet-sized JPEGs decoded to 224x224); default all",
     )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        default=(),
+        metavar="LIBRARY",
+        help="run only the cases of these libraries, named as in the tables (e.g. 'pipeflow' "
+        "'S3IterableDataset' 'webdataset pipe:s5cmd')",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, metavar="N", help="run each case N times in a row (default 1)"
+    )
     parser.add_argument("--workdir", default=None, help="keep local data and caches here")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _import_benchmarks() -> None:
@@ -90,12 +103,45 @@ def _import_benchmarks() -> None:
     )
 
 
+class _BenchBar:
+    """Scenarios done of those asked for, with the running count of cases and the name of the
+    current one (how many cases a scenario has is known only once its data is generated)."""
+
+    def __init__(self, names: tuple[str, ...], *, quiet: bool) -> None:
+        from ._progress import progress_bar
+
+        self._bar = progress_bar("bench", total=len(names), unit=" scenarios", quiet=quiet)
+        self._scenario = ""
+        self._cases = 0
+
+    def scenario(self, name: str) -> None:
+        if self._scenario:
+            self._bar.update(1)
+        self._scenario = name
+        self._bar.set_description(f"bench {name}")
+
+    def case(self, case: Any) -> None:
+        self._cases += 1
+        self._bar.set_description(f"bench {self._scenario}, case {self._cases}: {case.library} "
+                                  f"({case.group})")
+
+    def write(self, line: str) -> None:
+        self._bar.write(line)
+
+    def close(self) -> None:
+        if self._scenario:
+            self._bar.update(1)
+        self._bar.close()
+
+
 def run(args: argparse.Namespace) -> int:
     _import_benchmarks()
     from benchmarks import report, scenarios
 
     if args.latency_ms < 0:
         raise SystemExit("--latency-ms must be >= 0")
+    if args.repeats < 1:
+        raise SystemExit("--repeats must be >= 1")
     mode = "tiny" if args.tiny else "quick" if args.quick else "full"
     sizes = {"tiny": scenarios.TINY, "quick": scenarios.QUICK, "full": scenarios.FULL}[mode]
     if args.shard_mb:
@@ -118,8 +164,14 @@ def run(args: argparse.Namespace) -> int:
         datapipes=not args.no_datapipes,
         streaming_peers=not args.no_streaming_peers,
         scenarios=tuple(args.scenarios),
+        only=tuple(args.only),
+        repeats=args.repeats,
     )
-    result = scenarios.run(cfg, log=lambda line: print(line, flush=True))
+    bar = _BenchBar(cfg.scenarios, quiet=args.quiet)
+    try:
+        result = scenarios.run(cfg, log=bar.write, on_scenario=bar.scenario, on_case=bar.case)
+    finally:
+        bar.close()
     paths = report.write(result, cfg.out)
     failed = [r for r in result["rows"] if "error" in r]
     print(f"\nwrote {', '.join(str(p) for p in paths.values())}")

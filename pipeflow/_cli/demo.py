@@ -42,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recipes", nargs="*", default=None, metavar="NAME",
                         help="run only these recipes (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="data seed (default 0)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 @dataclass
@@ -81,7 +82,7 @@ def _generate(server: Any, data_dir: str, args: argparse.Namespace,
         shutil.rmtree(local, ignore_errors=True)
         shard_mb = _shard_mb(layout, args.count, args.image_size, args.shards, args.seed)
         generate(layout, local, count=args.count, image_size=args.image_size, seed=args.seed,
-                 shard_mb=shard_mb, progress=True)
+                 shard_mb=shard_mb, progress=not args.quiet)
         t0 = time.perf_counter()
         server.put_dir(BUCKET, local, prefix=f"{layout}/")
         print(f"  uploaded {layout} to s3://{BUCKET}/{layout}/ in {time.perf_counter() - t0:.1f} s",
@@ -97,8 +98,13 @@ def _child(name: str, url: str, options: dict[str, Any], batch_size: int | None,
         from ._measure import measure
 
         pipeline = recipes.load(name, url=url, **options)
-        result = measure(pipeline, batch_size=batch_size, num_workers=args["num_workers"],
-                         epochs=10_000, steps=args["steps"], report_every=args["report_every"])
+        bar = _StepsBar(name, args["steps"], batch_size, quiet=args["quiet"])
+        try:
+            result = measure(pipeline, batch_size=batch_size, num_workers=args["num_workers"],
+                             epochs=10_000, steps=args["steps"], report_every=args["report_every"],
+                             on_batch=bar.update)
+        finally:
+            bar.close()
         out.put(("ok", {"steps": result.steps, "samples": result.samples, "seconds": result.seconds,
                         "samples_per_s": result.samples_per_s, "cpu_percent": result.cpu_percent,
                         "first_batch_s": result.first_batch_s, "mean_interval_s": result.mean,
@@ -106,6 +112,26 @@ def _child(name: str, url: str, options: dict[str, Any], batch_size: int | None,
     except BaseException as exc:  # reported in the table, never raised through the demo
         last = f"{type(exc).__name__}: {exc}"
         out.put(("error", last))
+
+
+class _StepsBar:
+    """One recipe's bar in samples: the total is its steps times the batch size, learnt from
+    the first batch when the recipe batches itself."""
+
+    def __init__(self, name: str, steps: int, batch_size: int | None, *, quiet: bool) -> None:
+        from ._progress import progress_bar
+
+        self._steps = steps
+        self._bar = progress_bar(name, total=steps * batch_size if batch_size else None, quiet=quiet)
+
+    def update(self, samples: int) -> None:
+        if self._bar.total is None and samples:
+            self._bar.total = self._steps * samples
+            self._bar.refresh()
+        self._bar.update(samples)
+
+    def close(self) -> None:
+        self._bar.close()
 
 
 def _run_one(info: Any, url: str, args: argparse.Namespace) -> DemoRow:
@@ -118,7 +144,8 @@ def _run_one(info: Any, url: str, args: argparse.Namespace) -> DemoRow:
     batch_size = None if info.yields_batches(options) else args.batch_size
     ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     queue = ctx.Queue()
-    child_args = {"num_workers": args.num_workers, "steps": args.steps, "report_every": args.report_every}
+    child_args = {"num_workers": args.num_workers, "steps": args.steps, "report_every": args.report_every,
+                  "quiet": args.quiet}
     proc = ctx.Process(target=_child, args=(info.name, url, options, batch_size, child_args, queue),
                        name=f"pipeflow-demo-{info.name}")
     proc.start()

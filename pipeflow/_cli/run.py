@@ -67,10 +67,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     batch_size = None if info.yields_batches(options) else args.batch_size
 
-    def report(step: int, seconds: float) -> None:
-        print(f"Iteration {step} Time {seconds:.4f}", flush=True)
-
     bar = progress_bar(f"run {args.recipe}", quiet=args.quiet)
+
+    def report(step: int, seconds: float) -> None:
+        bar.write(f"Iteration {step} Time {seconds:.4f}")  # above the bar, not through it
     try:
         result = measure(pipeline, batch_size=batch_size, num_workers=args.num_workers,
                          epochs=args.epochs, steps=args.steps, report_every=args.report_every,

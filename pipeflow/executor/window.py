@@ -21,12 +21,14 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures.process import BrokenProcessPool
+from random import getrandbits
 from time import perf_counter
 from typing import Any, Literal, Protocol
 
 from ..errors import WorkerCrashedError
 from ..items import describe_item
 from ._bootstrap import crashed_error
+from .autotune import Tuner
 from .pool import WorkerPool, lease_pool, return_pool
 
 __all__ = ["Source", "Task", "Window", "default_limit"]
@@ -35,6 +37,12 @@ __all__ = ["Source", "Task", "Window", "default_limit"]
 def default_limit(workers: int, method: str) -> int:
     """The default ``max_inflight`` of a window with ``workers`` workers (threads or processes)."""
     return max(2 * workers, 1)
+
+#: thread workers time one item in about this many (a power of two), jittered...
+TIME_EVERY = 16
+#: ...after timing every one of the first items, so a short run's figure is exact
+TIME_ALL_FIRST = 64
+_TIME_BITS = TIME_EVERY.bit_length() - 1
 
 
 class Source(Protocol):
@@ -79,22 +87,30 @@ class Window:
             cache hit); ``(False, None)`` sends the item to the pool.
         on_discard: called with the future of every task dropped undelivered whose work could
             not be cancelled (when it completes), to release what its result holds.
+        tuner: when set, it owns the limit (``workers`` is then the pool's upper bound) and is
+            told of every delivered item.
+        size_of: ``result -> bytes`` of a delivered result, for the tuner's memory budget.
     """
 
     def __init__(self, fn: Callable[[Any], Any], *, workers: int = 0,
                  method: Literal["thread", "process"] = "thread", in_order: bool = True,
                  limit: int | None = None, name: str = "pipeflow", start_method: str | None = None,
                  inline: Callable[[Any], tuple[bool, Any]] | None = None,
-                 on_discard: Callable[[Future[Any]], None] | None = None) -> None:
+                 on_discard: Callable[[Future[Any]], None] | None = None,
+                 tuner: Tuner | None = None, size_of: Callable[[Any], int] | None = None) -> None:
         self.fn = fn
         self.workers = workers
         self.method = method
         self.in_order = in_order
-        self.limit = (limit or default_limit(workers, method)) if workers else 1
+        self._limit = (limit or default_limit(workers, method)) if workers else 1
+        self.tuner = tuner
+        self.size_of = size_of
         #: items per process task: two tasks per worker fill the window, each carrying as many
         #: items as that leaves room for (1 with the default window; a deeper ``max_inflight``
-        #: asks for chunks, which divide the per-task cost for small per-item work)
-        self.chunk = max(1, self.limit // (2 * workers)) if workers and method == "process" else 1
+        #: asks for chunks, which divide the per-task cost for small per-item work). A tuned
+        #: window moves its limit, so it keeps one item per task.
+        self.chunk = (max(1, self._limit // (2 * workers))
+                      if workers and method == "process" and tuner is None else 1)
         self.name = name
         self.start_method = start_method
         self.inline = inline
@@ -104,17 +120,36 @@ class Window:
         self.owner: Any = None
         self._pool: WorkerPool | None = None
         self._pending: deque[Task] = deque()
-        #: seconds the workers spent in ``fn`` (process workers: from submission to result,
-        #: so queueing is included), summed over workers
-        self.busy_s = 0.0
+        # the workers' time in ``fn``: process workers every item (from submission to
+        # result), thread workers a jittered one in about TIME_EVERY (timing costs a lock and a
+        # frame per item, a visible share of a thread hand-off)
         self._busy_lock = threading.Lock()
+        self._process_s = 0.0
+        self._sampled_s = 0.0
+        self._sampled = self._submitted = self._sample_at = 0
         self._clear()
+
+    @property
+    def busy_s(self) -> float:
+        """Seconds the workers spent in ``fn``, summed over workers (process workers: from
+        submission to result, so queueing is included; thread workers: estimated from a
+        sample of the items)."""
+        sampled = self._sampled_s * self._submitted / self._sampled if self._sampled else 0.0
+        return self._process_s + sampled
+
+    @property
+    def limit(self) -> int:
+        """Items submitted but not yet delivered, at most (the tuner's value when tuned)."""
+        tuner = self.tuner
+        return tuner.value if tuner is not None and self.workers else self._limit
 
     # ---- lifecycle ------------------------------------------------------------------------
     def restart(self, skip: Iterable[int] = ()) -> None:
         """Drop what is in flight and start counting from a resume point; ``skip`` lists the
         offsets (from the resume point) of items delivered before it."""
         self._clear(skip)
+        if self.tuner is not None:
+            self.tuner.pause()
         if self.workers and self._pool is None:
             # started lazily: no pool (and no process) exists before the first pass
             self._pool = lease_pool(self.fn, self.workers, self.method, name=self.name,
@@ -179,12 +214,20 @@ class Window:
             self._delivered.add(task.seq)  # an older task is still pending
         oldest = pending[0].seq if pending else self._seq
         self._delivered = {s for s in self._delivered if s >= oldest}
+        if self.tuner is not None:
+            self.tuner.delivered(self._size(task.future))
+
+    def _size(self, future: Future[Any]) -> int:
+        if self.size_of is None or not future.done() or future.exception() is not None:
+            return 0
+        return self.size_of(future.result())
 
     def _fill(self, source: Source) -> None:
+        limit = self.limit
         batch: list[Task] = []  # pulled, to be sent to a process worker as one task
         try:
             while not self._exhausted:
-                room = self.limit - len(self._pending)
+                room = limit - len(self._pending)
                 if room <= 0 or (not batch and self._pending and room < self.chunk):
                     # a new chunk waits for room for all of it: topping up one item at a
                     # time would send one-item tasks for good
@@ -232,6 +275,11 @@ class Window:
         assert self._pool is not None
         try:
             if self._pool.method == "thread":
+                self._submitted += 1
+                if self._submitted <= self._sample_at:
+                    return self._pool.submit(self.fn, item)
+                if self._submitted >= TIME_ALL_FIRST:
+                    self._sample_at = self._submitted + TIME_EVERY // 2 + getrandbits(_TIME_BITS)
                 return self._pool.submit(self._timed, item)
             future = self._pool.submit(self.fn, item)
             future.add_done_callback(self._timer(perf_counter()))
@@ -281,14 +329,17 @@ class Window:
         try:
             return self.fn(item)
         finally:
-            self._add_busy(perf_counter() - t0)
+            seconds = perf_counter() - t0
+            with self._busy_lock:
+                self._sampled_s += seconds
+                self._sampled += 1
 
     def _timer(self, t0: float) -> Callable[[Future[Any]], None]:
         return lambda _future: self._add_busy(perf_counter() - t0)
 
     def _add_busy(self, seconds: float) -> None:
         with self._busy_lock:
-            self.busy_s += seconds
+            self._process_s += seconds
 
     # ---- position -------------------------------------------------------------------------
     def position(self, source: Source) -> tuple[dict[str, Any], list[int]]:

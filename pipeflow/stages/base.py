@@ -40,23 +40,42 @@ T = TypeVar("T")
 SOURCES_KEY = "sources"
 #: the key under which a state counts source items to pull and drop before resuming (:class:`Rewind`)
 REPLAY_KEY = "replay"
-#: two calls in about this many (a power of two) are timed, in a row, the second one
+#: two calls in about this many (a power of two; at least) are timed, in a row, the second one
 #: also measuring the gap since the first returned (the time the output waited on the consumer)
 SAMPLE_EVERY = 256
 #: the first calls of a stage are all timed: a short run gets exact figures, and one call
 #: slowed by the machine (another process got the core) is not multiplied by the sampling ratio
 TIME_ALL_FIRST = 64
-_JITTER_BITS = SAMPLE_EVERY.bit_length() - 1  # intervals of SAMPLE_EVERY / 2 .. 3/2
+#: a stage's calls between two samples take about this long at least: cheaper calls are
+#: sampled less often (down to one pair in 32 * SAMPLE_EVERY), so that timing them stays well
+#: under 1% of their cost
+SAMPLE_SPAN_S = 2e-3
+_MIN_BITS = SAMPLE_EVERY.bit_length() - 1
+_MAX_BITS = _MIN_BITS + 5
+
+
+def sample_interval(meter: Meter) -> int:
+    """Calls until the next sample: jittered (from half to one and a half times the mean), so
+    a stage with a period of its own (a batch every 8 calls) is not always sampled in the same
+    phase; the mean is :data:`SAMPLE_EVERY`, or more for cheap calls (:data:`SAMPLE_SPAN_S`)."""
+    bits = _MIN_BITS
+    if meter.timed:
+        span = meter.timed_s * SAMPLE_EVERY / meter.timed  # seconds of SAMPLE_EVERY calls
+        while span < SAMPLE_SPAN_S and bits < _MAX_BITS:
+            span *= 2
+            bits += 1
+    return (1 << (bits - 1)) + getrandbits(bits)
 
 
 class Meter:
-    """A stage's measurements: calls counted always, two in :data:`SAMPLE_EVERY` timed."""
+    """A stage's measurements: two calls in about :data:`SAMPLE_EVERY` timed, and every call
+    counted unless the stage counts its items itself (``own``, see :meth:`Stage.delivered`)."""
 
-    __slots__ = ("gap_s", "gaps", "issued", "lost", "once_s", "returned", "second",
+    __slots__ = ("gap_s", "gaps", "issued", "lost", "once_s", "own", "returned", "second",
                  "slow_calls", "timed", "timed_s")
 
     def __init__(self) -> None:
-        self.second = False
+        self.second = self.own = False
         self.slow_calls = self.issued = self.lost = self.timed = self.gaps = 0
         self.timed_s = self.gap_s = self.returned = 0.0
         self.once_s = 0.0  # setup and end-of-run calls, counted unscaled
@@ -95,7 +114,10 @@ class Stage(Generic[T]):
         # one attribute, not eleven: many instance attributes make every attribute load of
         # a stage slower (the instance dict stops sharing its keys)
         self._meter = Meter()
-        self._left = 0  # cheap calls before the next timed one; 0 also when a reset is due
+        # how the next call goes: 0, plainly (the stage counts its own items, no sample is
+        # due); n > 1, counted here and not timed, n - 1 times; 1, the slow way: timed, and
+        # restarting first when a reset is due
+        self._left = 1
 
     @property
     def closed(self) -> bool:
@@ -126,6 +148,18 @@ class Stage(Generic[T]):
         """The number of items this stage yields in an epoch when known without reading data."""
         return None
 
+    def delivered(self) -> int | None:
+        """Items ``next()`` returned so far, over every run of this stage object, when the stage
+        counts them itself; None (the default) has the base class count every call.
+
+        A stage counts itself where its own bookkeeping does it in bulk or for free (a
+        position it keeps anyway, a counter per batch), so its calls skip the base class's
+        per-call counting, the largest cost of recording on a chain of cheap stages. Such a
+        stage also chooses which of its calls are timed: it calls :meth:`_sample_soon` at an
+        item boundary about every :data:`SAMPLE_EVERY` items, as the value it returns says.
+        """
+        return None
+
     # ---- lifecycle, owned by the base class ----------------------------------------------
     def reset(self, state: dict[str, Any] | None = None) -> None:
         """Restart from the beginning (falsy ``state``) or from ``state``: stop the current
@@ -145,6 +179,7 @@ class Stage(Generic[T]):
         self._closed = False
         self._resume_state = None
         self.start(state or None)
+        self._meter.own = self.delivered() is not None
 
     def close(self) -> None:
         """Release resources held by this stage and its sources. Idempotent.
@@ -168,12 +203,14 @@ class Stage(Generic[T]):
 
     def __next__(self) -> T:
         try:
-            left = self._left - 1
+            left = self._left
         except AttributeError:
             raise StageContractError(
                 f"{type(self).__name__}.__init__ did not call super().__init__(*sources)") from None
-        if left > 0:  # the cheap path: counted, not timed (_left is 0 while a reset is due)
-            self._left = left
+        if not left:  # the stage counts its own items and none of its calls is timed now
+            return self.next()
+        if left > 1:  # counted here, not timed
+            self._left = left - 1
             try:
                 return self.next()
             except BaseException:
@@ -189,15 +226,17 @@ class Stage(Generic[T]):
             meter.gaps += 1
         meter.returned = 0.0
         meter.slow_calls += 1
-        # the next call is timed too (measuring the gap), then SAMPLE_EVERY - 2 are not
+        # the next call is timed too (measuring the gap), then about SAMPLE_EVERY - 2 are not
         meter.second = not second
-        # a jittered interval, so a stage with a period of its own (a batch every 8 calls)
-        # is not always sampled in the same phase
         if not second or meter.slow_calls < TIME_ALL_FIRST:
             left = 1
+        elif meter.own:
+            left = 0  # until the stage asks for the next sample
         else:
-            left = SAMPLE_EVERY // 2 + getrandbits(_JITTER_BITS)
-        meter.issued += left - 1
+            # a jittered interval, so a stage with a period of its own (a batch every 8
+            # calls) is not always sampled in the same phase
+            left = sample_interval(meter)
+            meter.issued += left - 1
         self._left = left
         try:
             if self._needs_reset:
@@ -214,18 +253,26 @@ class Stage(Generic[T]):
             meter.returned = t1
         return value
 
+    def _sample_soon(self) -> int:
+        """Time this stage's next call and the one after it (for a stage that counts its own
+        items); returns in how many items to call again (:func:`sample_interval`)."""
+        if not self._left:
+            self._left = 1
+        return sample_interval(self._meter)
+
     def _reset_due(self) -> None:
         # route the next call through the slow path, which resets; unused cheap calls are
         # taken back so they are not counted as items
-        left = getattr(self, "_left", 0)
+        left = getattr(self, "_left", 1)
         if left > 1:
             self._meter.issued -= left - 1
-        self._left = 0
+        self._left = 1
 
     @property
     def items_out(self) -> int:
         """Items delivered by ``next()`` so far (over every run of this stage object)."""
-        return self._meter.items(self._left)
+        own = self.delivered()
+        return self._meter.items(self._left) if own is None else own
 
     def _restart_lazily(self) -> None:
         state, self._resume_state = self._resume_state, None
@@ -244,7 +291,7 @@ class Stage(Generic[T]):
         """Estimated seconds spent in this stage's ``next()`` and setup, its sources' included
         (when they run on the same thread)."""
         meter = self._meter
-        sampled = meter.timed_s * meter.items(self._left) / meter.timed if meter.timed else 0.0
+        sampled = meter.timed_s * self.items_out / meter.timed if meter.timed else 0.0
         return max(0.0, sampled) + meter.once_s
 
     def measure(self) -> dict[str, float]:
@@ -258,7 +305,7 @@ class Stage(Generic[T]):
             wait = sum(src.inclusive_s() for src in self.sources)
             busy = max(0.0, inclusive - wait)
         meter = self._meter
-        items = meter.items(self._left)
+        items = self.items_out
         blocked = meter.gap_s * items / meter.gaps if meter.gaps else 0.0
         return {"items": items, "busy_s": busy, "wait_s": wait, "blocked_s": blocked, "lanes": 1}
 
@@ -283,22 +330,34 @@ class Rewind:
     error ended ``next()`` (a half-built batch, the item a function failed on), without saving
     the source's state for every item.
 
-    The source's state is taken at an item boundary (:meth:`boundary`) once ``EVERY`` items
-    were pulled since the last time, and whenever the stage reports its position anyway; the
-    stage counts the items it pulls since in ``since``. After an error the state is that
-    anchor plus how many of those items were delivered, under :data:`REPLAY_KEY`; resuming
-    pulls and drops them again (:meth:`replay`), which costs at most about ``EVERY`` upstream
-    items, once.
+    The source's state is taken at an item boundary (:meth:`boundary`, :meth:`event`) once
+    ``EVERY`` items were pulled since the last time, and whenever the stage reports its
+    position anyway; the stage counts the items it pulls in ``pulls``. After an error the state
+    is that anchor plus how many of the items pulled since were delivered, under
+    :data:`REPLAY_KEY`; resuming pulls and drops them again (:meth:`replay`), which costs at
+    most about ``EVERY`` upstream items, once.
+
+    The count of pulls also serves the statistics: a stage derives the items it delivered from
+    it, and with ``samples=True`` the pulls pace the stage's timing samples (:meth:`event`).
     """
 
     #: pulls between two saved source states
     EVERY = 1024
 
-    __slots__ = ("anchor", "since")
+    __slots__ = ("anchor", "anchored", "due", "pulls", "sample_at")
 
-    def __init__(self) -> None:
+    def __init__(self, *, samples: bool = False) -> None:
+        """``samples``: the pulls also pace the owner's timing samples (for a stage that
+        pulls about once per call)."""
         self.anchor: dict[str, Any] = {}
-        self.since = 0
+        #: items pulled from the source, over every run (not counting :meth:`replay`)
+        self.pulls = 0
+        self.anchored = 0  # ``pulls`` when the anchor was taken
+        #: the pull count at which the stage calls :meth:`event`: one comparison per pull
+        #: serves both the anchor and the timing samples (it may come early, never late)
+        self.due = 0
+        #: the pull count at which the owner's next timing sample is due
+        self.sample_at = 0 if samples else 1 << 62
 
     @staticmethod
     def replay(source: Stage[Any], state: dict[str, Any] | None) -> None:
@@ -307,12 +366,24 @@ class Rewind:
             next(source)
 
     def restart(self, source: Stage[Any]) -> None:
+        # as cheap as it can be: batch and unbatch take their source's state once per batch,
+        # which restarts every Rewind upstream
         self.anchor = source.state_dict()
-        self.since = 0
+        self.anchored = self.pulls
+
+    def event(self, source: Stage[Any], owner: Stage[Any]) -> None:
+        """``pulls`` reached ``due``, at an item boundary: ask for a timing sample of the owner
+        if one is due, take a new anchor if the last one is old."""
+        pulls = self.pulls
+        if pulls >= self.sample_at:
+            self.sample_at = pulls + owner._sample_soon()
+        if pulls - self.anchored >= self.EVERY:
+            self.restart(source)
+        self.due = min(self.anchored + self.EVERY, self.sample_at)
 
     def boundary(self, source: Stage[Any]) -> None:
         """Nothing pulled is undelivered now: take a new anchor if the last one is old."""
-        if self.since >= self.EVERY:
+        if self.pulls - self.anchored >= self.EVERY:
             self.restart(source)
 
     def here(self, source: Stage[Any]) -> dict[str, Any]:
@@ -322,4 +393,4 @@ class Rewind:
 
     def before(self, undelivered: int) -> dict[str, Any]:
         """The state before the last ``undelivered`` items pulled."""
-        return {SOURCES_KEY: [self.anchor], REPLAY_KEY: self.since - undelivered}
+        return {SOURCES_KEY: [self.anchor], REPLAY_KEY: self.pulls - self.anchored - undelivered}

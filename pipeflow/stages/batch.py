@@ -42,36 +42,45 @@ class Batcher(Stage[Any]):
         self._collate: Callable[[list[Any]], Any] | None = collate or None
         self._rewind = Rewind()
         self._undelivered = 0  # items of a batch an error ended
+        self._batches = 0  # delivered, over every run
+        self._sample_at = 0  # the batch count at which the next timing sample is due
 
     def start(self, state: dict[str, Any] | None) -> None:
         Rewind.replay(self.source, state)
         self._rewind.restart(self.source)
         self._undelivered = 0
 
+    def delivered(self) -> int:
+        return self._batches
+
     def next(self) -> Any:
         batch: list[Any] = []
         source, size, rewind = self.source, self._size, self._rewind
         self._undelivered = 0
         rewind.boundary(source)
+        if self._batches >= self._sample_at:
+            self._sample_at = self._batches + self._sample_soon()
         append = batch.append
         try:
             while len(batch) < size:
                 append(next(source))
         except StopIteration:
-            rewind.since += len(batch)
+            rewind.pulls += len(batch)
             if not batch or self._drop_last:
                 raise
         except BaseException:
-            rewind.since += len(batch)
+            rewind.pulls += len(batch)
             self._undelivered = len(batch)  # pulled, never delivered: the state stays before them
             raise
         else:
-            rewind.since += size
+            rewind.pulls += size
         if self._collate is None:
+            self._batches += 1
             return batch
         self._undelivered = len(batch)
         out = self._collate(batch)
         self._undelivered = 0
+        self._batches += 1
         return out
 
     def get_state(self) -> dict[str, Any]:

@@ -56,14 +56,15 @@ class Decoder(WindowedStage):
             unpickling untrusted data runs arbitrary code; such fields raise otherwise.
         on_error: ``"raise"`` :class:`~pipeflow.errors.DecodeError` naming the sample key
             and field, or ``"skip"`` the sample and count it as ``skipped``.
-        workers: samples decoded concurrently (0: inline).
+        workers: samples decoded concurrently (0: inline; ``"auto"``, the default: tuned while
+            running, up to the cores this process may use).
         method: ``"thread"`` or ``"process"``.
     """
 
     def __init__(self, source: Stage[Any], mode: Mode = "pil", *,
                  handlers: Mapping[str, Handler | str] | None = None,
                  resize: int | tuple[int, int] | None = None, allow_pickle: bool = False,
-                 on_error: Literal["raise", "skip"] = "raise", workers: int = 0,
+                 on_error: Literal["raise", "skip"] = "raise", workers: int | str = "auto",
                  method: Literal["thread", "process"] = "thread",
                  jpeg_decoder: Literal["auto", "pil", "simplejpeg"] = "auto") -> None:
         self.options = DecodeOptions(mode=mode, handlers=handlers or {}, resize=resize,
@@ -71,7 +72,8 @@ class Decoder(WindowedStage):
         self._decode_fn = _DecodeFn(self.options)
         # only undecodable data is skippable; a pipeline wired wrongly always raises
         super().__init__(source, self._decode_fn, what="decode", workers=workers, method=method,
-                         on_error=on_error, skippable=lambda exc: not isinstance(exc, ConfigError))
+                         on_error=on_error, skippable=lambda exc: not isinstance(exc, ConfigError),
+                         kind="cpu")
         self.on_error = on_error
 
     def start(self, state: dict[str, Any] | None) -> None:

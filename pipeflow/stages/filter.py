@@ -26,31 +26,38 @@ class Filterer(Stage[T]):
         if not callable(predicate):
             raise ConfigError(f"filter() needs a callable, got {type(predicate).__name__}")
         self._predicate = predicate
-        self._rewind = Rewind()
+        self._rewind = Rewind(samples=True)
         self._failed = False  # the predicate raised on the last item pulled
+        self._dropped = 0  # items pulled and not delivered (rejected, or the predicate raised)
 
     def start(self, state: dict[str, Any] | None) -> None:
         Rewind.replay(self.source, state)
         self._rewind.restart(self.source)
         self._failed = False
 
+    def delivered(self) -> int:
+        return self._rewind.pulls - self._dropped
+
     def next(self) -> T:
         source, predicate, rewind = self.source, self._predicate, self._rewind
         self._failed = False
         while True:
-            if rewind.since >= Rewind.EVERY:
-                rewind.restart(source)
+            if rewind.pulls >= rewind.due:
+                rewind.event(source, self)
             item = next(source)
-            rewind.since += 1
+            rewind.pulls += 1
             try:
                 keep = predicate(item)
-            except Exception as exc:
+            except BaseException as exc:
+                self._dropped += 1
                 self._failed = True  # the state stays before this item
-                exc.add_note(f"pipeflow: raised by the predicate of {self.description} on "
-                             f"{describe_item(item)}")
+                if isinstance(exc, Exception):
+                    exc.add_note(f"pipeflow: raised by the predicate of {self.description} on "
+                                 f"{describe_item(item)}")
                 raise
             if keep:
                 return item
+            self._dropped += 1
 
     def get_state(self) -> dict[str, Any]:
         if self._failed:

@@ -15,8 +15,9 @@ from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Literal
 
-from .._checks import check_choice, check_int
+from .._checks import check_choice, check_int_or_auto, is_int
 from ..errors import ConfigError, WorkerCrashedError
+from ..executor.autotune import AUTO, BYTE_BUDGET, Kind, Tuner, bounds, dataloader_workers
 from ..executor.window import Window
 from .base import SOURCES_KEY, Rewind, Stage, describe_item
 
@@ -37,26 +38,34 @@ class WindowedStage(Stage[Any]):
         inline: ``item -> (done, value)`` tried in the consumer's thread first (cache hits).
         on_discard: releases the result of a task dropped undelivered (open streams).
         skippable: which exceptions ``on_error="skip"`` may skip (default: all).
+        kind: what bounds ``"auto"``: ``"cpu"`` work, ``"thread"`` work that may wait, or
+            ``"io"`` requests (see :func:`~pipeflow.executor.autotune.bounds`).
+        size_of: ``result -> bytes`` held in flight, for the memory budget of ``"auto"``.
 
     State: the source position before the oldest item not yet delivered (plus, when unordered,
     which later items were already delivered). Items in flight are recomputed after a resume;
     an item whose function raised was not delivered, so the state stays before it.
     """
 
-    def __init__(self, source: Stage[Any], fn: Callable[[Any], Any], *, what: str, workers: int = 0,
-                 method: Literal["thread", "process"] = "thread", in_order: bool = True,
-                 max_inflight: int | None = None, on_error: Literal["raise", "skip"] = "raise",
-                 start_method: str | None = None,
+    def __init__(self, source: Stage[Any], fn: Callable[[Any], Any], *, what: str,
+                 workers: int | str = 0, method: Literal["thread", "process"] = "thread",
+                 in_order: bool = True, max_inflight: int | str | None = None,
+                 on_error: Literal["raise", "skip"] = "raise", start_method: str | None = None,
                  inline: Callable[[Any], tuple[bool, Any]] | None = None,
                  on_discard: Callable[[Future[Any]], None] | None = None,
-                 skippable: Callable[[BaseException], bool] | None = None) -> None:
+                 skippable: Callable[[BaseException], bool] | None = None,
+                 kind: Kind | None = None, size_of: Callable[[Any], int] | None = None) -> None:
         super().__init__(source)
         if not callable(fn):
             raise ConfigError(f"{what}() needs a callable, got {type(fn).__name__}")
-        check_int(workers, f"{what}(workers=...)", low=0)
+        check_int_or_auto(workers, f"{what}(workers=...)", low=0)
         check_choice(method, f"{what}(method=...)", ("thread", "process"))
         check_choice(on_error, f"{what}(on_error=...)", ("raise", "skip"))
-        check_int(max_inflight, f"{what}(max_inflight=...)", low=1, optional=True)
+        check_int_or_auto(max_inflight, f"{what}(max_inflight=...)", low=1, optional=True)
+        if max_inflight == AUTO and workers == 0:
+            raise ConfigError(f"{what}(max_inflight='auto') needs workers > 0 or workers='auto'")
+        self._auto = (workers, max_inflight) if AUTO in (workers, max_inflight) else None
+        self._kind: Kind = kind or ("thread" if method == "thread" else "cpu")
         self._fn = fn
         self._inline = inline
         self._on_error = on_error
@@ -65,12 +74,16 @@ class WindowedStage(Stage[Any]):
         self.one_to_one = on_error == "raise"
         if workers and method == "process":
             self._check_picklable()
-        self._window = Window(fn, workers=workers, method=method, in_order=in_order,
-                              limit=max_inflight, start_method=start_method, inline=inline,
-                              on_discard=on_discard)
+        # "auto" is sized in start(), in the process that runs the work (a DataLoader worker
+        # has a share of the cores): until then the window has one worker, a placeholder
+        self._window = Window(fn, workers=1 if workers == AUTO else workers, method=method,
+                              in_order=in_order, limit=None if max_inflight == AUTO else max_inflight,
+                              start_method=start_method, inline=inline, on_discard=on_discard,
+                              size_of=size_of)
         #: inline (workers=0): the position before an item whose function raised
-        self._rewind = Rewind()
+        self._rewind = Rewind(samples=True)
         self._undelivered = 0
+        self._dropped = 0  # inline: items pulled and not delivered (skipped, or raised)
 
     def _check_picklable(self) -> None:
         try:
@@ -85,9 +98,36 @@ class WindowedStage(Stage[Any]):
         """The in-flight window (read it, e.g. ``window.futures()``; the stage drives it)."""
         return self._window
 
+    def _autotune(self) -> None:
+        """Size the pool and the tuner for ``"auto"`` options (once: the tuner's value carries
+        over to later epochs of this stage)."""
+        if self._auto is None or self._window.tuner is not None:
+            return
+        workers, max_inflight = self._auto
+        window = self._window
+        if workers == AUTO:
+            start, high = bounds(self._kind)
+            if is_int(max_inflight):  # an explicit bound on items in flight caps everything
+                window.workers = min(high, max_inflight)
+                tuner = Tuner(1, max_inflight, min(start, max_inflight))
+            else:
+                # results delivered in order hold their slot until delivered, so the limit may
+                # go past the pool's size
+                window.workers = high
+                tuner = Tuner(1, 2 * high, start)
+        else:
+            tuner = Tuner(workers, 4 * workers, 2 * workers)
+        if self._kind in ("io", "stream"):
+            tuner.byte_budget = BYTE_BUDGET // dataloader_workers()
+        window.tuner = tuner
+
     def measure(self) -> dict[str, float]:
         numbers = super().measure()
-        workers = self._window.workers
+        window = self._window
+        workers = window.workers
+        if window.tuner is not None and workers:
+            workers = min(workers, window.limit)  # the pool's threads beyond the limit stay idle
+            numbers["inflight"] = window.limit
         numbers["workers"] = workers
         if workers:
             # the work runs on the pool: the consumer's thread only waits for it
@@ -95,8 +135,14 @@ class WindowedStage(Stage[Any]):
             numbers["lanes"] = workers
         return numbers
 
+    def delivered(self) -> int | None:
+        # inline, items are counted from the pulls the stage counts anyway; with workers every
+        # item costs far more than counting it per call
+        return None if self._window.workers else self._rewind.pulls - self._dropped
+
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self, state: dict[str, Any] | None) -> None:
+        self._autotune()
         Rewind.replay(self.source, state)
         self._rewind.restart(self.source)
         self._undelivered = 0
@@ -140,17 +186,20 @@ class WindowedStage(Stage[Any]):
         rewind, source, inline, fn = self._rewind, self.source, self._inline, self._fn
         self._undelivered = 0
         while True:
-            if rewind.since >= Rewind.EVERY:
-                rewind.restart(source)
+            if rewind.pulls >= rewind.due:
+                rewind.event(source, self)
             item = next(source)
-            rewind.since += 1
+            rewind.pulls += 1
             try:
                 if inline is not None:
                     done, value = inline(item)
                     if done:
                         return value
                 return fn(item)
-            except Exception as exc:
+            except BaseException as exc:
+                self._dropped += 1
+                if not isinstance(exc, Exception):
+                    raise
                 self._undelivered = 1  # the state stays before this item
                 self._failed(exc, item)  # raises unless the item is skipped
                 self._undelivered = 0
@@ -198,17 +247,20 @@ class Mapper(WindowedStage):
     Args:
         source: the input stage.
         fn: a plain callable; for ``method="process"`` it must be picklable (module level).
-        workers: 0 runs ``fn`` inline in the consumer's thread.
+        workers: 0 runs ``fn`` inline in the consumer's thread; ``"auto"`` tunes the
+            concurrency while running (docs/autotune.md), up to the cores for processes and
+            four threads per core.
         method: ``"thread"`` or ``"process"``.
         in_order: deliver results in input order (default) or as they complete.
-        max_inflight: bound on items submitted but not yet delivered.
+        max_inflight: bound on items submitted but not yet delivered; ``"auto"`` tunes it
+            between ``workers`` and ``4 * workers``.
         on_error: ``"raise"`` or ``"skip"``.
         start_method: multiprocessing start method for process workers.
     """
 
-    def __init__(self, source: Stage[Any], fn: Callable[[Any], Any], *, workers: int = 0,
+    def __init__(self, source: Stage[Any], fn: Callable[[Any], Any], *, workers: int | str = 0,
                  method: Literal["thread", "process"] = "thread", in_order: bool = True,
-                 max_inflight: int | None = None, on_error: Literal["raise", "skip"] = "raise",
+                 max_inflight: int | str | None = None, on_error: Literal["raise", "skip"] = "raise",
                  start_method: str | None = None) -> None:
         super().__init__(source, fn, what="map", workers=workers, method=method, in_order=in_order,
                          max_inflight=max_inflight, on_error=on_error, start_method=start_method)

@@ -83,6 +83,10 @@ class OpenFn:
         self.backends.close()
 
 
+def _size(result: Any) -> int:
+    return len(result.data) if isinstance(result, Record) else 0
+
+
 def _close_result(future: Any) -> None:
     if future.cancelled() or future.exception() is not None:
         return
@@ -98,21 +102,25 @@ class Opener(WindowedStage):
         source: yields URL strings (``s3://``, ``file://``, paths) or ``ObjectInfo`` items.
         backend: a backend name or instance; None chooses by URL scheme (:func:`default_backend`:
             ``s3://`` -> obstore, else boto3; paths and ``file://`` -> local; others -> fsspec).
-        workers: requests in flight on threads (0: open inline).
+        workers: requests in flight on threads (0: open inline; ``"auto"``, the default:
+            tuned while running, up to 64 requests and 256 MiB read ahead per process).
         read: read whole bodies and yield ``Record`` items instead of streams.
         on_error: ``"raise"`` or ``"skip"`` (skips are counted in ``stats()``).
-        max_inflight: bound on opened-but-undelivered objects (default ``2 * workers``).
+        max_inflight: bound on opened-but-undelivered objects (default ``2 * workers``;
+            ``"auto"`` tunes it).
         **options: backend options (need an explicit ``backend``).
     """
 
-    def __init__(self, source: Stage[Any], backend: str | Backend | None = None, *, workers: int = 0,
-                 read: bool = False, on_error: Literal["raise", "skip"] = "raise",
-                 max_inflight: int | None = None, **options: Any) -> None:
+    def __init__(self, source: Stage[Any], backend: str | Backend | None = None, *,
+                 workers: int | str = "auto", read: bool = False,
+                 on_error: Literal["raise", "skip"] = "raise",
+                 max_inflight: int | str | None = None, **options: Any) -> None:
         check_bool(read, "open(read=...)")
         self._open_fn = OpenFn(backend, read, options)
         super().__init__(source, self._open_fn, what="open", workers=workers, method="thread",
                          in_order=True, max_inflight=max_inflight, on_error=on_error,
-                         on_discard=_close_result)
+                         on_discard=_close_result, kind="io" if read else "stream",
+                         size_of=_size)
         self._handed_out: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def start(self, state: dict[str, Any] | None) -> None:

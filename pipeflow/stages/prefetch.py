@@ -8,7 +8,8 @@ import threading
 import time
 from typing import Any
 
-from .._checks import check_int
+from .._checks import check_int_or_auto
+from ..executor.autotune import AUTO, BufferTuner
 from .base import SOURCES_KEY, Stage
 
 __all__ = ["Prefetcher"]
@@ -40,16 +41,19 @@ class Prefetcher(Stage[Any]):
 
     Args:
         source: the input stage.
-        size: queue capacity (>= 1).
+        size: queue capacity (>= 1), or ``"auto"``: start at 2 and double (up to 64) while
+            the consumer keeps finding the queue empty and the producer finds it full.
     """
 
     one_to_one = True
     pulls_in_background = True
 
-    def __init__(self, source: Stage[Any], size: int = 2) -> None:
+    def __init__(self, source: Stage[Any], size: int | str = 2) -> None:
         super().__init__(source)
-        check_int(size, "prefetch(size=...)", low=1)
-        self._size = size
+        check_int_or_auto(size, "prefetch(size=...)", low=1)
+        #: tunes the size across epochs of this stage
+        self._tuner = BufferTuner() if size == AUTO else None
+        self._size = self._tuner.value if self._tuner is not None else size
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._queue: queue.Queue[Any] = queue.Queue(size)
@@ -57,6 +61,8 @@ class Prefetcher(Stage[Any]):
         self._finished = False
 
     def start(self, state: dict[str, Any] | None) -> None:
+        if self._tuner is not None:
+            self._size = self._tuner.value
         self._state = self.source.state_dict()
         self._finished = False
         self._stop = threading.Event()
@@ -78,8 +84,10 @@ class Prefetcher(Stage[Any]):
         except BaseException as exc:  # handed to the consumer, never lost
             self._put(stop, out, _Failure(exc))
 
-    @staticmethod
-    def _put(stop: threading.Event, out: queue.Queue[Any], value: Any) -> None:
+    def _put(self, stop: threading.Event, out: queue.Queue[Any], value: Any) -> None:
+        tuner = self._tuner
+        if tuner is not None and out.full():
+            tuner.full()
         while not stop.is_set():
             try:
                 out.put(value, timeout=_POLL)
@@ -87,18 +95,35 @@ class Prefetcher(Stage[Any]):
             except queue.Full:
                 continue
 
+    def _get(self) -> Any:
+        tuner = self._tuner
+        if tuner is not None:
+            try:
+                value = self._queue.get_nowait()
+                waited = False
+            except queue.Empty:
+                value, waited = self._wait(), True
+            if tuner.got(waited):
+                self._resize(tuner.value)
+            return value
+        return self._wait()
+
+    def _resize(self, size: int) -> None:
+        out = self._queue
+        with out.mutex:  # a blocked put() waits on not_full: wake it for the new room
+            out.maxsize = self._size = size
+            out.not_full.notify_all()
+
+    def measure(self) -> dict[str, float]:
+        numbers = super().measure()
+        if self._tuner is not None:
+            numbers["inflight"] = self._size
+        return numbers
+
     def next(self) -> Any:
         if self._finished:
             raise StopIteration
-        while True:
-            try:
-                value = self._queue.get(timeout=_POLL)
-                break
-            except queue.Empty:
-                thread = self._thread
-                if thread is None or not thread.is_alive():
-                    if self._queue.empty():
-                        raise RuntimeError(f"{self.name}: the prefetch thread stopped unexpectedly") from None
+        value = self._get()
         if value is _END:
             self._finished = True
             raise StopIteration
@@ -107,6 +132,16 @@ class Prefetcher(Stage[Any]):
             raise value.exc
         item, self._state = value
         return item
+
+    def _wait(self) -> Any:
+        while True:
+            try:
+                return self._queue.get(timeout=_POLL)
+            except queue.Empty:
+                thread = self._thread
+                if thread is None or not thread.is_alive():
+                    if self._queue.empty():
+                        raise RuntimeError(f"{self.name}: the prefetch thread stopped unexpectedly") from None
 
     def get_state(self) -> dict[str, Any]:
         return {SOURCES_KEY: [self._state]}

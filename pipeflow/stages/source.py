@@ -32,15 +32,30 @@ class ItemSource(Stage[T]):
                 raise ConfigError(f"from_items() needs an iterable, got {type(items).__name__}")
             items = list(items)
         self._items: Sequence[T] = items
-        self._index = 0
+        self._index = self._first = 0
+        self._earlier = 0  # items delivered by the runs before this one
+        # the index at which next() looks up from its fast path: the end, or an earlier one
+        # where a timing sample is due (one comparison per item for both)
+        self._stop = 0
+        self._sample_at = 0
 
     def start(self, state: dict[str, Any] | None) -> None:
-        self._index = int(state["index"]) if state else 0
+        self._earlier += self._index - self._first
+        self._index = self._first = int(state["index"]) if state else 0
+        self._sample_at = self._index
+        self._stop = min(len(self._items), self._sample_at)
+
+    def delivered(self) -> int:
+        return self._earlier + self._index - self._first
 
     def next(self) -> T:
         i = self._index
-        if i >= len(self._items):
-            raise StopIteration
+        if i >= self._stop:
+            if i >= len(self._items):
+                raise StopIteration
+            if i >= self._sample_at:
+                self._sample_at = i + self._sample_soon()
+            self._stop = min(len(self._items), self._sample_at)
         self._index = i + 1
         return self._items[i]
 

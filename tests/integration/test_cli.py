@@ -13,6 +13,8 @@ import pytest
 
 from pipeflow._cli._measure import RunResult
 
+from ._terminal import has_bar, pipeflow_cli
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -166,3 +168,38 @@ def test_run_profile_prints_the_verdict_and_draws_a_png(tmp_path):
     table = out.stdout[out.stdout.index("stage "):]
     assert "items" in table.splitlines()[0]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ---- progress bars: drawn on stderr when stdout is a terminal, never into a pipe or with --quiet ----
+BAR_MODES = [pytest.param(True, False, True, id="terminal"), pytest.param(False, False, False, id="pipe"),
+             pytest.param(True, True, False, id="terminal-quiet")]
+
+
+@pytest.mark.parametrize("terminal, quiet, drawn", BAR_MODES)
+def test_run_progress_bar(tmp_path, terminal, quiet, drawn):
+    data = tmp_path / "data"
+    made = pipeflow("make-data", "single", str(data), "--count", "12", "--image-size", "8", "--quiet")
+    assert made.returncode == 0, made.stderr
+    code, out, err = pipeflow_cli("run", "single-ffm", "--url", str(data), "--batch-size", "2",
+                                  *(["--quiet"] if quiet else []), terminal=terminal)
+    assert code == 0, err
+    assert has_bar(err, "run single-ffm") is drawn, err
+    assert "run single-ffm" not in out  # the bar never goes to stdout
+    assert "6 steps, 12 samples" in out
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("terminal, quiet, drawn", BAR_MODES)
+def test_bench_progress_bar_names_the_scenario_and_case(tmp_path, terminal, quiet, drawn):
+    # scenario 4 when the bar is drawn (it has cases to name), the shorter scenario 5 otherwise
+    scenario = "s4" if drawn else "s5"
+    code, out, err = pipeflow_cli("bench", "--tiny", "--scenarios", scenario, "--no-datapipes",
+                                  "--no-streaming-peers", "--latency-ms", "0", "--out", str(tmp_path / "out"),
+                                  "--workdir", str(tmp_path / "work"), *(["--quiet"] if quiet else []),
+                                  terminal=terminal)
+    assert code == 0, err
+    assert has_bar(err, "bench") is drawn, err
+    assert f"== scenario {scenario[1:]}" in out
+    if drawn:
+        assert "bench s4, case 1: pipeflow (JPEG, thread workers)" in err
+        assert "1/1 [" in err  # the scenario count reached its total

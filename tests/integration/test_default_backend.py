@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
+import os
 
 import pytest
 
 import pipeflow as pf
 from pipeflow.stages.open import OpenFn, default_backend
+from pipeflow.testing.proxy import DelayProxy
 
 pytestmark = pytest.mark.s3
 
@@ -45,3 +48,26 @@ def test_a_process_forked_after_obstore_was_used_falls_back_to_boto3(s3):
     finally:
         child.join(30)
     assert child.exitcode == 0
+
+
+def test_the_default_streams_a_large_object_with_one_get_and_a_bounded_buffer(s3, s3_bucket, monkeypatch):
+    """What makes the default fit large shards: one GET per object (no ranged parts, no HEAD),
+    and a reader that holds a piece of the body, not the object, whatever its size."""
+    pytest.importorskip("obstore")
+    objects = {f"big/{i}.bin": os.urandom(1 << 20) * (12 + 4 * i) for i in range(2)}  # 12, 16 MiB
+    urls = s3.put_many(s3_bucket, objects)
+    with DelayProxy(s3.endpoint, delay_ms=0) as proxy:
+        monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        for url, item in zip(urls, pf.from_items(urls).open(), strict=True):
+            digest, peak = hashlib.sha256(), 0
+            with item.stream as stream:
+                while chunk := stream.read(1 << 20):
+                    digest.update(chunk)
+                    peak = max(peak, stream._raw.peak_buffered)
+            data = objects[url.split(f"s3://{s3_bucket}/", 1)[1]]
+            assert digest.hexdigest() == hashlib.sha256(data).hexdigest()
+            assert 0 < peak <= 4 << 20 < len(data), peak
+        counts = proxy.counts()
+    assert counts.get("GET") == len(urls), counts
+    assert counts.get("HEAD", 0) == 0, counts

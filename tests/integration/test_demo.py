@@ -9,6 +9,8 @@ import pytest
 import pipeflow.recipes as recipes
 from pipeflow.cli import main
 
+from ._terminal import has_bar, pipeflow_cli
+
 pytestmark = pytest.mark.s3
 
 
@@ -34,6 +36,21 @@ def test_demo_runs_recipes_and_writes_table_and_chart(tmp_path, capsys):
         assert row["steps"] == 3 and row["samples"] == 12
     out = capsys.readouterr().out
     assert "samples/s" in out and "tfrecord-pipe" in out
+
+
+@pytest.mark.parametrize("terminal, quiet, drawn", [
+    pytest.param(True, False, True, id="terminal"), pytest.param(False, False, False, id="pipe"),
+    pytest.param(True, True, False, id="terminal-quiet")])
+def test_demo_progress_bar_per_recipe(tmp_path, terminal, quiet, drawn):
+    args = ["demo", "--out", str(tmp_path / "out"), "--count", "16", "--image-size", "8", "--shards", "2",
+            "--steps", "3", "--report-every", "1", "--num-workers", "0", "--recipes", "tfrecord-ffm"]
+    code, out, err = pipeflow_cli(*args, *(["--quiet"] if quiet else []), terminal=terminal)
+    assert code == 0, err
+    # the recipe's bar counts samples towards steps x batch size
+    assert has_bar(err, "tfrecord-ffm") is drawn, err
+    if drawn:
+        assert "/12 [" in err
+    assert "tfrecord-ffm" in out  # the table
 
 
 @pytest.mark.slow

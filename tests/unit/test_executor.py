@@ -111,9 +111,11 @@ def _abandon_in_a_cycle(pipe, at=5):
 
 @pytest.mark.parametrize("how", ["break", "close", "gc", "exception"])
 @pytest.mark.parametrize("method", ["thread", "process"])
-def test_no_leaks_after_break_close_gc_or_error(how, method):
+@pytest.mark.parametrize("workers", [3, "auto"])
+def test_no_leaks_after_break_close_gc_or_error(how, method, workers):
     threads_before, children_before = _threads(), _children()
-    pipe = pf.from_items(range(10_000)).map(slow_double, workers=3, method=method).prefetch(4)
+    size = 4 if workers == 3 else "auto"
+    pipe = pf.from_items(range(10_000)).map(slow_double, workers=workers, method=method).prefetch(size)
     if how == "break":
         _break_out(pipe)
     elif how == "gc":
@@ -125,7 +127,7 @@ def test_no_leaks_after_break_close_gc_or_error(how, method):
             if i == 5:
                 break
         if how == "exception":
-            bad = iter(pf.from_items(range(100)).map(fail_on_13, workers=3, method=method).prefetch(2))
+            bad = iter(pf.from_items(range(100)).map(fail_on_13, workers=workers, method=method).prefetch(2))
             with pytest.raises(KeyError):
                 list(bad)
         it.close()

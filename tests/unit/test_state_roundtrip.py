@@ -27,10 +27,15 @@ def _pipelines(wrap=lambda p: p):
         "map_threads": (src.map(slow_double, workers=3), True),
         "map_threads_unordered": (src.map(slow_double, workers=3, in_order=False), False),
         "map_processes": (src.map(double, workers=2, method="process"), True),
+        "map_auto": (src.map(slow_double, workers="auto"), True),
+        "map_auto_unordered": (src.map(slow_double, workers="auto", in_order=False), False),
+        "map_auto_processes": (src.map(double, workers="auto", method="process"), True),
+        "map_inflight_auto": (src.map(slow_double, workers=2, max_inflight="auto"), True),
         "filter": (src.filter(is_even), True),
         "batch": (src.batch(4), True),
         "unbatch": (src.batch(5).unbatch(), True),
         "prefetch": (src.prefetch(3), True),
+        "prefetch_auto": (src.prefetch("auto"), True),
         "take": (src.take(40), True),
         "take_across_all": (src.take(40, across="all"), True),
         "with_epoch_cut": (src.with_epoch(30), True),
@@ -86,10 +91,12 @@ def _io_pipelines(data: dict[str, list[str]], wrap=lambda p: p) -> dict[str, tup
     singles = wrap(pf.from_items(data["singles"]))
     return {
         "open": (singles.open(workers=3, read=True), True),
+        "open_auto": (singles.open(workers="auto", read=True, max_inflight="auto"), True),
         "list_objects": (wrap(pf.list_objects(data["root"][0] + "/single")), True),
         "untar": (shards.open().untar(), True),
         "group_pairs": (shards.open().untar().group_pairs(), True),
         "decode": (shards.open().untar().group_pairs().decode("numpy", workers=2), True),
+        "decode_auto": (shards.open().untar().group_pairs().decode("numpy", workers="auto"), True),
         "read_tfrecord": (wrap(pf.from_items(data["tfrecords"])).open().read_tfrecord(), True),
         "cache": (singles.cache(data["root"][0] + "/cache", max_bytes=10**6), True),
         "equalize": (wrap(pf.from_items(range(57))).equalize(), True),
@@ -108,7 +115,8 @@ def io_pipelines(io_data):
     return _io_pipelines(io_data)
 
 
-IO_NAMES = ["open", "list_objects", "untar", "group_pairs", "decode", "read_tfrecord", "cache",
+IO_NAMES = ["open", "open_auto", "list_objects", "untar", "group_pairs", "decode", "decode_auto",
+            "read_tfrecord", "cache",
             "equalize", "shards_everything"]
 
 
@@ -281,8 +289,9 @@ def test_state_after_an_error_resumes_exactly(name):
 
 
 #: the item (by index into the data lists) whose upstream step fails
-_IO_BAD = {"open": ("singles", 7), "list_objects": ("singles", 7), "untar": ("shards", 1),
-           "group_pairs": ("shards", 1), "decode": ("shards", 2), "read_tfrecord": ("tfrecords", 1),
+_IO_BAD = {"open": ("singles", 7), "open_auto": ("singles", 7), "list_objects": ("singles", 7),
+           "untar": ("shards", 1), "group_pairs": ("shards", 1), "decode": ("shards", 2),
+           "decode_auto": ("shards", 2), "read_tfrecord": ("tfrecords", 1),
            "cache": ("singles", 5), "equalize": (None, 23), "shards_everything": ("shards", 1)}
 
 

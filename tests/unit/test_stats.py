@@ -45,6 +45,51 @@ def test_every_stage_reports_items_busy_wait_under_its_explain_label():
     assert stats["batch"]["wait_s"] > 0.5  # batch waited on map#2
 
 
+def _not_7(x):
+    if x == 7:
+        raise ValueError(x)
+    return x
+
+
+def test_items_are_exact_where_stages_count_in_bulk():
+    # source, filter, map, batch and unbatch count their items from their own bookkeeping
+    # (positions, pulls, one counter per batch), not per call: every count must still be exact
+    pipe = (pf.from_items(range(3000)).filter(lambda x: x % 3).map(_not_7, on_error="skip")
+            .batch(7).unbatch())
+    for epoch in (1, 2):
+        assert _drain(pipe) == 1999
+        items = {label: numbers["items"] for label, numbers in pipe.stats().items()}
+        assert items == {"from_items": 3000 * epoch, "filter": 2000 * epoch, "map": 1999 * epoch,
+                         "batch": 286 * epoch, "unbatch": 1999 * epoch}
+    # an error ends the epoch: the item it was raised on is not counted, nor the rest of its batch
+    failing = pf.from_items(range(100)).map(_not_7).batch(4).unbatch()
+    with pytest.raises(ValueError):
+        _drain(failing)
+    items = {label: numbers["items"] for label, numbers in failing.stats().items()}
+    assert items == {"from_items": 8, "map": 7, "batch": 1, "unbatch": 4}
+
+
+@pytest.mark.parametrize("stop_at", [1, 5, 6, 199])
+def test_items_after_a_resume_count_what_this_run_delivered(stop_at):
+    def build():
+        return pf.from_items(range(300)).filter(lambda x: x % 3).batch(5).unbatch()
+
+    it = iter(build())
+    for _ in range(stop_at):
+        next(it)
+    state = it.state_dict()
+    it.close()
+    resumed = build()
+    again = iter(resumed)
+    again.load_state_dict(state)
+    assert sum(1 for _ in again) == 200 - stop_at
+    items = resumed.stats()
+    # the resumed unbatch re-reads the batch it stopped in and delivers only the rest of it
+    assert items["unbatch"]["items"] == 200 - stop_at
+    assert items["batch"]["items"] == 40 - stop_at // 5
+    assert items["filter"]["items"] == 5 * items["batch"]["items"]
+
+
 @pytest.mark.parametrize("num_workers", [0, 2, 3])
 def test_stats_are_summed_over_dataloader_workers(num_workers):
     pipe = pf.from_items(range(300)).map(slow_identity, workers=2).batch(5)

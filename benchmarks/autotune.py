@@ -1,0 +1,273 @@
+"""Autotune grid: hand-tuned concurrency vs ``"auto"``, measured in the same run.
+
+    python -m benchmarks.autotune [--quick] [--repeats N] [--out DIR]
+
+Three workloads, each a grid of explicit worker / in-flight / prefetch values and one
+configuration with no concurrency knob set (options whose default is ``"auto"`` are left out;
+where the default is not ``"auto"``, the row passes ``"auto"`` and says so: S4's ``map`` stays
+inline by default, since running a user's function on threads is not safe for every function):
+
+* S1: many small objects, ``open(read=True)`` over the local moto server behind the delay
+  proxy at T=0 and T=20 ms, two DataLoader workers (as the main benchmark's S1);
+* S2: tar shards of ImageNet-sized JPEGs, ``decode("torch", resize=224)``, two DataLoader
+  workers;
+* S4: a JPEG decode in ``map`` over data in memory, on threads and on processes.
+
+Every case runs in a fresh process (:mod:`benchmarks.harness`) for the same time on one long
+pass, so a tuner's climb is paid inside the measurement. With ``--repeats`` the whole grid
+runs again (interleaved, so load changes hit every row alike); the table shows the median per
+row, and auto/best per repeat gives the spread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import inspect
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pipeflow as pf
+from benchmarks import photos
+from benchmarks.harness import Case, run_case
+from benchmarks.pipeflow_cases import _companions, _decode_shape, _in_memory, _sample, _strip, cpu_count
+from benchmarks.scenarios import BUCKET, PNG_FIELDS, _client, _generate, _make_bucket, _server, machine
+
+#: the marker of the row with no knob set
+AUTO = "auto"
+LOADER_WORKERS = 2
+
+
+def _default_is_auto(method: Callable[..., Any], option: str) -> bool:
+    return inspect.signature(method).parameters[option].default == AUTO
+
+
+def _knob(method: Callable[..., Any], option: str, value: Any) -> dict[str, Any]:
+    """The keyword to pass: nothing for the auto row when ``"auto"`` is already the default,
+    nor when the value is None (the default, whatever it is)."""
+    if value is None or (value == AUTO and _default_is_auto(method, option)):
+        return {}
+    return {option: value}
+
+
+class _Reported:
+    """Iterates ``loader`` and, at the end, writes what the pipeline's stages chose."""
+
+    def __init__(self, pipe: pf.Pipeline, loader: Any, report: str | None) -> None:
+        self.pipe, self.loader, self.report = pipe, loader, report
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            yield from self.loader
+        finally:
+            if self.report:
+                stats = self.pipe.stats()
+                # per process: DataLoader workers' numbers are summed in stats()
+                n = stats.processes
+                chosen = {label: {k: round(stats[label][k] / n, 1) for k in ("workers", "inflight")
+                                  if k in stats[label]}
+                          for label in stats if "inflight" in stats[label]}
+                Path(self.report).write_text(json.dumps(chosen))
+
+
+def _loaded(pipe: pf.Pipeline, workers: int, report: str | None) -> _Reported:
+    from benchmarks.peers import _common
+
+    if not workers:
+        batched = pipe.batch(4)
+        return _Reported(batched, batched, report)
+    return _Reported(pipe, _common.loader(pipe, workers=workers, batch_size=4), report)
+
+
+# ---- the factories the child processes call -------------------------------------------------
+def make_s1(prefix: str, count: int, repeat: int, open_workers: Any, max_inflight: Any = None,
+            report: str | None = None) -> _Reported:
+    fields = tuple(PNG_FIELDS)
+    base = prefix.rstrip("/")
+    first = [f"{base}/{i:06d}.{fields[0]}" for i in range(count)] * repeat
+    options = _knob(pf.Pipeline.open, "workers", open_workers)
+    if max_inflight is not None:
+        options["max_inflight"] = max_inflight
+    pipe = (pf.from_items(first).shard_by_rank().map(functools.partial(_companions, fields)).unbatch()
+            .open(read=True, **options).group_pairs().map(functools.partial(_sample, fields)))
+    return _loaded(pipe, LOADER_WORKERS, report)
+
+
+def _decode_224(sample: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(sample["jpg"].shape)
+
+
+def make_s2(shards: list[str], repeat: int, decode_workers: Any, prefetch: Any,
+            report: str | None = None) -> _Reported:
+    pipe = pf.from_items(shards * repeat).shard_by_rank().open().untar().group_pairs().map(_strip)
+    pipe = pipe.prefetch(**_knob(pf.Pipeline.prefetch, "size", prefetch))
+    pipe = pipe.decode("torch", resize=(224, 224), **_knob(pf.Pipeline.decode, "workers", decode_workers))
+    return _loaded(pipe.map(_decode_224), LOADER_WORKERS, report)
+
+
+def make_s4(count: int, workers: Any, method: str, report: str | None = None) -> _Reported:
+    blobs = _in_memory("jpeg", count, 360)
+    knob = _knob(pf.Pipeline.map, "workers", workers)
+    pipe = pf.from_items(blobs).map(_decode_shape, method=method, **knob)
+    # the fork server (which imports torch once) starts before the measurement: on a loaded
+    # machine its start-up would otherwise fill a short case, whatever the concurrency
+    for _ in pipe.take(16):
+        pass
+    return _loaded(pipe, 0, report)
+
+
+# ---- the grid ------------------------------------------------------------------------------
+@dataclass
+class Grid:
+    group: str
+    factory: str
+    common: dict[str, Any]
+    #: row label -> the factory's knob arguments; the auto row is labelled AUTO
+    rows: dict[str, dict[str, Any]]
+    proxy: Any = None
+    results: dict[str, list[float]] = field(default_factory=dict)
+    #: what the auto row's stages chose, per repeat (per process)
+    chosen: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _auto_label(grid: Grid) -> str:
+    knobs = grid.rows[AUTO]
+    methods = {"open_workers": (pf.Pipeline.open, "workers"),
+               "decode_workers": (pf.Pipeline.decode, "workers"),
+               "prefetch": (pf.Pipeline.prefetch, "size"), "workers": (pf.Pipeline.map, "workers")}
+    passed = [f"{methods[k][1]}='auto'" for k, v in knobs.items()
+              if v == AUTO and k in methods and not _default_is_auto(*methods[k])]
+    return "auto (no knob set)" if not passed else f"auto ({', '.join(passed)})"
+
+
+def _grids(quick: bool, s1: dict[str, Any], s2: dict[str, Any], proxies: dict[float, Any]) -> list[Grid]:
+    grids = []
+    inflight = (4, 16, 64) if quick else (2, 4, 8, 16, 32, 64)
+    for t, proxy in proxies.items():
+        rows = {f"open(workers={w})": {"open_workers": w} for w in inflight}
+        if not quick:
+            rows["open(workers=16, max_inflight=64)"] = {"open_workers": 16, "max_inflight": 64}
+        rows[AUTO] = {"open_workers": AUTO}
+        grids.append(Grid(f"S1 PNG pairs, open(read=True), T={t:g} ms", "make_s1", s1, rows, proxy))
+    rows = {}
+    for d in (0, 1, 2) if quick else (0, 1, 2, 4):
+        for p in (2, 64) if not quick or d == 1 else (2,):
+            rows[f"decode(workers={d}), prefetch({p})"] = {"decode_workers": d, "prefetch": p}
+    rows[AUTO] = {"decode_workers": AUTO, "prefetch": None}
+    grids.append(Grid("S2 tar shards, decode to 224", "make_s2", s2, rows, proxies[max(proxies)]))
+    for method in ("thread", "process"):
+        counts = (1, 2, 4) if quick else (1, 2, 3, 4, 8)
+        rows = {f"map(workers={w})": {"workers": w, "method": method} for w in counts}
+        rows[AUTO] = {"workers": AUTO, "method": method}
+        grids.append(Grid(f"S4 JPEG decode in map, {method} workers", "make_s4", {"count": 200_000}, rows))
+    return grids
+
+
+def _run_row(grid: Grid, label: str, seconds: float, workdir: Path, log: Callable[[str], None]) -> float:
+    report = workdir / f"choice-{abs(hash((grid.group, label)))}.json"
+    report.unlink(missing_ok=True)
+    kwargs = {**grid.common, **grid.rows[label], "report": str(report) if label == AUTO else None}
+    case = Case("autotune", grid.group, label, f"benchmarks.autotune:{grid.factory}", kwargs,
+                max_seconds=seconds, min_seconds=seconds, max_samples=10**9)
+    env = {}
+    if grid.proxy is not None:
+        env = {"AWS_ENDPOINT_URL": grid.proxy.url, "S3_ENDPOINT_URL": grid.proxy.url}
+    row = run_case(case, proxy_url=grid.proxy.url if grid.proxy else None, env=env, log=lambda _: None)
+    if "error" in row:
+        log(f"  ! {grid.group} / {label}: {row['error'][-800:]}")
+        return 0.0
+    if label == AUTO and report.exists():
+        grid.chosen.append(json.loads(report.read_text()))
+    log(f"  {grid.group:<42} {label:<36} {row['samples_per_s']:>9.1f} samples/s")
+    return float(row["samples_per_s"])
+
+
+def _data(quick: bool, endpoint: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    count = 200 if quick else 400
+    prefix = f"s3://{BUCKET}/autotune-s1/"
+    _generate("single", prefix, count=count, image_size=128)
+    s1 = {"prefix": prefix, "count": count, "repeat": 200}
+    shards = photos.write_shards(_client(endpoint), BUCKET, "autotune-s2", "imagenet",
+                                 count=160 if quick else 400, shard_mb=4)
+    return s1, {"shards": shards.urls, "repeat": 200}
+
+
+def run(quick: bool, repeats: int, log: Callable[[str], None] = print) -> dict[str, Any]:
+    from pipeflow.testing.proxy import ProxyProcess
+
+    seconds = 6.0 if quick else 15.0
+    started = time.time()
+    with (tempfile.TemporaryDirectory(prefix="pipeflow-autotune-") as tmp,
+          _server("moto", log=log) as endpoint, contextlib.ExitStack() as stack):
+        workdir = Path(tmp)
+        _make_bucket(endpoint)
+        s1, s2 = _data(quick, endpoint)
+        proxies = {t: stack.enter_context(ProxyProcess(endpoint, delay_ms=t)) for t in (0.0, 20.0)}
+        grids = _grids(quick, s1, s2, proxies)
+        for r in range(repeats):
+            log(f"== repeat {r + 1} of {repeats}")
+            for grid in grids:
+                for label in grid.rows:
+                    grid.results.setdefault(label, []).append(_run_row(grid, label, seconds, workdir, log))
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)), "quick": quick,
+            "repeats": repeats, "seconds_per_case": seconds, "machine": machine(), "cores": cpu_count(),
+            "grids": [{"group": g.group, "auto": _auto_label(g), "results": g.results, "chosen": g.chosen}
+                      for g in grids]}
+
+
+# ---- the table -----------------------------------------------------------------------------
+def _chosen(stages: dict[str, Any]) -> str:
+    return ", ".join(f"{label} {v.get('workers', '-'):g}/{v['inflight']:g}" for label, v in stages.items())
+
+
+def table(result: dict[str, Any]) -> str:
+    lines = ["| workload | configuration | samples/s | vs best |", "|---|---|---:|---:|"]
+    summary = ["| workload | best grid point | best | auto | auto/best (median) | auto/best per repeat "
+               "| auto chose (workers/in flight per process, per repeat) |",
+               "|---|---|---:|---:|---:|---|---|"]
+    for g in result["grids"]:
+        med = {label: statistics.median(v) for label, v in g["results"].items()}
+        grid = {k: v for k, v in med.items() if k != AUTO}
+        best_label = max(grid, key=grid.__getitem__)
+        best = grid[best_label]
+        for label, value in med.items():
+            shown = g["auto"] if label == AUTO else label
+            lines.append(f"| {g['group']} | {shown} | {value:.0f} | {value / best if best else 0:.2f} |")
+        ratios = []
+        for r in range(len(g["results"][AUTO])):
+            best_r = max(v[r] for k, v in g["results"].items() if k != AUTO)
+            ratios.append(g["results"][AUTO][r] / best_r if best_r else 0.0)
+        per = ", ".join(f"{x:.2f}" for x in ratios)
+        chosen = " / ".join(_chosen(c) for c in g["chosen"])
+        summary.append(f"| {g['group']} | {best_label} | {best:.0f} | {med[AUTO]:.0f} | "
+                       f"{statistics.median(ratios):.2f} | {per} | {chosen} |")
+    m = result["machine"]
+    head = (f"{result['date']}, {m['cpu_affinity']} cores ({m['processor']}), {m['memory_gb']} GB, "
+            f"{'quick' if result['quick'] else 'full'} grid, {result['seconds_per_case']:g} s per case, "
+            f"{result['repeats']} repeat(s), median per row")
+    return "\n".join([head, "", *summary, "", *lines])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller grid and 6 s per case")
+    parser.add_argument("--repeats", type=int, default=1, help="run the whole grid this many times")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="where results.json goes")
+    args = parser.parse_args()
+    result = run(args.quick, args.repeats)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "autotune.json").write_text(json.dumps(result, indent=2))
+    text = table(result)
+    (args.out / "autotune.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

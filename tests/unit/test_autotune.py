@@ -1,0 +1,261 @@
+"""``"auto"`` concurrency: the controller against simulated workloads (a fake clock), and the
+stages that use it on real threads and processes. Behaviour only, never speed."""
+
+import os
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+import pipeflow as pf
+from pipeflow.errors import ConfigError
+from pipeflow.executor import autotune
+from pipeflow.executor.autotune import BufferTuner, Tuner
+
+from ._core_helpers import double, slow_double
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = FakeClock()
+    monkeypatch.setattr(autotune, "perf_counter", fake)
+    return fake
+
+
+def _held(seen):
+    """The limit held most of the second half of a run (probes one step up come and go)."""
+    return Counter(seen[len(seen) // 2:]).most_common(1)[0][0]
+
+
+def _drive(tuner, clock, rate_at, seconds=20.0, nbytes=0):
+    """Deliver items at ``rate_at(limit)`` per second for ``seconds``; the limits seen."""
+    seen = []
+    end = clock.now + seconds
+    while clock.now < end:
+        clock.now += 1.0 / rate_at(tuner.value)
+        tuner.delivered(nbytes)
+        seen.append(tuner.value)
+    return seen
+
+
+def test_controller_climbs_to_where_more_stops_helping(clock):
+    tuner = Tuner(1, 64, 1)
+    seen = _drive(tuner, clock, lambda n: 100.0 * min(n, 12))
+    assert 12 <= _held(seen) <= 16, seen
+    assert max(seen) <= 64
+
+
+def test_controller_stays_low_when_more_does_not_help(clock):
+    tuner = Tuner(1, 64, 1)
+    seen = _drive(tuner, clock, lambda n: 500.0)
+    assert _held(seen) == 1
+    assert max(seen) <= 2
+
+
+def test_controller_backs_off_when_more_hurts(clock):
+    tuner = Tuner(1, 64, 1)
+    seen = _drive(tuner, clock, lambda n: 1000.0 / (1 + abs(n - 4)))
+    assert _held(seen) == 4
+
+
+def test_controller_never_leaves_its_range(clock):
+    tuner = Tuner(3, 6, 1)
+    seen = _drive(tuner, clock, lambda n: 100.0 * n)
+    assert min(seen) >= 3 and max(seen) <= 6
+    assert tuner.value == 6
+
+
+def test_controller_keeps_bytes_in_flight_under_the_memory_budget(clock):
+    tuner = Tuner(1, 64, 1, byte_budget=10 << 20)
+    seen = _drive(tuner, clock, lambda n: 100.0 * n, nbytes=1 << 20)
+    assert max(seen[20:]) <= 10
+    assert tuner.value == 10
+
+
+def test_controller_probes_again_when_more_starts_to_help(clock):
+    tuner = Tuner(1, 64, 1)
+    assert _held(_drive(tuner, clock, lambda n: 100.0 * min(n, 4))) == 4
+    assert _held(_drive(tuner, clock, lambda n: 100.0 * min(n, 16), seconds=60.0)) >= 16
+
+
+def test_cpu_budget_is_shared_among_dataloader_workers(monkeypatch):
+    monkeypatch.setattr(autotune.os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(autotune, "dataloader_workers", lambda: 1)
+    assert autotune.cpu_budget() == 8
+    assert autotune.bounds("cpu") == (1, 8)
+    assert autotune.bounds("thread") == (1, 32)
+    monkeypatch.setattr(autotune, "dataloader_workers", lambda: 3)
+    assert autotune.cpu_budget() == 2
+    assert autotune.bounds("io") == (4, 64 // 3)
+
+
+def _budget_seen(x):
+    return autotune.dataloader_workers(), autotune.cpu_budget()
+
+
+def test_dataloader_workers_each_get_a_share_of_the_cores():
+    from torch.utils.data import DataLoader
+
+    pipe = pf.from_items(range(8)).map(_budget_seen)
+    seen = {tuple(x) for x in DataLoader(pipe, batch_size=None, num_workers=2)}
+    assert seen == {(2, max(1, len(os.sched_getaffinity(0)) // 2))}
+    assert _budget_seen(0) == (1, len(os.sched_getaffinity(0)))  # the main process: all of them
+
+
+def test_buffer_grows_only_when_both_sides_wait(clock):
+    steady = BufferTuner()
+    for _ in range(200):  # the consumer waits, the producer never does: it is just slower
+        clock.now += 0.01
+        steady.got(waited=True)
+    assert steady.value == 2
+    bursty = BufferTuner(high=16)
+    for i in range(400):
+        clock.now += 0.01
+        if i % 4 == 0:
+            bursty.full()
+        bursty.got(waited=i % 3 == 0)
+    assert bursty.value == 16
+
+
+# ---- stages ------------------------------------------------------------------------------
+def _sleepy(x):
+    time.sleep(0.02)
+    return x
+
+
+_lock = threading.Lock()
+
+
+def _locked(x):
+    with _lock:  # only one call makes progress at a time, whatever the concurrency
+        time.sleep(0.004)
+    return x
+
+
+def test_map_grows_under_latency_bound_work():
+    pipe = pf.from_items(range(300)).map(_sleepy, workers="auto")
+    assert list(pipe) == list(range(300))  # in order
+    numbers = pipe.stats()["map"]
+    assert numbers["inflight"] > 2 and numbers["workers"] > 1
+
+
+def test_map_does_not_grow_when_more_does_not_help():
+    pipe = pf.from_items(range(400)).map(_locked, workers="auto")
+    assert list(pipe) == list(range(400))
+    assert pipe.stats()["map"]["inflight"] <= 2
+
+
+def test_map_stays_within_the_cpu_budget(monkeypatch):
+    monkeypatch.setattr(autotune, "cpu_budget", lambda: 1)
+    active, most = [0], [0]
+    guard = threading.Lock()
+
+    def counted(x):
+        with guard:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.01)
+        with guard:
+            active[0] -= 1
+        return x
+
+    pipe = pf.from_items(range(300)).map(counted, workers="auto")
+    assert list(pipe) == list(range(300))
+    assert 1 < most[0] <= 4  # four threads per core for a thread map
+    numbers = pipe.stats()["map"]
+    assert numbers["workers"] <= 4 and numbers["inflight"] <= 8
+
+
+def test_unordered_auto_map_delivers_everything_once():
+    pipe = pf.from_items(range(200)).map(slow_double, workers="auto", in_order=False)
+    assert sorted(pipe) == [2 * x for x in range(200)]
+
+
+def test_process_map_auto_uses_processes_within_the_cores():
+    pipe = pf.from_items(range(50)).map(double, workers="auto", method="process")
+    assert list(pipe) == [2 * x for x in range(50)]
+    assert 1 <= pipe.stats()["map"]["workers"] <= autotune.cpu_budget()
+
+
+def test_explicit_numbers_are_not_tuned():
+    pipe = pf.from_items(range(100)).map(_sleepy, workers=3, max_inflight=5).prefetch(3)
+    assert list(pipe) == list(range(100))
+    stats = pipe.stats()
+    assert stats["map"]["workers"] == 3 and "inflight" not in stats["map"]
+    assert "inflight" not in stats["prefetch"]
+
+
+def test_max_inflight_auto_stays_between_workers_and_four_times_workers():
+    pipe = pf.from_items(range(300)).map(_sleepy, workers=2, max_inflight="auto")
+    assert list(pipe) == list(range(300))
+    numbers = pipe.stats()["map"]
+    assert numbers["workers"] == 2 and 2 <= numbers["inflight"] <= 8
+
+
+def test_explain_and_stats_show_auto():
+    pipe = (pf.from_items(range(100)).map(_sleepy, workers="auto").prefetch("auto"))
+    text = pipe.explain()
+    assert "workers='auto'" in text and "prefetch('auto')" in text
+    list(pipe)
+    stats = pipe.stats()
+    assert stats["map"]["inflight"] >= 1 and stats["prefetch"]["inflight"] >= 2
+    assert "map" in str(stats)
+
+
+def test_open_and_decode_take_auto(tmp_path):
+    paths = []
+    for i in range(40):
+        path = tmp_path / f"{i:03d}.txt"
+        path.write_text(str(i))
+        paths.append(str(path))
+    pipe = pf.from_items(paths).open(workers="auto", read=True, max_inflight="auto")
+    assert [r.data for r in pipe] == [str(i).encode() for i in range(40)]
+    assert pipe.stats()["open"]["inflight"] >= 1
+    samples = [{"__key__": str(i), "txt": str(i).encode()} for i in range(30)]
+    decoded = pf.from_items(samples).decode(workers="auto")
+    assert [s["txt"] for s in decoded] == [str(i) for i in range(30)]
+
+
+_NONNEG = "must be 'auto' or a non-negative int, got"
+_POS = "must be 'auto' or a positive int, got"
+
+
+@pytest.mark.parametrize(("build", "message"), [
+    (lambda p: p.map(double, workers="autox"), f"map(workers=...) {_NONNEG} 'autox'"),
+    (lambda p: p.map(double, workers=-1), f"map(workers=...) {_NONNEG} -1"),
+    (lambda p: p.map(double, workers=2, max_inflight=0), f"map(max_inflight=...) {_POS} 0"),
+    (lambda p: p.map(double, max_inflight="auto"), "map(max_inflight='auto') needs workers > 0"),
+    (lambda p: p.open(workers="Auto"), f"open(workers=...) {_NONNEG} 'Auto'"),
+    (lambda p: p.decode(workers=-1), f"decode(workers=...) {_NONNEG} -1"),
+    (lambda p: p.prefetch(0), f"prefetch(size=...) {_POS} 0"),
+    (lambda p: p.prefetch("autox"), f"prefetch(size=...) {_POS} 'autox'"),
+    (lambda p: p.map(double, workers=True), f"map(workers=...) {_NONNEG} True"),
+])
+def test_invalid_values_are_config_errors(build, message):
+    with pytest.raises(ConfigError) as info:
+        build(pf.from_items(range(3)))
+    assert message in str(info.value)
+
+
+def _spin(x):
+    total = 0
+    for i in range(20_000):  # holds the GIL: threads cannot help
+        total += i
+    return x
+
+
+def test_verdict_of_a_tuned_stage_says_more_did_not_help():
+    pipe = pf.from_items(range(300)).map(_spin, workers="auto").batch(4)
+    assert sum(len(b) for b in pipe) == 300
+    stats = pipe.stats()
+    assert stats.bottleneck == "map", str(stats)
+    assert "tunes itself (workers='auto'" in stats.advice
