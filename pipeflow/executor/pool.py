@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from .._checks import check_choice, check_int
 from .._once import first_time
+from .chunks import run_chunk, spread
 from .lifetime import arm_worker, pool_cache
 from .shm import available as shm_available
 from .shm import discard, pool_prefix, restore, run_task, sweep, sweep_dead_owners
@@ -100,6 +101,14 @@ class WorkerPool:
         if self.method == "thread":
             return self._executor.submit(fn, *args)
         return _restoring(self._executor.submit(run_task, fn, *args))
+
+    def submit_chunk(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Future[Any]]:
+        """``fn`` on each of ``items`` as one task of a process pool; a future per item."""
+        if self.method == "thread" or len(items) == 1:
+            return [self.submit(fn, item) for item in items]
+        outers: list[Future[Any]] = [Future() for _ in items]
+        spread(self._executor.submit(run_chunk, fn, items), outers)
+        return outers
 
     def usable(self) -> bool:
         """Not shut down and no worker died: fit to be reused by another epoch."""

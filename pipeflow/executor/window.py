@@ -31,7 +31,12 @@ from ._bootstrap import crashed_error
 from .autotune import Tuner
 from .pool import WorkerPool, lease_pool, return_pool
 
-__all__ = ["Source", "Task", "Window"]
+__all__ = ["Source", "Task", "Window", "default_limit"]
+
+
+def default_limit(workers: int, method: str) -> int:
+    """The default ``max_inflight`` of a window with ``workers`` workers (threads or processes)."""
+    return max(2 * workers, 1)
 
 #: thread workers time one item in about this many (a power of two), jittered...
 TIME_EVERY = 16
@@ -53,7 +58,7 @@ class Task:
 
     __slots__ = ("future", "item", "seq", "snapshot")
 
-    def __init__(self, seq: int, snapshot: dict[str, Any], item: Any, future: Future[Any]) -> None:
+    def __init__(self, seq: int, snapshot: dict[str, Any], item: Any, future: Future[Any] | None) -> None:
         self.seq, self.snapshot, self.item, self.future = seq, snapshot, item, future
 
 
@@ -97,9 +102,15 @@ class Window:
         self.workers = workers
         self.method = method
         self.in_order = in_order
-        self._limit = (limit or max(2 * workers, 1)) if workers else 1
+        self._limit = (limit or default_limit(workers, method)) if workers else 1
         self.tuner = tuner
         self.size_of = size_of
+        #: items per process task: two tasks per worker fill the window, each carrying as many
+        #: items as that leaves room for (1 with the default window; a deeper ``max_inflight``
+        #: asks for chunks, which divide the per-task cost for small per-item work). A tuned
+        #: window moves its limit, so it keeps one item per task.
+        self.chunk = (max(1, self._limit // (2 * workers))
+                      if workers and method == "process" and tuner is None else 1)
         self.name = name
         self.start_method = start_method
         self.inline = inline
@@ -163,6 +174,8 @@ class Window:
     def cancel(self) -> None:
         """Drop every task not yet delivered."""
         for task in self._pending:
+            if task.future is None:  # interrupted between pulling it and sending it
+                continue
             if not task.future.cancel() and self.on_discard is not None:
                 task.future.add_done_callback(self.on_discard)
         self._pending.clear()
@@ -211,29 +224,55 @@ class Window:
 
     def _fill(self, source: Source) -> None:
         limit = self.limit
-        while not self._exhausted and len(self._pending) < limit:
-            snapshot = source.state_dict()
-            try:
-                item = next(source)
-            except StopIteration:
-                self._exhausted = True
-                return
-            seq = self._seq
-            self._seq += 1
-            if seq in self._skip:
-                self._skip.discard(seq)
-                continue
-            self._pending.append(Task(seq, snapshot, item, self._start(item)))
+        batch: list[Task] = []  # pulled, to be sent to a process worker as one task
+        try:
+            while not self._exhausted:
+                room = limit - len(self._pending)
+                if room <= 0 or (not batch and self._pending and room < self.chunk):
+                    # a new chunk waits for room for all of it: topping up one item at a
+                    # time would send one-item tasks for good
+                    return
+                snapshot = source.state_dict()
+                try:
+                    item = next(source)
+                except StopIteration:
+                    self._exhausted = True
+                    return
+                seq = self._seq
+                self._seq += 1
+                if seq in self._skip:
+                    self._skip.discard(seq)
+                    continue
+                task = Task(seq, snapshot, item, None)
+                self._pending.append(task)
+                try:
+                    self._start(task, batch)
+                except BaseException:
+                    self._unsubmitted(batch if task in batch else [task])
+                    raise
+        finally:
+            if batch:  # every task in the window has a future before anyone waits on one
+                self._submit(batch)
 
-    def _start(self, item: Any) -> Future[Any]:
+    def _start(self, task: Task, batch: list[Task]) -> None:
+        item = task.item
         if self.inline is not None:
             done, value = self.inline(item)
             if done:
-                future: Future[Any] = Future()
-                future.set_result(value)
-                return future
+                task.future = Future()
+                task.future.set_result(value)
+                return
         if self._pool is None:
-            return _done(self.fn, item)
+            task.future = _done(self.fn, item)
+        elif self.chunk > 1 and self._pool.method == "process":
+            batch.append(task)
+            if len(batch) >= self.chunk:
+                self._submit(batch)
+        else:
+            task.future = self._submit_one(item)
+
+    def _submit_one(self, item: Any) -> Future[Any]:
+        assert self._pool is not None
         try:
             if self._pool.method == "thread":
                 self._submitted += 1
@@ -246,12 +285,39 @@ class Window:
             future.add_done_callback(self._timer(perf_counter()))
             return future
         except BrokenProcessPool as exc:  # a worker died before this item was queued
-            # delivered through the task, so the position stays before this item
-            crashed = self.crashed(f"could not submit {describe_item(item)}")
-            crashed.__cause__ = exc
-            failed: Future[Any] = Future()
-            failed.set_exception(crashed)
-            return failed
+            return self._not_submitted(item, exc)
+
+    def _submit(self, batch: list[Task]) -> None:
+        """Send ``batch`` to the process pool as one task (a future per item); empties it."""
+        assert self._pool is not None
+        items = [t.item for t in batch]
+        try:
+            futures = self._pool.submit_chunk(self.fn, items)
+            futures[-1].add_done_callback(self._timer(perf_counter()))
+        except BrokenProcessPool as exc:
+            futures = [self._not_submitted(item, exc) for item in items]
+        except BaseException:
+            self._unsubmitted(batch)
+            raise
+        for task, future in zip(batch, futures):
+            task.future = future
+        batch.clear()
+
+    def _unsubmitted(self, tasks: list[Task]) -> None:
+        """The pool refused ``tasks`` (the newest in the window): they leave it, as an item
+        whose submission raised always did."""
+        for task in tasks:
+            if task in self._pending:
+                self._pending.remove(task)
+        tasks.clear()
+
+    def _not_submitted(self, item: Any, exc: BaseException) -> Future[Any]:
+        # delivered through the task, so the position stays before this item
+        crashed = self.crashed(f"could not submit {describe_item(item)}")
+        crashed.__cause__ = exc
+        failed: Future[Any] = Future()
+        failed.set_exception(crashed)
+        return failed
 
     def crashed(self, detail: str) -> WorkerCrashedError:
         """The error for a dead process worker (says when a missing main guard is the cause)."""

@@ -231,7 +231,9 @@ class Mapper(WindowedStage):
     """Yields ``fn(item)`` for every item of ``source``.
 
     With ``workers > 0``, up to ``max_inflight`` items (default ``2 * workers``) are in flight
-    at once: this is the backpressure that bounds memory. The consumer's thread pulls from the
+    at once: this is the backpressure that bounds memory. Process workers get
+    ``max_inflight // (2 * workers)`` items per task (1 by default), each with its own result
+    or error. The consumer's thread pulls from the
     source, so upstream stages never run concurrently with themselves.
 
     Errors raised by ``fn`` are re-raised in the consumer with their original type and a note

@@ -32,3 +32,16 @@ def sleep_forever(x):
 
 def is_even(x):
     return x % 2 == 0
+
+
+def lambda_on_5(x):
+    """An unpicklable result for item 5 only."""
+    return (lambda: x) if x == 5 else x
+
+
+def wait_for_file(x):
+    """Blocks (in a worker process) until the path ``x[1]`` exists; returns ``x[0]``."""
+    deadline = time.monotonic() + 30
+    while not os.path.exists(x[1]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return x[0]
