@@ -103,6 +103,8 @@ def is_secret(name: str) -> bool:
 def _redact(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: ("***" if isinstance(k, str) and is_secret(k) else _redact(v)) for k, v in value.items()}
+    if type(value) in (list, tuple):  # e.g. a list of per-bucket credential dicts
+        return type(value)(_redact(v) for v in value)
     return value
 
 

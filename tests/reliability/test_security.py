@@ -13,6 +13,7 @@ import pytest
 import pipeflow as pf
 from pipeflow import errors
 from pipeflow.backends.registry import get_backend
+from pipeflow.graph import format_value
 
 SECRET = "pfSECRETdistinctive-9f8e7d6c"
 TOKEN = "pfTOKENdistinctive-1a2b3c4d"
@@ -96,6 +97,26 @@ def test_explain_errors_logs_and_stats_never_show_credentials(caplog, tmp_path):
     shown += [repr(pipe.stats())]
     leaked = [text for text in shown if SECRET in text or TOKEN in text]
     assert not leaked, leaked
+
+
+@pytest.mark.parametrize("value", [
+    {"secret_key": SECRET},
+    {"AWS_SESSION_TOKEN": TOKEN},
+    {"kw": {"Password": SECRET}},
+    [{"token": TOKEN}],
+    ({"o": {"credentials": SECRET}},),
+], ids=["flat", "upper-case", "nested", "in-a-list", "in-a-tuple"])
+def test_secrets_inside_option_values_are_redacted(value):
+    # options such as fsspec's storage_options or a client's kwargs carry credentials in dicts
+    text = format_value(value)
+    assert len(text) < 60, "the rendering was cut: the check would prove nothing"
+    assert SECRET not in text and TOKEN not in text, text
+    assert "***" in text
+
+
+def test_what_is_not_secret_is_still_shown():
+    assert format_value({"region": "local-1", "kw": {"endpoint": "e"}}) == \
+        "{'region': 'local-1', 'kw': {'endpoint': 'e'}}"
 
 
 # ---- pickle -----------------------------------------------------------------------------------
