@@ -137,7 +137,7 @@ _lock = threading.Lock()
 
 def _locked(x):
     with _lock:  # only one call makes progress at a time, whatever the concurrency
-        time.sleep(0.004)
+        time.sleep(0.01)
     return x
 
 
@@ -149,9 +149,12 @@ def test_map_grows_under_latency_bound_work():
 
 
 def test_map_does_not_grow_when_more_does_not_help():
-    pipe = pf.from_items(range(400)).map(_locked, workers="auto")
-    assert list(pipe) == list(range(400))
-    assert pipe.stats()["map"]["inflight"] <= 2
+    pipe = pf.from_items(range(300)).map(_locked, workers="auto")
+    assert list(pipe) == list(range(300))
+    # the range is 1..16 (8 threads on 2 cores, in order): a tuner that grows without a gain
+    # reaches 16 within four intervals. 2 is a real gain here (the next call starts while the
+    # consumer takes the last result); one more doubling is allowed for a loaded machine's noise
+    assert pipe.stats()["map"]["inflight"] <= 4
 
 
 def test_map_stays_within_the_cpu_budget(monkeypatch):
