@@ -45,7 +45,7 @@ from .stages.take import Taker
 from .stages.unbatch import Unbatcher
 from .stages.untar import Untarrer
 from .stages.zip import Zipper
-from .stats import PipelineStats, Stats, StatsChannel, remove_channel
+from .stats import PipelineStats, Stats, StatsChannel, remove_channel, track_channel
 
 __all__ = ["Pipeline", "from_items", "interleave", "mix"]
 
@@ -66,8 +66,9 @@ class Pipeline(torch.utils.data.IterableDataset):
         self._epoch = 0
         self._stats = Stats()
         #: where processes iterating a copy of this pipeline (DataLoader workers) publish
-        #: their statistics; the directory exists only once one of them has written
+        #: their statistics; the directory is made when the pipeline leaves this process
         self._channel = StatsChannel()
+        track_channel(self._channel)
         weakref.finalize(self, remove_channel, self._channel)
 
     # ---- building -----------------------------------------------------------------------
@@ -343,6 +344,7 @@ class Pipeline(torch.utils.data.IterableDataset):
 
     # pickling for DataLoader workers: descriptions only, never a live iterator
     def __getstate__(self) -> dict[str, Any]:
+        self._channel.create()  # a copy in another process publishes its statistics there
         state = self.__dict__.copy()
         state["_stats"] = None
         return state

@@ -179,13 +179,16 @@ def _pid_alive(pid: int) -> bool:
 class StatsChannel:
     """A directory named by a token (the owner's pid and a random part) where the processes
     iterating a pipeline publish their snapshots, one small JSON file each, replaced
-    atomically. Only the owner reads and removes it; it is created by the first writer.
+    atomically. Only the owner creates, reads and removes it: it is created when the
+    pipeline is about to leave the owner's process (pickled, or before a fork), and a writer
+    never creates it, so a worker that publishes after the owner removed it (its last
+    snapshot, racing the owner's garbage collection) leaves nothing behind.
 
     Picklable (it is a name), so it travels into DataLoader workers with the pipeline under
     every start method, and is inherited by forked ones.
     """
 
-    __slots__ = ("owner", "path")
+    __slots__ = ("__weakref__", "owner", "path")
 
     def __init__(self, owner: int | None = None, path: str | None = None) -> None:
         self.owner = os.getpid() if owner is None else owner
@@ -201,13 +204,24 @@ class StatsChannel:
     def is_owner(self) -> bool:
         return os.getpid() == self.owner
 
+    def create(self) -> None:
+        """Make the directory (owner only; once per channel), sweeping dead owners' first."""
+        if not self.is_owner or os.path.isdir(self.path):
+            return
+        # no lock: this runs in a before-fork hook, and making the directory is idempotent
+        try:
+            if _swept[0] != os.getpid():
+                _swept[0] = os.getpid()
+                sweep_stale(os.path.dirname(self.path))
+            os.makedirs(self.path, exist_ok=True)
+        except OSError:  # statistics must never break a training run
+            return
+        _created.add(self)
+
     def write(self, name: str, payload: dict[str, Any]) -> None:
         try:
-            if not os.path.isdir(self.path):
-                sweep_stale(os.path.dirname(self.path))
-                if not _pid_alive(self.owner):
-                    return  # nobody will read it; do not leave it behind
-                os.makedirs(self.path, exist_ok=True)
+            if not os.path.isdir(self.path) or not _pid_alive(self.owner):
+                return  # removed by its owner, or nobody will read it: do not recreate it
             tmp = os.path.join(self.path, f".{name}.tmp")
             with open(tmp, "w") as f:
                 json.dump(payload, f)
@@ -234,6 +248,28 @@ class StatsChannel:
         """Delete the directory (owner only: a forked child must not remove it)."""
         if self.is_owner:
             shutil.rmtree(self.path, ignore_errors=True)
+
+
+#: channels of pipelines alive in this process, made ready before each fork
+_live: weakref.WeakSet[StatsChannel] = weakref.WeakSet()
+_created: weakref.WeakSet[StatsChannel] = weakref.WeakSet()
+_swept = [0]  # the pid that swept stale channels last
+
+
+def track_channel(channel: StatsChannel) -> None:
+    """Have ``channel``'s directory made before this process forks (a DataLoader worker
+    forked from here publishes into it)."""
+    _live.add(channel)
+
+
+def _before_fork() -> None:
+    for channel in list(_live):
+        if channel not in _created:
+            channel.create()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_before_fork)
 
 
 def remove_channel(channel: StatsChannel) -> None:

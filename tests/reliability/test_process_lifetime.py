@@ -66,7 +66,10 @@ def _wait_for(check, timeout=30.0):
     return True
 
 
-def _segments(prefix="pipeflow-"):
+def _segments(prefix=None):
+    # default: the result segments of pools this process owns (named after the owner's pid);
+    # other jobs on the machine (another test run, a stats channel) cannot add to those
+    prefix = prefix or f"pipeflow-{os.getpid()}-"
     return {p.name for p in SHM.iterdir() if p.name.startswith(prefix)} if SHM.is_dir() else set()
 
 

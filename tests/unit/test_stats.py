@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import io
 import os
+import pickle
 import random
 import time
 
@@ -158,6 +159,28 @@ def test_a_worker_does_not_write_for_a_dead_owner(tmp_path):
     channel = StatsChannel(owner=dead, path=str(tmp_path / f"pipeflow-stats-{dead}-x"))
     channel.write("1.json", {"stages": {}})
     assert os.listdir(tmp_path) == []
+
+
+def test_a_worker_publishing_after_the_owner_removed_the_channel_leaves_nothing():
+    # a DataLoader worker's last snapshot can race the owner's garbage collection of the
+    # pipeline: the directory must not come back once the owner removed it
+    pipe = pf.from_items(range(10)).map(abs)
+    channel = pickle.loads(pickle.dumps(pipe))._channel  # pickling makes the directory
+    assert os.path.isdir(channel.path)
+    go_r, go_w = os.pipe()
+    child = os.fork()
+    if child == 0:  # the worker: waits until the owner removed the channel, then publishes
+        os.read(go_r, 1)
+        channel.write("1-x.json", {"stages": {}})
+        os._exit(0)
+    del pipe
+    gc.collect()
+    assert not os.path.exists(channel.path)
+    os.write(go_w, b"x")
+    os.waitpid(child, 0)
+    os.close(go_r)
+    os.close(go_w)
+    assert not os.path.exists(channel.path)
 
 
 # ---- the verdict -------------------------------------------------------------------------------------
