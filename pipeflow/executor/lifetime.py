@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
-from .shm import set_worker_prefix, sweep_owner
+from .shm import pid_alive, set_worker_prefix, sweep_owner
 
 if TYPE_CHECKING:
     from .pool import WorkerPool
@@ -77,20 +77,10 @@ def arm_worker(owner_pid: int, shm_prefix: str) -> None:
     pidfd = None
     with contextlib.suppress(AttributeError, OSError):
         pidfd = os.pidfd_open(owner_pid)
-    if os.getppid() == 1 or not _alive(owner_pid):  # the owner died while this one started
+    if os.getppid() == 1 or not pid_alive(owner_pid):  # the owner died while this one started
         _owner_gone(owner_pid)
     threading.Thread(target=_watch, args=(owner_pid, pidfd), name="pipeflow-owner-watchdog",
                      daemon=True).start()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class PoolCache:

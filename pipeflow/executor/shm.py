@@ -196,12 +196,13 @@ def sweep_dead_owners() -> None:
             if not name.startswith(_PREFIX):
                 continue
             pid = name[len(_PREFIX):].split("-", 1)[0]
-            if pid.isdigit() and not _exists(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(SHM_DIR, name))
 
 
-def _exists(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True while process ``pid`` exists (someone else's live process included)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
