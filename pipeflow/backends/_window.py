@@ -5,7 +5,11 @@ network allows, whatever the reader consumes: one GET of a 1 GB object holds up 
 the client. :class:`WindowedBody` bounds that by asking for the object one window at a time
 (``[lo, lo + window)``) and requesting the next window only once the reader has reached the
 current one, so at most two windows are ever requested and not yet delivered: one being read,
-one arriving. That bound is :attr:`WindowedBody.peak_buffered`, measured, not assumed.
+one arriving. From the second window on, the next request starts as soon as the reader reaches the
+start of the window arriving, so consecutive requests overlap (one round trip per object is
+waited for, not one per window); the first window never starts a second request, so an object
+that fits in one window costs one GET. That bound is :attr:`WindowedBody.peak_buffered`,
+measured, not assumed.
 
 The requests run on one background thread that hands chunks to the reader through a queue;
 the reader waits at most ``read_timeout`` seconds for the next chunk, so a server that stalls
@@ -51,8 +55,11 @@ class _Pump:
         self.pos = start    # next byte the reader gets
         self.peak = 0       # the most bytes requested and not yet handed to the reader
 
+    def _bounds(self, lo: int) -> int:
+        return lo + self.window if self.end is None else min(lo + self.window, self.end)
+
     def request(self, lo: int) -> tuple[Iterable[bytes], int]:
-        hi = lo + self.window if self.end is None else min(lo + self.window, self.end)
+        hi = self._bounds(lo)
         with self.cond:
             # never more than two windows ahead of the reader: wait until it reaches `lo - window`
             self.cond.wait_for(lambda: self.stop or self.pos >= lo - self.window)
@@ -61,22 +68,41 @@ class _Pump:
             self.peak = max(self.peak, hi - self.pos)
         return iter(self.fetch(lo, hi)), hi
 
+    def try_request(self, lo: int) -> tuple[Iterable[bytes], int] | None:
+        """Start the request of the window at ``lo`` now if the bound allows it, else None."""
+        hi = self._bounds(lo)
+        with self.cond:
+            if self.stop or self.pos < lo - self.window:
+                return None
+            self.peak = max(self.peak, hi - self.pos)
+        return iter(self.fetch(lo, hi)), hi
+
     def run(self) -> None:
-        lo, first, chunks = self.start, True, None
+        lo, first, chunks, ahead = self.start, True, None, None
         try:
             chunks, hi = self.request(lo)
             while True:
                 got = 0
+                # From the second window on, the next window's request starts while this one
+                # is still arriving (as soon as the reader has reached this window's start),
+                # so the two overlap and no request waits for the previous one's last byte.
+                # Not in the first window: an object shorter than a window must cost one GET.
+                overlap = lo > self.start and (self.end is None or hi < self.end)
                 for chunk in chunks:
                     if self.stop:
                         return
                     got += len(chunk)
                     first = False
                     self.queue.put(bytes(chunk))
+                    if overlap and ahead is None:
+                        ahead = self.try_request(hi)
                 if got < hi - lo or (self.end is not None and hi >= self.end):
-                    break  # a short window is the last one
+                    break  # a short window is the last one (a request started past it is dropped)
                 lo = hi
-                chunks, hi = self.request(lo)
+                if ahead is not None:
+                    (chunks, hi), ahead = ahead, None
+                else:
+                    chunks, hi = self.request(lo)
             self.queue.put(_END)
         except _Stopped:
             return
@@ -86,7 +112,8 @@ class _Pump:
             else:
                 self.queue.put(_Failure(exc, first))
         finally:
-            del chunks  # drop the request now (the client cancels it), not when the thread is freed
+            # drop the requests now (the client cancels them), not when the thread is freed
+            del chunks, ahead
 
 
 class WindowedBody(io.RawIOBase):

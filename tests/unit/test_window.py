@@ -1,0 +1,113 @@
+"""WindowedBody: ranged requests of one window, at most two ahead, consecutive ones overlapping."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pipeflow.backends._window import WindowedBody
+
+W = 64 << 10
+
+
+class PastEnd(Exception):
+    pass
+
+
+class Server:
+    """Serves ranges of ``data`` in 4 KiB chunks, each request waiting ``delay`` s before its first
+    byte and ``per_chunk`` s before each chunk; records every request and how many were open at
+    once (from the request to its last byte)."""
+
+    def __init__(self, data: bytes, delay: float = 0.0, per_chunk: float = 0.0) -> None:
+        self.data, self.delay, self.per_chunk = data, delay, per_chunk
+        self.requests: list[tuple[int, int]] = []
+        self.open_now = 0
+        self.most_open = 0
+        self.lock = threading.Lock()
+
+    def fetch(self, lo: int, hi: int):
+        with self.lock:
+            self.requests.append((lo, hi))
+            self.open_now += 1
+            self.most_open = max(self.most_open, self.open_now)
+        started = time.monotonic()
+        server = self
+
+        class Body:
+            def __iter__(self):
+                try:
+                    if lo >= len(server.data):
+                        raise PastEnd(lo)
+                    time.sleep(max(0.0, server.delay - (time.monotonic() - started)))
+                    body = server.data[lo:hi]
+                    for i in range(0, len(body), 4096):
+                        time.sleep(server.per_chunk)
+                        yield body[i:i + 4096]
+                finally:
+                    with server.lock:
+                        server.open_now -= 1
+
+        return Body()
+
+
+def _body(server: Server, **kw) -> WindowedBody:
+    return WindowedBody(server.fetch, start=kw.pop("start", 0), end=kw.pop("end", None), window=W,
+                        read_timeout=10, is_past_end=lambda e: isinstance(e, PastEnd), **kw)
+
+
+def _read_slowly(body: WindowedBody, pause: float = 0.0) -> bytes:
+    out = []
+    while chunk := body.read(16 << 10):
+        out.append(chunk)
+        if pause:
+            time.sleep(pause)
+    return b"".join(out)
+
+
+def test_an_object_inside_one_window_costs_one_request():
+    server = Server(bytes(range(256)) * 100, delay=0.01)
+    with _body(server) as body:
+        assert _read_slowly(body, pause=0.005) == server.data
+    assert server.requests == [(0, W)]
+
+
+@pytest.mark.parametrize("size", [8 * W, 8 * W - 1000, 3 * W + 5])
+def test_consecutive_windows_overlap_within_the_two_window_bound(size):
+    data = bytes((i * 7) % 251 for i in range(size))
+    # the network is the bottleneck (the reader takes each chunk as it comes): the case where a
+    # request waiting for the previous one's last byte would cost a round trip per window
+    server = Server(data, delay=0.03, per_chunk=0.001)
+    with _body(server) as body:
+        got = _read_slowly(body)
+        peak = body.peak_buffered
+    assert got == data
+    # two requests were open at once (a window's request started while the one before arrived)
+    assert server.most_open == 2, server.requests
+    assert 0 < peak <= 2 * W, peak
+    windows = -(-size // W)
+    starts = [lo for lo, _ in server.requests]
+    assert starts[:windows] == [i * W for i in range(windows)]
+    # at most one request past the end (the probe of an object whose size is not known)
+    assert len(server.requests) <= windows + 1
+
+
+def test_a_known_end_sends_nothing_past_it():
+    data = bytes(5 * W)
+    server = Server(data, delay=0.02)
+    with _body(server, start=W, end=4 * W) as body:
+        assert _read_slowly(body, pause=0.002) == data[W:4 * W]
+    assert server.requests == [(W, 2 * W), (2 * W, 3 * W), (3 * W, 4 * W)]
+
+
+def test_a_reader_that_stops_keeps_the_pump_two_windows_ahead_at_most():
+    data = bytes(16 * W)
+    server = Server(data)
+    body = _body(server)
+    body.read(10)
+    time.sleep(0.3)  # the pump runs ahead as far as the bound lets it
+    assert body.peak_buffered <= 2 * W
+    assert [lo for lo, _ in server.requests] == [0, W]
+    body.close()
