@@ -23,8 +23,8 @@ from .._checks import check_choice, check_int
 from .._once import first_time
 from .chunks import run_chunk, spread
 from .lifetime import arm_worker, pool_cache
+from .shm import Slots, discard, pool_prefix, restore, run_in_slot, run_task, sweep, sweep_dead_owners
 from .shm import available as shm_available
-from .shm import discard, pool_prefix, restore, run_task, sweep, sweep_dead_owners
 
 __all__ = ["WorkerPool", "lease_pool", "make_pool", "return_pool"]
 
@@ -82,6 +82,7 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._executor: Executor
         self._shm_prefix = ""
+        self._slots: Slots | None = None
         if method == "thread":
             self._executor = ThreadPoolExecutor(workers, thread_name_prefix=f"pipeflow-{name}")
         else:
@@ -93,6 +94,7 @@ class WorkerPool:
             if shm_available():
                 sweep_dead_owners()
                 self._shm_prefix = pool_prefix(next(_pool_ids))
+                self._slots = Slots(self._shm_prefix)
             self._executor = ProcessPoolExecutor(workers, mp_context=ctx, initializer=arm_worker,
                                                  initargs=(os.getpid(), self._shm_prefix))
         self._closed = False
@@ -100,7 +102,16 @@ class WorkerPool:
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         if self.method == "thread":
             return self._executor.submit(fn, *args)
-        return _restoring(self._executor.submit(run_task, fn, *args))
+        slots = self._slots
+        if slots is None:
+            return _restoring(self._executor.submit(run_task, fn, *args), None, None)
+        lent = slots.lend()
+        try:
+            inner = self._executor.submit(run_in_slot, lent, fn, *args)
+        except BaseException:
+            slots.give_back(lent and lent[0])
+            raise
+        return _restoring(inner, slots, lent and lent[0])
 
     def submit_chunk(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Future[Any]]:
         """``fn`` on each of ``items`` as one task of a process pool; a future per item."""
@@ -109,6 +120,12 @@ class WorkerPool:
         outers: list[Future[Any]] = [Future() for _ in items]
         spread(self._executor.submit(run_chunk, fn, items), outers)
         return outers
+
+    def park(self) -> None:
+        """Going idle between epochs: the shared-memory slots go (the next epoch makes new ones),
+        so an idle pool keeps nothing in ``/dev/shm``."""
+        if self._slots is not None:
+            self._slots.reset()
 
     def usable(self) -> bool:
         """Not shut down and no worker died: fit to be reused by another epoch."""
@@ -134,13 +151,16 @@ class WorkerPool:
                 proc.join(1.0)
         if wait:
             executor.shutdown(wait=True)
+        if self._slots is not None:
+            self._slots.reset(close=True)
         if self._shm_prefix:
             # results a crashed worker wrote, or that were cancelled before anyone read them
             sweep(self._shm_prefix)
 
 
-def _restoring(inner: Future[Any]) -> Future[Any]:
-    """A future for the caller whose result has the shared-memory handles turned into arrays."""
+def _restoring(inner: Future[Any], slots: Slots | None, lent: str | None) -> Future[Any]:
+    """A future for the caller whose result has the shared-memory handles turned into arrays;
+    the slot ``lent`` for the task goes back unless the result views it."""
     outer: Future[Any] = Future()
 
     def cancel_inner(done: Future[Any]) -> None:
@@ -148,21 +168,22 @@ def _restoring(inner: Future[Any]) -> Future[Any]:
             inner.cancel()
 
     def transfer(done: Future[Any]) -> None:
-        if done.cancelled():
-            outer.cancel()
-            return
-        exc = done.exception()
-        if exc is not None:
-            _set(outer, exc=exc)
+        if done.cancelled() or done.exception() is not None:
+            if slots is not None:
+                slots.give_back(lent)
+            if done.cancelled():
+                outer.cancel()
+            else:
+                _set(outer, exc=done.exception())
             return
         value = done.result()
         if outer.cancelled():
-            discard(value)
+            discard(value, slots, lent)
             return
         try:
-            restored = restore(value)
+            restored = restore(value, slots, lent)
         except Exception as err:  # noqa: BLE001 - delivered to the consumer
-            discard(value)
+            discard(value, slots, lent)
             _set(outer, exc=err)
             return
         _set(outer, value=restored)
@@ -216,4 +237,5 @@ def return_pool(pool: WorkerPool, fn: Callable[..., Any], *, start_method: str |
         pool.shutdown(wait=True)
         return
     key = (id(owner), _pool_key(fn, pool.workers, "process", start_method))
+    pool.park()
     pool_cache.release(key, pool, owner)

@@ -130,6 +130,34 @@ def test_large_results_arrive_through_shared_memory_and_leave_nothing():
     assert _segments() <= before
 
 
+def test_results_reuse_slots_and_results_still_held_are_never_overwritten():
+    before = _segments()
+    seen = []
+    real_read = shm._read
+
+    def spy(handle):
+        seen.append((handle.name, handle.offset))
+        return real_read(handle)
+
+    shm._read = spy
+    try:
+        held = []
+        for i, r in enumerate(pf.from_items(range(160)).map(_procs.big_sample, workers=2, method="process")):
+            if i % 2 == 0:  # every other result stays alive (its slot must not be reused)
+                held.append(r)
+    finally:
+        shm._read = real_read
+    for j, r in enumerate(held):
+        i = 2 * j
+        assert r["__key__"] == f"k{i}" and int(r["image"][2, 100, 7]) == i % 251
+        assert float(r["depth"][255, 0]) == float(i)
+        assert torch.equal(r["list"][0], torch.arange(40_000, dtype=torch.int32) + i)
+    in_slots = [name for name, offset in seen if offset is not None]
+    assert len(in_slots) > len(seen) // 2  # most results went into slots...
+    assert len(set(in_slots)) < len(in_slots) // 3  # ...which were reused (3 arrays a result)
+    assert _segments() <= before  # the epoch ended: the idle pool keeps nothing in /dev/shm
+
+
 @pytest.mark.parametrize("how", ["close", "exception", "crash", "sigkill"])
 def test_no_segment_is_left_after_close_error_crash_or_sigkill(how):
     before = _segments()
