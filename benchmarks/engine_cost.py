@@ -51,9 +51,9 @@ if _SPEC.get("min_bytes") is not None:
 def zeros(i: int) -> Any:
     """An array of ``nbytes`` zeros (uint8), as numpy or torch."""
     n = _SPEC["nbytes"]
-    if _SPEC["kind"] == "torch":
-        return torch.zeros(n, dtype=torch.uint8)
-    return np.zeros(n, dtype=np.uint8)
+    array = np.zeros(n, dtype=np.uint8)
+    # made by numpy either way: torch's intra-op threads would spin on the CPU being measured
+    return torch.from_numpy(array) if _SPEC["kind"] == "torch" else array
 
 
 def _tree_cpu() -> dict[int, float]:

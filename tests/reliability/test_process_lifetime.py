@@ -215,3 +215,52 @@ def test_a_crashed_pool_is_not_reused():
         list(pipe)
     ok = pf.from_items(range(5)).map(_procs.big_sample, workers=2, method="process")
     _check_results(list(ok), 5)
+
+
+# A fresh interpreter (the fork server is one per process): is a fork server running after
+# describing the pipeline, after iter(), and when the upstream stage makes its first item?
+PRESTART = """
+import json, psutil
+import pipeflow as pf
+from tests.reliability._procs import big_sample
+
+seen = []
+
+def servers():
+    return [p for p in psutil.Process().children() if "forkserver" in " ".join(p.cmdline())]
+
+def probe(i):
+    if not seen:
+        seen.append(servers())
+    return i
+
+if __name__ == "__main__":
+    pipe = pf.from_items(range(4)).map(probe).map(big_sample, workers=2, method="process")
+    described = len(servers())
+    it = iter(pipe)
+    next(it)
+    started = seen[0]
+    print(json.dumps({"described": described, "upstream": len(started),
+                      "preload": started[0].cmdline() if started else [],
+                      "same": [p.pid for p in started] == [p.pid for p in servers()]}), flush=True)
+    it.close()
+"""
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "fork"])
+def test_the_fork_server_starts_before_upstream_stages_produce_items(start_method, tmp_path):
+    script = tmp_path / "user_script.py"
+    script.write_text(PRESTART)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "PIPEFLOW_START_METHOD": start_method}
+    out = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["described"] == 0  # describing a pipeline starts nothing
+    if start_method == "fork":
+        assert seen["upstream"] == 0
+        return
+    # running when the upstream stage made its first item, with the mapped function's module
+    # to import, and the very server that then forked the workers
+    assert seen["upstream"] == 1 and seen["same"]
+    assert "tests.reliability._procs" in " ".join(seen["preload"])
