@@ -245,7 +245,12 @@ class ObstoreBackend(Backend):
             if err is exc:
                 raise
             raise err from exc
-        return _Body(iter(result.stream(min_chunk_size=self.options.chunk_size)))  # type: ignore[return-value]
+        body = _Body(iter(result.stream(min_chunk_size=self.options.chunk_size)))
+        # the first piece is pulled here, on the thread that opens the object: a stream opened
+        # ahead (open() keeps the next shard opened while one is read) then has its first bytes
+        # in hand when the reader reaches it, instead of asking the connection for them only then
+        body.prefetch()
+        return body  # type: ignore[return-value]
 
     def _past_end(self, loc: S3Location, start: int) -> bool:
         import obstore
@@ -295,11 +300,23 @@ class _Body(io.RawIOBase):
         self._buf = memoryview(b"")
         #: the largest piece held at once (the reader's buffer)
         self.peak_buffered = 0
+        self._failed: BaseException | None = None  # a failure of prefetch(), for the first read
 
     def readable(self) -> bool:
         return True
 
+    def prefetch(self) -> None:
+        """Pull the first piece now. A failure is raised by the first read instead, where a
+        broken body is resumed like any other."""
+        try:
+            self._fill()
+        except Exception as exc:
+            self._failed = exc
+
     def _fill(self) -> bool:
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            raise failed
         while not self._buf:
             try:
                 piece = next(self._pieces)
