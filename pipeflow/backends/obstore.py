@@ -4,7 +4,8 @@ One ``S3Store`` per bucket and process, configured from the shared S3 options (e
 credentials, path-style, timeouts). A stream is one GET whose body is pulled from the socket as
 the reader consumes it, in pieces of at least ``chunk_size`` bytes: the Rust side reads ahead no
 further than the piece being assembled, so one open stream holds about ``chunk_size`` bytes
-(plus the kernel's socket buffer), whatever the object's size.
+(plus the kernel's socket buffer), whatever the object's size. The first piece is pulled when
+the stream is opened, so a stream opened ahead of its reader has its first bytes ready.
 
 Errors: obstore raises ``FileNotFoundError`` for a missing object or bucket and typed
 ``PermissionDeniedError``/``UnauthenticatedError`` for refused credentials; those map to
