@@ -40,6 +40,8 @@ if __name__ == "__main__":
         next(it)
     pids = [p.pid for p in psutil.Process().children(recursive=True)]
     print(json.dumps(pids), flush=True)
+    slots = [n for n in os.listdir("/dev/shm") if n.startswith(f"pipeflow-{os.getpid()}-0-s")]
+    print(json.dumps(slots), flush=True)
     if sys.argv[1] == "exit":
         os._exit(0)
     time.sleep(600)
@@ -73,10 +75,10 @@ def _segments(prefix=None):
     return {p.name for p in SHM.iterdir() if p.name.startswith(prefix)} if SHM.is_dir() else set()
 
 
-@pytest.mark.parametrize("how", ["os._exit", "SIGKILL"])
-def test_no_process_outlives_an_abrupt_end_of_its_owner(how, tmp_path):
+@pytest.mark.parametrize(("how", "inflight"), [("os._exit", 8), ("SIGKILL", 8), ("SIGKILL", 4)])
+def test_no_process_outlives_an_abrupt_end_of_its_owner(how, inflight, tmp_path):
     script = tmp_path / "user_script.py"
-    script.write_text(SCRIPT)
+    script.write_text(SCRIPT.replace("max_inflight=8", f"max_inflight={inflight}"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, str(script), "exit" if how == "os._exit" else "wait"],
                             stdout=subprocess.PIPE, env=env, cwd=tmp_path)
@@ -84,6 +86,8 @@ def test_no_process_outlives_an_abrupt_end_of_its_owner(how, tmp_path):
         line = proc.stdout.readline()
         pids = json.loads(line)
         assert len(pids) >= 4, pids  # fork server, resource tracker, 2 workers
+        slots = json.loads(proc.stdout.readline())
+        assert slots or inflight == 8  # one item per task: reusable slots exist when the owner dies
         owner = proc.pid
         if how == "SIGKILL":
             os.kill(owner, signal.SIGKILL)
