@@ -98,3 +98,35 @@ def test_the_bare_loop_runs_the_decode_call_of_the_pipeflow_row(tmp_path):
     images = torch.cat([b["jpg"] for b in loaded])
     assert images.equal(torch.stack([s["jpg"] for s in piped]))
     assert torch.cat([b["cls"] for b in loaded]).tolist() == [s["cls"] for s in piped]
+
+
+def test_the_monitor_counts_processes_that_live_between_two_samples():
+    """A child that starts and ends between samples (a pool worker, a DataLoader worker at the
+    end of a pass) is counted whole: the tree's CPU is read at the window's ends, reaped
+    children included."""
+    import subprocess
+    import textwrap
+
+    from benchmarks.harness import _Monitor
+
+    burn = textwrap.dedent("""
+        import subprocess, sys, time
+        print("START", flush=True)
+        spin = "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.4: pass"
+        subprocess.run([sys.executable, "-c", spin], check=True)
+        print("END", flush=True)
+        sys.stdin.read()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    monitor = _Monitor(proc.pid, interval=3600)  # no sample inside the window
+    monitor.start()
+    try:
+        assert proc.stdout.readline().strip() == "START"
+        monitor.open()
+        assert proc.stdout.readline().strip() == "END"
+        monitor.close()
+    finally:
+        proc.communicate("")
+        monitor.stop()
+    assert monitor.cpu_s >= 0.35
