@@ -185,9 +185,10 @@ PHOTO_DECODE = {"mode": "torch", "resize": (224, 224)}
 
 
 def photo_shards(shards: list[str], *, backend: str | None) -> pf.Pipeline:
-    """Tar shards decoded to 224x224 uint8 CHW tensors with pipeflow's own ``decode(resize=...)``."""
+    """Tar shards decoded to 224x224 uint8 CHW tensors with pipeflow's own ``decode(resize=...)``,
+    as a user writes it: no prefetch, the decode's and the open's workers left to autotune."""
     pipeline = pf.from_items(shards).shard_by_rank().open(backend).untar().group_pairs().map(_strip)
-    return pipeline.prefetch(64).decode(**PHOTO_DECODE)
+    return pipeline.decode(**PHOTO_DECODE)
 
 
 def make_photo_shards(shards: list[str], workers: int, *, backend: str | None = None,

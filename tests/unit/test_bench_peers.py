@@ -75,6 +75,9 @@ def test_the_bare_loop_runs_the_decode_call_of_the_pipeflow_row(tmp_path):
             (tmp_path / Key).write_bytes(Body)
 
     shards = photos.write_shards(_Files(), "b", "s", "imagenet", count=5, shard_mb=1)
+    # the row is the default pipeline: nothing a user would not write
+    plan = cases.photo_shards(["s3://b/0.tar"], backend=None).explain()
+    assert "prefetch" not in plan and "workers='auto'" in plan.splitlines()[0]
     local = [str(tmp_path / u.removeprefix("s3://b/")) for u in shards.urls]
     piped = list(cases.photo_shards(local, backend=None))
     import torch
