@@ -279,9 +279,57 @@ class _Monitor:
                 self._sample(count=True, pss=tick % 5 == 1)
 
 
+class _Others:
+    """CPU time of processes outside the case (the server, the proxy) over the same window:
+    on a small machine they share the cores with the client, which bounds what it can reach."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        import psutil
+
+        self.procs = {}
+        for name, pid in pids.items():
+            try:
+                self.procs[name] = psutil.Process(pid)
+            except psutil.Error:
+                continue
+        self.start: dict[str, float] = {}
+        self.used: dict[str, float] = {}
+        self.t0 = 0.0
+        self.window_s = 0.0
+
+    def _cpu(self, proc: Any) -> float:
+        import psutil
+
+        total = 0.0
+        try:
+            for p in (proc, *proc.children(recursive=True)):
+                t = p.cpu_times()
+                total += t.user + t.system
+        except psutil.Error:
+            pass
+        return total
+
+    def open(self) -> None:
+        self.start = {name: self._cpu(p) for name, p in self.procs.items()}
+        self.t0 = time.perf_counter()
+
+    def close(self) -> None:
+        if self.start and not self.window_s:
+            self.window_s = time.perf_counter() - self.t0
+            self.used = {name: self._cpu(p) - self.start[name] for name, p in self.procs.items()}
+
+    def percent(self) -> dict[str, float]:
+        if not self.window_s:
+            return {}
+        return {name: round(100.0 * used / self.window_s, 1) for name, used in self.used.items()}
+
+
 def run_case(case: Case, *, proxy_url: str | None = None, env: dict[str, str] | None = None,
-             timeout: float | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run ``case`` in a child process; returns its result row (``error`` set if it failed)."""
+             timeout: float | None = None, log: Callable[[str], None] = print,
+             others: dict[str, int] | None = None) -> dict[str, Any]:
+    """Run ``case`` in a child process; returns its result row (``error`` set if it failed).
+    ``others`` names processes (the server, the proxy) whose CPU over the case's window goes
+    into the row as ``others_cpu_pct``."""
     child_env = dict(os.environ)
     child_env.update(env or {})
     child_env.update(case.env)
@@ -299,6 +347,7 @@ def run_case(case: Case, *, proxy_url: str | None = None, env: dict[str, str] | 
     proc = subprocess.Popen([python, "-m", "benchmarks.harness", spec], cwd=str(ROOT), env=child_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     monitor = _Monitor(proc.pid)
+    outside = _Others(others or {})
     monitor.start()
     result: dict[str, Any] = {}
     stderr: list[str] = []
@@ -313,8 +362,10 @@ def run_case(case: Case, *, proxy_url: str | None = None, env: dict[str, str] | 
             line = line.rstrip("\n")
             if line == "START":
                 monitor.open()
+                outside.open()
             elif line == "END":
                 monitor.close()
+                outside.close()
             elif line.startswith("RESULT "):
                 result = json.loads(line[len("RESULT "):])
         proc.wait()
@@ -343,6 +394,7 @@ def run_case(case: Case, *, proxy_url: str | None = None, env: dict[str, str] | 
         "peak_rss_mb": round(monitor.peak_rss / 2**20, 1),
         "peak_pss_mb": round(monitor.peak_pss / 2**20, 1) if monitor.peak_pss else None,
         "processes": monitor.peak_procs,
+        "others_cpu_pct": outside.percent(),
         "requests": first["requests"],
         "epochs": epochs,
     })

@@ -66,15 +66,15 @@ def _req(r: dict[str, Any], method: str) -> Any:
 def _table(group: list[dict[str, Any]]) -> list[str]:
     pf = _pipeflow(group)
     lines = [
-        "| library | workers | samples/s | steady samples/s | MB/s | CPU % | CPU ms/sample | peak PSS MB | "
-        "first batch s | GET | HEAD | pipeflow / this |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| library | workers | samples/s | steady samples/s | MB/s | CPU % | server + proxy CPU % | "
+        "CPU ms/sample | peak PSS MB | first batch s | GET | HEAD | pipeflow / this |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in sorted(group, key=lambda r: (r["library"] != PIPEFLOW, -(r.get("samples_per_s") or 0))):
         if not _ok(r):
             lines.append(
                 f"| {r['library']} | {r['workers']} | failed: {_oneline(r.get('error', 'no samples'))} "
-                "| | | | | | | | | |"
+                "| | | | | | | | | | |"
             )
             continue
         ratio = _ratio(pf and pf["samples_per_s"], r["samples_per_s"]) if r is not pf else None
@@ -82,7 +82,7 @@ def _table(group: list[dict[str, Any]]) -> list[str]:
         lines.append(
             f"| {r['library']} | {r['workers']} | {_fmt(r['samples_per_s'])} | "
             f"{_fmt(r.get('steady_samples_per_s'))} | {_fmt(r.get('mb_per_s'))} | "
-            f"{_fmt(r.get('cpu_pct'))} | {_fmt(cpu_ms * 1000 if cpu_ms else None, 2)} | "
+            f"{_fmt(r.get('cpu_pct'))} | {_others_cpu(r)} | {_fmt(cpu_ms * 1000 if cpu_ms else None, 2)} | "
             f"{_fmt(r.get('peak_pss_mb'), 0)} | {_fmt(r.get('first_batch_s'), 2)} | "
             f"{_req(r, 'GET_OBJECT')} | {_req(r, 'HEAD')} | {_fmt(ratio, 2) if ratio else ''} |"
         )
@@ -116,6 +116,15 @@ def _cpu_line(group: list[dict[str, Any]]) -> list[str]:
         line += (f"; the same decode in a plain DataLoader ({BARE_DATALOADER}): "
                  f"{own['dataloader_ratio']:.2f} ({own['dataloader_ms']:.2f} ms)")
     return [line + ".", ""]
+
+
+def _others_cpu(row: dict[str, Any]) -> str:
+    """The server's + the proxy's CPU % over the case (what the client left them), or blank."""
+    others = row.get("others_cpu_pct") or {}
+    if not others:
+        return ""
+    parts = [others.get("server"), others.get("proxy")]
+    return " + ".join(_fmt(p) if p is not None else "?" for p in parts)
 
 
 def _oneline(text: str, limit: int = 160) -> str:

@@ -16,7 +16,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,6 +23,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+
+from pipeflow.testing.s3server import death_signal_hook, free_port
 
 PACKAGE = "s3rver@3"
 #: s3rver accepts exactly this key pair (and signs nothing else)
@@ -69,12 +70,6 @@ def ensure_installed(directory: Path | None = None, *, log=print) -> Path:
     return exe
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -101,6 +96,7 @@ def running(*, directory: Path | None = None, timeout: float = 30.0, log=print) 
     proc = subprocess.Popen(
         [str(exe), "-d", str(data), "-a", "127.0.0.1", "-p", str(port), "--silent"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        preexec_fn=death_signal_hook(),  # a benchmark killed outright takes its server along
     )
     try:
         _wait_ready(url, proc, timeout)

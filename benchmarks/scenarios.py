@@ -190,6 +190,23 @@ class BenchConfig:
 
 
 # ---- server, proxies, data ----------------------------------------------------------------------
+def _listener_pid(endpoint: str) -> int | None:
+    """The process listening on a loopback endpoint's port (the server), if it can be seen."""
+    import psutil
+
+    port = urlsplit(endpoint).port
+    if port is None:
+        return None
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return None
+    for conn in conns:
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            return int(conn.pid)
+    return None
+
+
 @contextlib.contextmanager
 def _server(spec: str, log: Callable[[str], None] = print) -> Iterator[str]:
     if spec == "moto":
@@ -375,13 +392,22 @@ class _Runner:
         env = {"AWS_ENDPOINT_URL": proxy.url, "S3_ENDPOINT_URL": proxy.url}
         row: dict[str, Any] | None = None
         for repeat in range(self.cfg.repeats):
-            row = run_case(case, proxy_url=proxy.url, env=env, log=self.log)
+            row = run_case(case, proxy_url=proxy.url, env=env, log=self.log,
+                           others=self._others(proxy))
             row["latency_ms"] = proxy.delay_ms
             if self.cfg.repeats > 1:
                 row["repeat"] = repeat
             self.rows.append(row)
             self._checkpoint()
         return row
+
+    def _others(self, proxy: Any) -> dict[str, int]:
+        """The server's and the proxy's pids, whose CPU each row reports beside the client's."""
+        pids = {"proxy": proxy.pid} if getattr(proxy, "pid", None) else {}
+        server = _listener_pid(self.endpoint)
+        if server is not None:
+            pids["server"] = server
+        return pids
 
     def _checkpoint(self) -> None:
         """Every row so far, so a run that is cut short still leaves its measurements."""

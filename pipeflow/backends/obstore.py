@@ -4,7 +4,8 @@ One ``S3Store`` per bucket and process, configured from the shared S3 options (e
 credentials, path-style, timeouts). A stream is one GET whose body is pulled from the socket as
 the reader consumes it, in pieces of at least ``chunk_size`` bytes: the Rust side reads ahead no
 further than the piece being assembled, so one open stream holds about ``chunk_size`` bytes
-(plus the kernel's socket buffer), whatever the object's size.
+(plus the kernel's socket buffer), whatever the object's size. The first piece is pulled when
+the stream is opened, so a stream opened ahead of its reader has its first bytes ready.
 
 Errors: obstore raises ``FileNotFoundError`` for a missing object or bucket and typed
 ``PermissionDeniedError``/``UnauthenticatedError`` for refused credentials; those map to
@@ -245,7 +246,12 @@ class ObstoreBackend(Backend):
             if err is exc:
                 raise
             raise err from exc
-        return _Body(iter(result.stream(min_chunk_size=self.options.chunk_size)))  # type: ignore[return-value]
+        body = _Body(iter(result.stream(min_chunk_size=self.options.chunk_size)))
+        # the first piece is pulled here, on the thread that opens the object: a stream opened
+        # ahead (open() keeps the next shard opened while one is read) then has its first bytes
+        # in hand when the reader reaches it, instead of asking the connection for them only then
+        body.prefetch()
+        return body  # type: ignore[return-value]
 
     def _past_end(self, loc: S3Location, start: int) -> bool:
         import obstore
@@ -295,11 +301,23 @@ class _Body(io.RawIOBase):
         self._buf = memoryview(b"")
         #: the largest piece held at once (the reader's buffer)
         self.peak_buffered = 0
+        self._failed: BaseException | None = None  # a failure of prefetch(), for the first read
 
     def readable(self) -> bool:
         return True
 
+    def prefetch(self) -> None:
+        """Pull the first piece now. A failure is raised by the first read instead, where a
+        broken body is resumed like any other."""
+        try:
+            self._fill()
+        except Exception as exc:
+            self._failed = exc
+
     def _fill(self) -> bool:
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            raise failed
         while not self._buf:
             try:
                 piece = next(self._pieces)

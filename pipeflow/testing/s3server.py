@@ -33,7 +33,7 @@ from typing import Any
 
 from ..errors import MissingDependencyError, PipeflowError
 
-__all__ = ["LocalS3", "free_port", "local_s3"]
+__all__ = ["LocalS3", "death_signal_hook", "free_port", "local_s3"]
 
 ACCESS_KEY = "testing"
 SECRET_KEY = "testing"  # moto accepts any credentials; these are dummies, not secrets
@@ -155,7 +155,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
     # Linux: if the process that started the server dies without cleaning up (SIGKILL), the
     # server gets SIGTERM instead of lingering. PR_SET_PDEATHSIG fires when the parent
     # *thread* that forked the child exits, not the process: only install it from the main
-    # thread (see _death_signal_hook), or a server started by a worker thread would die with it.
+    # thread (see death_signal_hook), or a server started by a worker thread would die with it.
     try:
         import ctypes
 
@@ -165,7 +165,7 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
         pass
 
 
-def _death_signal_hook() -> Any:
+def death_signal_hook() -> Any:
     """The ``preexec_fn`` for the server process: :func:`_die_with_parent` on Linux when called
     from the main thread (which lives as long as the process), else None."""
     if not sys.platform.startswith("linux"):
@@ -232,7 +232,7 @@ def local_s3(*, port: int | None = None, buckets: Iterable[str] = (), export_env
         proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
             stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, env=child_env,
-            preexec_fn=_death_signal_hook())
+            preexec_fn=death_signal_hook())
     finally:
         os.close(log_fd)
     try:

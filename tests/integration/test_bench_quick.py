@@ -58,6 +58,12 @@ def test_tiny_bench_writes_every_output_with_every_peer(tmp_path):
         assert r["samples"] > 0 and r["cpu_pct"] is not None and r["peak_rss_mb"] > 0
         # a tiny case can use less CPU than the clock resolution: measured, not necessarily > 0
         assert r["cpu_s_per_sample"] >= 0 and r["first_batch_s"] is not None
+    # the server's and the proxy's CPU over each S3 case, beside the client's
+    for r in result["rows"]:
+        if r["scenario"] in ("s1", "s2"):
+            assert set(r["others_cpu_pct"]) == {"server", "proxy"}, r["others_cpu_pct"]
+            assert all(v >= 0 for v in r["others_cpu_pct"].values())
+    assert "server + proxy CPU %" in markdown
     # every recipe row sits beside the row of the code it reproduces, in the same group
     for r in result["rows"]:
         if r["library"].startswith("recipe "):

@@ -43,3 +43,45 @@ def test_s3rver_serves_ranges_and_stops():
         assert started
     survivors = [p for p in started if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
     assert survivors == []
+
+
+_KILLED_PARENT = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from benchmarks import s3rver
+with s3rver.running(log=lambda _: None) as url:
+    print(url, flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.s3
+@pytest.mark.timeout(120)
+def test_s3rver_dies_with_a_benchmark_killed_outright():
+    installed = s3rver.cache_dir() / "node_modules" / ".bin" / "s3rver"
+    if not shutil.which("node") or not installed.exists():
+        pytest.skip("needs Node.js and s3rver installed by a `pipeflow bench --server s3rver` run")
+    import signal
+    import subprocess
+    import time
+
+    import psutil
+
+    root = str(Path(__file__).resolve().parents[2])
+    parent = subprocess.Popen([sys.executable, "-c", _KILLED_PARENT, root], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        assert parent.stdout.readline().startswith("http://127.0.0.1:")
+        server = psutil.Process(parent.pid).children(recursive=True)
+        assert server
+        parent.send_signal(signal.SIGKILL)  # no finally block, no atexit
+        parent.wait()
+        deadline = time.monotonic() + 15
+        alive = server
+        while alive and time.monotonic() < deadline:
+            alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+            time.sleep(0.1)
+        assert alive == [], [p.cmdline() for p in alive]
+    finally:
+        parent.kill()
+        parent.wait()

@@ -82,6 +82,18 @@ def test_obstore_holds_one_piece(big):
     assert 0 < peak <= 4 << 20, peak
 
 
+def test_obstore_stream_has_its_first_piece_when_open_returns(big):
+    # open() runs on a pool thread ahead of the reader: the first piece is pulled there, so a
+    # shard opened ahead is ready to parse when the reader reaches it (and it stays one piece)
+    pytest.importorskip("obstore")
+    url, expected = big
+    stream = get_backend("obstore", chunk_size=1 << 20).open(url)
+    held = stream._raw.peak_buffered
+    assert 1 << 20 <= held <= 4 << 20, held
+    digest, _ = _stream(stream, lambda raw: raw.peak_buffered)
+    assert digest == expected
+
+
 def test_crt_holds_two_windows(big):
     pytest.importorskip("s3torchconnector")
     url, expected = big

@@ -9,6 +9,7 @@ from collections import Counter
 import pytest
 
 import pipeflow as pf
+from pipeflow.backends.local import LocalBackend
 from pipeflow.errors import ConfigError
 from pipeflow.executor import autotune
 from pipeflow.executor.autotune import BufferTuner, Tuner
@@ -226,6 +227,55 @@ def test_open_and_decode_take_auto(tmp_path):
     samples = [{"__key__": str(i), "txt": str(i).encode()} for i in range(30)]
     decoded = pf.from_items(samples).decode(workers="auto")
     assert [s["txt"] for s in decoded] == [str(i) for i in range(30)]
+
+
+class _OpenLog(LocalBackend):
+    """A local backend that signals each open, so a test can see which objects were opened."""
+
+    name = "open-log"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened = {}
+
+    def open(self, url, *, start=0):
+        stream = super().open(url, start=start)
+        self.opened.setdefault(url, threading.Event()).set()
+        return stream
+
+    def was_opened(self, url, timeout):
+        return self.opened.setdefault(url, threading.Event()).wait(timeout)
+
+
+def test_auto_open_of_streams_opens_the_next_object_while_one_is_read(tmp_path):
+    # the next shard's round trip to its first byte overlaps the reading of the current one
+    # from the first shard on, not only once the tuner has measured a step
+    paths = []
+    for i in range(6):
+        path = tmp_path / f"{i}.bin"
+        path.write_bytes(bytes([i]) * 100)
+        paths.append(str(path))
+    backend = _OpenLog()
+    it = iter(pf.from_items(paths).open(backend))
+    for i in range(5):
+        opened = next(it)
+        assert opened.url == paths[i]
+        assert backend.was_opened(paths[i + 1], timeout=10.0), f"{paths[i + 1]} not opened ahead"
+        assert opened.stream.read() == bytes([i]) * 100
+        opened.stream.close()
+    assert [o.url for o in it] == paths[5:]
+
+
+def test_auto_open_of_whole_objects_and_explicit_limits_keep_their_start(tmp_path):
+    paths = [str(tmp_path / f"{i}.bin") for i in range(3)]
+    for p in paths:
+        open(p, "wb").close()
+    backend = _OpenLog()
+    it = iter(pf.from_items(paths).open(backend, max_inflight=1))
+    next(it).stream.close()
+    assert not backend.was_opened(paths[1], timeout=0.3)  # max_inflight=1 caps the start
+    reads = pf.from_items(paths).open(workers="auto", read=True)
+    assert [r.data for r in reads] == [b"", b"", b""]
 
 
 _NONNEG = "must be 'auto' or a non-negative int, got"

@@ -145,3 +145,26 @@ def test_decode_groups_report_cpu_per_sample_against_the_bare_loop_with_pipeflow
            f"plain DataLoader ({BARE_DATALOADER}): 1.20 (4.80 ms)." in md
     # groups without that row print no such line
     assert md.count("Client CPU per sample") == 1
+
+def test_server_and_proxy_cpu_in_the_table(result, tmp_path):
+    result["rows"][5]["others_cpu_pct"] = {"server": 81.5, "proxy": 40.25}
+    md = report.write(result, tmp_path)["markdown"].read_text()
+    assert "server + proxy CPU %" in md
+    assert "| 50.0 | 81.5 + 40.2 |" in md or "| 50.0 | 81.5 + 40.3 |" in md
+
+
+def test_cpu_of_processes_outside_the_case_is_counted_over_the_window():
+    import os
+    import time
+
+    from benchmarks.harness import _Others
+
+    outside = _Others({"me": os.getpid(), "gone": 2**22 + 12345})
+    assert set(outside.procs) == {"me"}  # a pid that does not exist is left out, not an error
+    outside.open()
+    end = time.process_time() + 0.2
+    while time.process_time() < end:  # burn 0.2 s of CPU inside the window
+        pass
+    outside.close()
+    assert outside.used["me"] >= 0.19
+    assert outside.percent()["me"] > 0
