@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -91,11 +92,12 @@ def _table(group: list[dict[str, Any]]) -> list[str]:
 
 def cpu_vs_own_decoder(group: list[dict[str, Any]]) -> dict[str, float] | None:
     """pipeflow's client CPU per sample over that of the bare loop running pipeflow's own decode
-    call on the same samples in memory (the decode groups; None elsewhere)."""
+    call on the same samples in memory (the decode groups; None elsewhere). With ``--repeats``,
+    each side is the median of its runs."""
     def cpu_ms(library: str) -> float | None:
-        row = next((r for r in group if r["library"] == library and _ok(r)), None)
-        cpu = row.get("cpu_s_per_sample") if row else None
-        return cpu * 1000 if cpu else None
+        runs = [r["cpu_s_per_sample"] for r in group
+                if r["library"] == library and _ok(r) and r.get("cpu_s_per_sample")]
+        return statistics.median(runs) * 1000 if runs else None
 
     ours, ref, loader = cpu_ms(PIPEFLOW), cpu_ms(BARE_OWN_DECODER), cpu_ms(BARE_DATALOADER)
     if not ours or not ref:

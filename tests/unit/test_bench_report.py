@@ -145,6 +145,15 @@ def test_decode_groups_report_cpu_per_sample_against_the_bare_loop_with_pipeflow
            f"plain DataLoader ({BARE_DATALOADER}): 1.20 (4.80 ms)." in md
     # groups without that row print no such line
     assert md.count("Client CPU per sample") == 1
+    # repeated runs: the median of each side
+    result["rows"] += [
+        _row("s2", g, "pipeflow", 120.0, shard_mb=64, decode=True, cpu_s_per_sample=0.0080, repeat=1),
+        _row("s2", g, "pipeflow", 120.0, shard_mb=64, decode=True, cpu_s_per_sample=0.0050, repeat=2),
+        _row("s2", g, BARE_OWN_DECODER, 300.0, shard_mb=64, decode=True, cpu_s_per_sample=0.0050, repeat=1),
+    ]
+    median = report.summarize(result)["s2"][g]["cpu_per_sample_vs_bare_own_decoder"]
+    assert median == pytest.approx(5.2 / 4.5, abs=0.01)
+
 
 def test_server_and_proxy_cpu_in_the_table(result, tmp_path):
     result["rows"][5]["others_cpu_pct"] = {"server": 81.5, "proxy": 40.25}
