@@ -228,8 +228,6 @@ _bare_state: dict[str, Any] = {}
 
 
 def _bare_worker_init(blobs: list[bytes]) -> None:
-    import torch
-
     # what a DataLoader worker does (torch's _worker_loop), so torch ops cost the same
     torch.set_num_threads(1)
     _bare_state["blobs"] = blobs
