@@ -190,7 +190,15 @@ def _pss_kb(pid: int) -> int | None:
 
 
 class _Monitor:
-    """Samples CPU time and memory of a process tree while a window is open."""
+    """CPU time and memory of a process tree while a window is open.
+
+    CPU is read at the window's two ends as the tree's total: each live process's own time
+    plus the time of the children it has reaped (the kernel adds a child's time, and that of
+    its own reaped children, to its parent when the parent waits for it). So a process that
+    starts and ends between two samples (a pool worker, a DataLoader worker at the end of a
+    pass, an ``s5cmd`` child) is counted whole, and one that ends after the window opened is
+    counted up to its last instruction, not to the last sample. Memory is sampled.
+    """
 
     def __init__(self, pid: int, interval: float = 0.1) -> None:
         import psutil
@@ -205,7 +213,7 @@ class _Monitor:
         self.peak_pss = 0
         self.peak_procs = 0
         self.seen: dict[int, Any] = {}
-        self._last: dict[int, float] = {}
+        self._cpu_open = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._t_open = 0.0
@@ -215,6 +223,7 @@ class _Monitor:
 
     def open(self) -> None:
         self._sample(count=False)
+        self._cpu_open = self.tree_cpu_s()
         self._t_open = time.perf_counter()
         self.active = True
 
@@ -222,7 +231,19 @@ class _Monitor:
         if self.active:
             self._sample(count=True)
             self.window_s = time.perf_counter() - self._t_open
+            self.cpu_s = max(0.0, self.tree_cpu_s() - self._cpu_open)
         self.active = False
+
+    def tree_cpu_s(self) -> float:
+        """User + system seconds of the live tree and of every child its processes reaped."""
+        total = 0.0
+        for p in self.procs():
+            try:
+                t = p.cpu_times()
+            except self.psutil.Error:
+                continue
+            total += t.user + t.system + t.children_user + t.children_system
+        return total
 
     def stop(self) -> None:
         self._stop.set()
@@ -239,13 +260,6 @@ class _Monitor:
         procs = self.procs()
         for p in procs:
             try:
-                t = p.cpu_times()
-                used = t.user + t.system
-                if count and p.pid in self._last:
-                    self.cpu_s += max(0.0, used - self._last[p.pid])
-                elif count:  # a process born inside the window: all of its time counts
-                    self.cpu_s += used
-                self._last[p.pid] = used
                 rss += p.memory_info().rss
                 self.seen[p.pid] = p
                 if pss:

@@ -13,8 +13,11 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
+import torch
+
 import pipeflow as pf
 from benchmarks.peers import _common
+from pipeflow.formats.decoders import DecodeOptions, decode_sample
 
 
 def _companions(fields: tuple[str, ...], first_url: str) -> list[str]:
@@ -177,10 +180,15 @@ def make_recipe(name: str, url: str, workers: int, *, batch_size: int = 4) -> An
 
 
 # ---- S2 decode groups: decode to 224x224 ---------------------------------------------------------
+#: what ``photo_shards`` asks ``decode()`` for; the bare loop below runs the very same call
+PHOTO_DECODE = {"mode": "torch", "resize": (224, 224)}
+
+
 def photo_shards(shards: list[str], *, backend: str | None) -> pf.Pipeline:
-    """Tar shards decoded to 224x224 uint8 CHW tensors with pipeflow's own ``decode(resize=...)``."""
+    """Tar shards decoded to 224x224 uint8 CHW tensors with pipeflow's own ``decode(resize=...)``,
+    as a user writes it: no prefetch, the decode's and the open's workers left to autotune."""
     pipeline = pf.from_items(shards).shard_by_rank().open(backend).untar().group_pairs().map(_strip)
-    return pipeline.prefetch(64).decode("torch", resize=(224, 224))
+    return pipeline.decode(**PHOTO_DECODE)
 
 
 def make_photo_shards(shards: list[str], workers: int, *, backend: str | None = None,
@@ -212,3 +220,83 @@ def make_bare_224(kind: str, count: int, workers: int, *, batch_size: int = 4) -
 
     blobs = [photos.jpeg(kind, i) for i in range(min(count, photos.DISTINCT))]
     return _Bare224([blobs[i % len(blobs)] for i in range(count)], workers, "process", batch_size)
+
+
+#: samples a bare-loop worker decodes per task: enough that the pool's IPC is noise
+_BARE_CHUNK = 16
+_bare_state: dict[str, Any] = {}
+
+
+def _bare_worker_init(blobs: list[bytes]) -> None:
+    # what a DataLoader worker does (torch's _worker_loop), so torch ops cost the same
+    torch.set_num_threads(1)
+    _bare_state["blobs"] = blobs
+    _bare_state["options"] = DecodeOptions(**PHOTO_DECODE)
+
+
+def _bare_decode_one(i: int) -> dict[str, Any]:
+    """Sample ``i`` of the photo shards (:func:`benchmarks.photos.write_shards`), decoded
+    exactly as the decode stage of :func:`photo_shards` decodes it."""
+    blobs = _bare_state["blobs"]
+    return decode_sample({"jpg": blobs[i % len(blobs)], "cls": str(i % 1000).encode()},
+                         _bare_state["options"])
+
+
+def _bare_decode_chunk(indexes: range) -> list[tuple[int, ...]]:
+    # only the shapes come back: neither pixels nor JPEG bytes cross the pool, the loop is the decode
+    return [tuple(_bare_decode_one(i)["jpg"].shape) for i in indexes]
+
+
+class _BareOwnDecoder:
+    """pipeflow's decode function on a bare process pool, the JPEG bytes already in the workers."""
+
+    def __init__(self, blobs: list[bytes], count: int, workers: int, batch_size: int) -> None:
+        self.blobs, self.count, self.workers, self.batch_size = blobs, count, workers, batch_size
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        chunks = [range(i, min(i + _BARE_CHUNK, self.count)) for i in range(0, self.count, _BARE_CHUNK)]
+        with ProcessPoolExecutor(self.workers, initializer=_bare_worker_init,
+                                 initargs=(self.blobs,)) as pool:
+            batch: list[Any] = []
+            for shapes in pool.map(_bare_decode_chunk, chunks):
+                for shape in shapes:
+                    batch.append(shape)
+                    if len(batch) == self.batch_size:
+                        yield batch
+                        batch = []
+            if batch:
+                yield batch
+
+
+def make_bare_own_decoder(kind: str, count: int, workers: int, *, batch_size: int = 4) -> Any:
+    """The reference for pipeflow's CPU per sample in the decode groups: its own decode call
+    (``decode_sample`` with :data:`PHOTO_DECODE`: DCT-scaled JPEG decode, resize, the same
+    tensor) over the same JPEGs, in memory, on ``workers`` bare processes."""
+    from benchmarks import photos
+
+    blobs = [photos.jpeg(kind, i) for i in range(min(count, photos.DISTINCT))]
+    return _BareOwnDecoder(blobs, count, workers, batch_size)
+
+
+class _InMemoryDecoded(torch.utils.data.IterableDataset):
+    """The bare loop's samples, decoded by the same call, as a plain ``IterableDataset``."""
+
+    def __init__(self, blobs: list[bytes], count: int) -> None:
+        self.blobs, self.count = blobs, count
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        info = torch.utils.data.get_worker_info()
+        first, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        _bare_state.update(blobs=self.blobs, options=DecodeOptions(**PHOTO_DECODE))
+        for i in range(first, self.count, step):
+            yield _bare_decode_one(i)
+
+
+def make_dataloader_own_decoder(kind: str, count: int, workers: int, *, batch_size: int = 4) -> Any:
+    """Between the bare loop and the pipeflow row: the same decode call in a plain DataLoader
+    (the articles' settings), the JPEGs in memory, so collate and the DataLoader's transfer of
+    the batches (shared memory, file descriptors) are paid as by every row that loads tensors."""
+    from benchmarks import photos
+
+    blobs = [photos.jpeg(kind, i) for i in range(min(count, photos.DISTINCT))]
+    return _common.loader(_InMemoryDecoded(blobs, count), workers=workers, batch_size=batch_size)

@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks.scenarios import BARE_DATALOADER, BARE_OWN_DECODER, BARE_PIL
+
 PIPEFLOW = "pipeflow"
+#: the peers' decode on a bare pool (the older label too, for results written before)
+PIL_BARE_LOOPS = (BARE_PIL, "bare decode loop (in memory)")
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -83,6 +88,36 @@ def _table(group: list[dict[str, Any]]) -> list[str]:
             f"{_req(r, 'GET_OBJECT')} | {_req(r, 'HEAD')} | {_fmt(ratio, 2) if ratio else ''} |"
         )
     return lines
+
+
+def cpu_vs_own_decoder(group: list[dict[str, Any]]) -> dict[str, float] | None:
+    """pipeflow's client CPU per sample over that of the bare loop running pipeflow's own decode
+    call on the same samples in memory (the decode groups; None elsewhere). With ``--repeats``,
+    each side is the median of its runs."""
+    def cpu_ms(library: str) -> float | None:
+        runs = [r["cpu_s_per_sample"] for r in group
+                if r["library"] == library and _ok(r) and r.get("cpu_s_per_sample")]
+        return statistics.median(runs) * 1000 if runs else None
+
+    ours, ref, loader = cpu_ms(PIPEFLOW), cpu_ms(BARE_OWN_DECODER), cpu_ms(BARE_DATALOADER)
+    if not ours or not ref:
+        return None
+    out = {"pipeflow_ms": round(ours, 2), "bare_ms": round(ref, 2), "ratio": round(ours / ref, 2)}
+    if loader:
+        out.update(dataloader_ms=round(loader, 2), dataloader_ratio=round(loader / ref, 2))
+    return out
+
+
+def _cpu_line(group: list[dict[str, Any]]) -> list[str]:
+    own = cpu_vs_own_decoder(group)
+    if not own:
+        return []
+    line = (f"Client CPU per sample, pipeflow / {BARE_OWN_DECODER}: **{own['ratio']:.2f}** "
+            f"({own['pipeflow_ms']:.2f} ms / {own['bare_ms']:.2f} ms)")
+    if "dataloader_ratio" in own:
+        line += (f"; the same decode in a plain DataLoader ({BARE_DATALOADER}): "
+                 f"{own['dataloader_ratio']:.2f} ({own['dataloader_ms']:.2f} ms)")
+    return [line + ".", ""]
 
 
 def _others_cpu(row: dict[str, Any]) -> str:
@@ -175,9 +210,14 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
             "vs_best_peer": _ratio(pf["samples_per_s"], best["samples_per_s"]),
             "first_batch_s": pf.get("first_batch_s"),
         }
-        bare = next((r for r in group if "bare" in r["library"] and _ok(r)), None)
+        bare = next((r for r in group if r["library"] in PIL_BARE_LOOPS and _ok(r)), None)
         if bare:
             entry["vs_bare_decode_loop"] = _ratio(pf["samples_per_s"], bare["samples_per_s"])
+        own = cpu_vs_own_decoder(group)
+        if own:
+            entry["cpu_per_sample_vs_bare_own_decoder"] = own["ratio"]
+            if "dataloader_ratio" in own:
+                entry["cpu_per_sample_bare_dataloader_vs_bare_own_decoder"] = own["dataloader_ratio"]
         stream = result["ceilings"].get(f"s2 stream {pf.get('shard_mb'):g} MB shard", {}).get("mb_per_s")
         if stream and not pf.get("decode"):
             entry["fraction_of_raw_stream"] = _ratio(pf.get("mb_per_s"), stream)
@@ -260,7 +300,7 @@ def markdown(result: dict[str, Any]) -> str:
             continue
         lines += ["", f"## {title}", ""]
         for name, group in groups.items():
-            lines += [f"### {name}", ""] + _table(group) + [""] + _recipe_table(group)
+            lines += [f"### {name}", ""] + _table(group) + [""] + _cpu_line(group) + _recipe_table(group)
             if scen == "s3":
                 lines += [
                     "| library | epoch | samples/s | GET | first batch s |",

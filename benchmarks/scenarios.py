@@ -51,6 +51,12 @@ S2_RECIPES = {
     "wds-s3fs": "webdataset + s3fs url_opener",
     "torchdata-fsspec": "DataPipes FSSpecFileOpener",
 }
+#: the bare loops of the S2 decode groups: the peers' decode (PIL, full size, resize), and
+#: pipeflow's own decode call (the reference of pipeflow's CPU per sample)
+BARE_PIL = "bare decode loop, PIL (in memory)"
+BARE_OWN_DECODER = "bare decode loop, pipeflow's decoder (in memory)"
+#: the same decode call in a plain DataLoader: what collate and the DataLoader's IPC add
+BARE_DATALOADER = "bare DataLoader, pipeflow's decoder (in memory)"
 #: obstore (LitData's S3 client) refuses a plain-HTTP endpoint unless told (where it reads env)
 SIDE_ENV = {"AWS_ALLOW_HTTP": "true"}
 #: the same for S1, by layout
@@ -614,10 +620,13 @@ class _Runner:
         kw = self._s2_budget(bps, {"shard_mb": mb, "decode": True, "decode_kind": kind})
         cases = self._s2_cases(group, ps.urls, f"s3://{BUCKET}/{name}/", kw, decode=True)
         cases += self._s2_streaming_peers(group, ps.urls, name, mb, kw, decode=True)
-        cases.append(Case("s2", group, "bare decode loop (in memory)",
-                          "benchmarks.pipeflow_cases:make_bare_224",
-                          {"kind": kind, "count": min(count, 2000), "workers": S2_WORKERS},
-                          S2_WORKERS, **kw))
+        bare = {"kind": kind, "count": min(count, 2000), "workers": S2_WORKERS}
+        cases.append(Case("s2", group, BARE_PIL, "benchmarks.pipeflow_cases:make_bare_224",
+                          bare, S2_WORKERS, **kw))
+        cases.append(Case("s2", group, BARE_OWN_DECODER, "benchmarks.pipeflow_cases:make_bare_own_decoder",
+                          bare, S2_WORKERS, **kw))
+        cases.append(Case("s2", group, BARE_DATALOADER,
+                          "benchmarks.pipeflow_cases:make_dataloader_own_decoder", bare, S2_WORKERS, **kw))
         for c in cases:
             self.case(proxy, c)
 

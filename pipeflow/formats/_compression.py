@@ -153,28 +153,29 @@ class Prefixed:
     Tar members are read as header, data and padding: three small reads per member. On a
     network stream each read is a trip through the SDK and the retry layer, so reads smaller
     than ``READAHEAD`` are served from one large block instead.
+
+    Every byte is copied once on its way out (the block is kept as read, never re-sliced into
+    a new buffer): on shards of 300 KB JPEGs the copies were most of the reader's CPU.
     """
 
     def __init__(self, raw: IO[bytes], head: bytes) -> None:
         self._raw = raw
-        self._buf = bytearray(head)
+        self._buf = bytes(head)
         self._pos = 0
 
     def read(self, n: int) -> bytes:
-        available = len(self._buf) - self._pos
+        buf, pos = self._buf, self._pos
+        available = len(buf) - pos
         if available >= n:
-            start = self._pos
-            self._pos += n
-            return bytes(self._buf[start:self._pos])
-        parts = [bytes(self._buf[self._pos:])] if available else []
-        self._buf = bytearray()
-        self._pos = 0
+            self._pos = pos + n
+            return buf[pos:pos + n]
         want = n - available
-        if want >= READAHEAD:  # large reads go straight through, without a copy
-            parts.append(read_exact(self._raw, want))
-            return b"".join(parts)
-        block = read_exact(self._raw, READAHEAD)
-        take = block[:want]
-        parts.append(take)
-        self._buf = bytearray(block[len(take):])
-        return b"".join(parts)
+        with memoryview(buf) as view:
+            if want >= READAHEAD:  # large reads go straight through
+                self._buf, self._pos = b"", 0
+                data = read_exact(self._raw, want)
+                return b"".join((view[pos:], data)) if available else data
+            block = read_exact(self._raw, READAHEAD)
+            self._buf, self._pos = block, min(want, len(block))
+            with memoryview(block) as fresh:
+                return b"".join((view[pos:], fresh[:want]))

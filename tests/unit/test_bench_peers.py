@@ -62,3 +62,74 @@ def test_max_samples_stops_mid_pass_and_an_empty_data_set_ends():
     empty = _Counted(0)
     assert _one_epoch(Case("s2", "g", "lib", "x:y", min_samples=10), empty, count_batch)["samples"] == 0
     assert empty.passes == 1
+
+
+def test_the_bare_loop_runs_the_decode_call_of_the_pipeflow_row(tmp_path):
+    """The reference of pipeflow's CPU per sample decodes what photo_shards decodes, to the
+    very same tensor, through the very same call."""
+    from benchmarks import pipeflow_cases as cases
+
+    class _Files:
+        def put_object(self, Bucket, Key, Body):  # noqa: N803 - boto3's names
+            (tmp_path / Key).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / Key).write_bytes(Body)
+
+    shards = photos.write_shards(_Files(), "b", "s", "imagenet", count=5, shard_mb=1)
+    # the row is the default pipeline: nothing a user would not write
+    plan = cases.photo_shards(["s3://b/0.tar"], backend=None).explain()
+    assert "prefetch" not in plan and "workers='auto'" in plan.splitlines()[0]
+    local = [str(tmp_path / u.removeprefix("s3://b/")) for u in shards.urls]
+    piped = list(cases.photo_shards(local, backend=None))
+    import torch
+
+    threads = torch.get_num_threads()
+    try:  # what each pool worker runs first (it sets torch to one thread, as DataLoader workers)
+        cases._bare_worker_init([photos.jpeg("imagenet", i) for i in range(photos.DISTINCT)])
+        bares = [cases._bare_decode_one(i) for i in range(len(piped))]
+    finally:
+        torch.set_num_threads(threads)
+    for i, (sample, bare) in enumerate(zip(piped, bares, strict=True)):
+        assert bare["cls"] == sample["cls"] == i
+        assert bare["jpg"].dtype == sample["jpg"].dtype
+        assert bare["jpg"].shape == sample["jpg"].shape == (3, 224, 224)
+        assert bare["jpg"].equal(sample["jpg"])
+    loop = cases.make_bare_own_decoder("imagenet", count=37, workers=2, batch_size=4)
+    batches = list(loop)
+    assert sum(map(len, batches)) == 37 and {s for b in batches for s in b} == {(3, 224, 224)}
+    # the same samples through a plain DataLoader (one worker here: order kept)
+    loaded = list(cases.make_dataloader_own_decoder("imagenet", count=len(piped), workers=1))
+    images = torch.cat([b["jpg"] for b in loaded])
+    assert images.equal(torch.stack([s["jpg"] for s in piped]))
+    assert torch.cat([b["cls"] for b in loaded]).tolist() == [s["cls"] for s in piped]
+
+
+def test_the_monitor_counts_processes_that_live_between_two_samples():
+    """A child that starts and ends between samples (a pool worker, a DataLoader worker at the
+    end of a pass) is counted whole: the tree's CPU is read at the window's ends, reaped
+    children included."""
+    import subprocess
+    import textwrap
+
+    from benchmarks.harness import _Monitor
+
+    burn = textwrap.dedent("""
+        import subprocess, sys, time
+        print("START", flush=True)
+        spin = "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.4: pass"
+        subprocess.run([sys.executable, "-c", spin], check=True)
+        print("END", flush=True)
+        sys.stdin.read()
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    monitor = _Monitor(proc.pid, interval=3600)  # no sample inside the window
+    monitor.start()
+    try:
+        assert proc.stdout.readline().strip() == "START"
+        monitor.open()
+        assert proc.stdout.readline().strip() == "END"
+        monitor.close()
+    finally:
+        proc.communicate("")
+        monitor.stop()
+    assert monitor.cpu_s >= 0.35

@@ -124,6 +124,37 @@ def test_recipe_rows_are_paired_with_the_code_they_reproduce(result, tmp_path):
     assert "failed: unavailable: conversion failed: boom" in md
 
 
+def test_decode_groups_report_cpu_per_sample_against_the_bare_loop_with_pipeflows_decoder(result, tmp_path):
+    from benchmarks.scenarios import BARE_DATALOADER, BARE_OWN_DECODER, BARE_PIL
+
+    g = "64 MB shards, decode 1024x768 JPEG (~313 KB) to 224x224"
+    result["rows"] += [
+        _row("s2", g, "pipeflow", 120.0, shard_mb=64, decode=True, cpu_s_per_sample=0.0052),
+        _row("s2", g, "S3IterableDataset", 60.0, shard_mb=64, decode=True, cpu_s_per_sample=0.0106),
+        _row("s2", g, BARE_PIL, 50.0, shard_mb=64, decode=True, cpu_s_per_sample=0.0189),
+        _row("s2", g, BARE_DATALOADER, 200.0, shard_mb=64, decode=True, cpu_s_per_sample=0.0048),
+        _row("s2", g, BARE_OWN_DECODER, 300.0, shard_mb=64, decode=True, cpu_s_per_sample=0.0040),
+    ]
+    s = report.summarize(result)["s2"][g]
+    assert s["cpu_per_sample_vs_bare_own_decoder"] == 1.3
+    assert s["cpu_per_sample_bare_dataloader_vs_bare_own_decoder"] == 1.2
+    assert s["vs_bare_decode_loop"] == 2.4  # the PIL loop, the peers' decode
+    assert s["best_peer"] == "S3IterableDataset"
+    md = report.write(result, tmp_path)["markdown"].read_text()
+    assert f"pipeflow / {BARE_OWN_DECODER}: **1.30** (5.20 ms / 4.00 ms); the same decode in a " \
+           f"plain DataLoader ({BARE_DATALOADER}): 1.20 (4.80 ms)." in md
+    # groups without that row print no such line
+    assert md.count("Client CPU per sample") == 1
+    # repeated runs: the median of each side
+    result["rows"] += [
+        _row("s2", g, "pipeflow", 120.0, shard_mb=64, decode=True, cpu_s_per_sample=0.0080, repeat=1),
+        _row("s2", g, "pipeflow", 120.0, shard_mb=64, decode=True, cpu_s_per_sample=0.0050, repeat=2),
+        _row("s2", g, BARE_OWN_DECODER, 300.0, shard_mb=64, decode=True, cpu_s_per_sample=0.0050, repeat=1),
+    ]
+    median = report.summarize(result)["s2"][g]["cpu_per_sample_vs_bare_own_decoder"]
+    assert median == pytest.approx(5.2 / 4.5, abs=0.01)
+
+
 def test_server_and_proxy_cpu_in_the_table(result, tmp_path):
     result["rows"][5]["others_cpu_pct"] = {"server": 81.5, "proxy": 40.25}
     md = report.write(result, tmp_path)["markdown"].read_text()

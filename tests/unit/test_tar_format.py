@@ -276,3 +276,34 @@ def test_pax_record_with_a_non_utf8_key_is_ignored():
     pax = _record("path", b"kept.txt") + b"10 \xff\xfek=v1\n"
     data = FIRST + _entry("PaxHeader", tarfile.XHDTYPE, pax) + _entry("x", tarfile.REGTYPE, b"v") + END
     assert read(data) == [("first.txt", b"abc"), ("kept.txt", b"v")]
+
+
+def _traced_peak(fn):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        result = fn()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_plain_stream_reads_copy_each_block_once():
+    """A small read takes one block from the stream and keeps it as it is: no copies of the
+    rest of the block (they cost more CPU than parsing on shards of large JPEGs)."""
+    from pipeflow.formats._compression import READAHEAD, Prefixed
+
+    data = os.urandom(3 * READAHEAD + 1000)
+    reader = Prefixed(io.BytesIO(data[10:]), data[:10])
+    first, peak = _traced_peak(lambda: reader.read(600))
+    assert first == data[:600]
+    assert peak < 1.5 * READAHEAD  # the block read, and no copy of it
+    # reads inside the block, across its end, and larger than a block all return the bytes
+    got = [first]
+    for n in (512, 3, READAHEAD - 1000, 2 * READAHEAD, 700, READAHEAD):
+        got.append(reader.read(n))
+    joined = b"".join(got)
+    assert joined == data[:len(joined)] and len(joined) == len(data)
+    assert reader.read(10) == b""
