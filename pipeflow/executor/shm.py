@@ -113,7 +113,10 @@ def run_in_slot(slot: tuple[str, int, int] | None, fn: Any, *args: Any) -> Any:
         place = _SlotWriter(name, capacity)
         _export(result, _DEPTH, place)  # a dry run: sizes and offsets only
         if place.offset <= capacity:
-            place.offset, place.buffer = 0, _worker_mapping(name, capacity, generation)
+            try:
+                place.offset, place.buffer = 0, _worker_mapping(name, capacity, generation)
+            except OSError:  # the slot is gone (its pool is shutting down): a fresh segment
+                return _export(result, _DEPTH, None)
             return _export(result, _DEPTH, place)
     return _export(result, _DEPTH, None)
 

@@ -140,3 +140,17 @@ def test_a_worker_drops_its_mappings_of_retired_slots(prefix):
         assert list(shm._mappings) == [lent[0]]
     finally:
         slots.reset(close=True)
+
+
+def test_a_slot_removed_under_a_worker_falls_back_to_a_fresh_segment(prefix):
+    slots = shm.Slots(prefix)
+    try:
+        _through(slots, 0)
+        lent = slots.lend()
+        os.unlink(os.path.join(shm.SHM_DIR, lent[0]))  # as a pool shutting down does
+        sent = shm.run_in_slot(lent, _block, 7)
+        assert sent.offset is None  # its own segment, not the slot
+        out = shm.restore(sent, slots, lent[0])
+        assert int(out[9]) == 7 and _mine(prefix) == []
+    finally:
+        slots.reset(close=True)
