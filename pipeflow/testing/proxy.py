@@ -52,6 +52,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from .s3server import death_signal_hook
+
 __all__ = ["Action", "DelayProxy", "Faults", "ProxyProcess", "RequestInfo", "main"]
 
 #: What a fault hook may ask the proxy to do with one request.
@@ -837,7 +839,8 @@ class ProxyProcess:
                "--error-status", str(f.error_status), "--reset-rate", str(f.reset_rate),
                "--reset-after", str(f.reset_after), "--stall-rate", str(f.stall_rate),
                "--stall-s", str(f.stall_s), "--methods", ",".join(sorted(f.methods)), "--seed", str(f.seed)]
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        # a parent killed outright (SIGKILL) takes its proxy along, as it does its server
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=death_signal_hook())
         assert self._proc.stdout is not None
         line = self._proc.stdout.readline().strip()
         if not line.startswith("http://"):

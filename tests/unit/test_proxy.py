@@ -352,3 +352,45 @@ def test_subprocess_mode_serves_stats(server):
         assert proxy.counts() == {}
         proc = proxy._proc
     assert proc is not None and proc.returncode == 0
+
+
+_PARENT_OF_A_PROXY = """
+import sys, time
+from pipeflow.testing.proxy import ProxyProcess
+with ProxyProcess("http://127.0.0.1:9", delay_ms=1) as proxy:
+    print(proxy.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_proxy_process_dies_with_a_parent_killed_outright():
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT_OF_A_PROXY], stdout=subprocess.PIPE, text=True)
+    pid = 0
+    try:
+        assert parent.stdout is not None
+        pid = int(parent.stdout.readline())
+        parent.send_signal(signal.SIGKILL)  # no finally block, no atexit
+        parent.wait()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.05)
+        assert not _alive(pid), "the proxy outlived its parent"
+    finally:
+        parent.kill()
+        parent.wait()
+        if pid and _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
