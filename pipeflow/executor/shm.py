@@ -142,8 +142,6 @@ class _SlotWriter:
         return _Handle(self.name, kind, array.dtype.str, tuple(array.shape), array.nbytes, start)
 
 
-
-
 def _worker_mapping(name: str, capacity: int, generation: int) -> mmap.mmap:
     """This worker's mapping of slot ``name``, kept for the next results it carries. A new
     generation means the owner unlinked slots: mappings of those would hold their memory."""
