@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
+import time
 
 import pytest
 
@@ -75,7 +77,7 @@ def test_iopath_reads_chunks_not_the_whole_object(big):
 def test_obstore_holds_one_piece(big):
     pytest.importorskip("obstore")
     url, expected = big
-    be = get_backend("obstore", chunk_size=1 << 20)
+    be = get_backend("obstore", chunk_size=1 << 20, read_ahead=0)
     digest, peak = _stream(be.open(url), lambda raw: raw.peak_buffered)
     assert digest == expected
     # object_store hands over pieces of at least chunk_size, grown by at most one network read
@@ -87,11 +89,41 @@ def test_obstore_stream_has_its_first_piece_when_open_returns(big):
     # shard opened ahead is ready to parse when the reader reaches it (and it stays one piece)
     pytest.importorskip("obstore")
     url, expected = big
-    stream = get_backend("obstore", chunk_size=1 << 20).open(url)
+    stream = get_backend("obstore", chunk_size=1 << 20, read_ahead=0).open(url)
     held = stream._raw.peak_buffered
     assert 1 << 20 <= held <= 4 << 20, held
     digest, _ = _stream(stream, lambda raw: raw.peak_buffered)
     assert digest == expected
+
+
+def _wait_for(predicate, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_obstore_default_keeps_pulling_while_the_reader_works_within_its_bound(big):
+    # the connection is read ahead of the reader (a socket left unread makes the sender stop and
+    # the next read wait a round trip), but no further than read_ahead pieces
+    pytest.importorskip("obstore")
+    url, expected = big
+    be = get_backend("obstore")
+    chunk, ahead = be.options.chunk_size, be.options.read_ahead
+    stream = be.open(url)
+    raw = stream._raw
+    # nobody reads: pieces are pulled all the same (more than the first, which open() pulls),
+    # up to read_ahead + 1 (one in the thread's hand)
+    assert _wait_for(lambda: raw.pulled >= 2), raw.pulled
+    time.sleep(0.3)
+    assert raw.pulled == ahead + 1, raw.pulled
+    digest, peak = _stream(stream, lambda r: r.peak_buffered)
+    assert digest == expected
+    # the documented bound: read_ahead + 2 pieces, each chunk_size grown by at most one network read
+    assert chunk <= peak <= (ahead + 2) * (chunk + (1 << 20)), peak
+    assert not [t for t in threading.enumerate() if t.name == "pipeflow-obstore-read-ahead" and t.is_alive()]
 
 
 def test_crt_holds_two_windows(big):
