@@ -23,10 +23,10 @@ from .._checks import check_choice, check_int
 from .._once import first_time
 from .chunks import run_chunk, spread
 from .lifetime import arm_worker, pool_cache
+from .shm import Slots, discard, pool_prefix, restore, run_in_slot, run_task, sweep, sweep_dead_owners
 from .shm import available as shm_available
-from .shm import discard, pool_prefix, restore, run_task, sweep, sweep_dead_owners
 
-__all__ = ["WorkerPool", "lease_pool", "make_pool", "return_pool"]
+__all__ = ["WorkerPool", "lease_pool", "make_pool", "prestart", "return_pool"]
 
 #: how long close() waits for busy process workers before terminating them
 PROCESS_GRACE_SECONDS = 5.0
@@ -47,6 +47,32 @@ def _preload_forkserver(ctx: Any, modules: tuple[str, ...]) -> None:
     # milliseconds instead of importing torch, pipeflow and the mapped function's module again.
     # It only takes effect if the fork server is not running yet (it is one per process).
     ctx.set_forkserver_preload(list(dict.fromkeys(_BASE_PRELOAD + modules)))
+
+
+def _start_method(start_method: str | None) -> str:
+    return start_method or os.environ.get("PIPEFLOW_START_METHOD") or _default_start_method()
+
+
+def _fn_preload(fn: Callable[..., Any]) -> tuple[str, ...]:
+    module = getattr(fn, "__module__", None) or type(fn).__module__
+    return (module,) if module and module != "__main__" else ()
+
+
+def prestart(fn: Callable[..., Any], start_method: str | None = None) -> bool:
+    """Start the fork server for process workers running ``fn`` now, without waiting for it.
+
+    The fork server spends 1-2 s importing the mapped function's module (torch, numpy, ...)
+    before it can fork the first worker. Started when a pipeline begins iterating, that import
+    runs while the upstream stages produce their first items instead of after them. Takes
+    about 10 ms (the server is a new process); True if a fork server runs.
+    """
+    if multiprocessing.current_process().daemon or _start_method(start_method) != "forkserver":
+        return False
+    from multiprocessing import forkserver  # POSIX only
+
+    _preload_forkserver(multiprocessing.get_context("forkserver"), _fn_preload(fn))
+    forkserver.ensure_running()
+    return True
 
 
 class WorkerPool:
@@ -82,10 +108,11 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._executor: Executor
         self._shm_prefix = ""
+        self._slots: Slots | None = None
         if method == "thread":
             self._executor = ThreadPoolExecutor(workers, thread_name_prefix=f"pipeflow-{name}")
         else:
-            method_name = start_method or os.environ.get("PIPEFLOW_START_METHOD") or _default_start_method()
+            method_name = _start_method(start_method)
             ctx = multiprocessing.get_context(method_name)
             self.start_method = method_name
             if method_name == "forkserver":
@@ -93,6 +120,7 @@ class WorkerPool:
             if shm_available():
                 sweep_dead_owners()
                 self._shm_prefix = pool_prefix(next(_pool_ids))
+                self._slots = Slots(self._shm_prefix)
             self._executor = ProcessPoolExecutor(workers, mp_context=ctx, initializer=arm_worker,
                                                  initargs=(os.getpid(), self._shm_prefix))
         self._closed = False
@@ -100,7 +128,16 @@ class WorkerPool:
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         if self.method == "thread":
             return self._executor.submit(fn, *args)
-        return _restoring(self._executor.submit(run_task, fn, *args))
+        slots = self._slots
+        if slots is None:
+            return _restoring(self._executor.submit(run_task, fn, *args), None, None)
+        lent = slots.lend()
+        try:
+            inner = self._executor.submit(run_in_slot, lent, fn, *args)
+        except BaseException:
+            slots.give_back(lent and lent[0])
+            raise
+        return _restoring(inner, slots, lent and lent[0])
 
     def submit_chunk(self, fn: Callable[[Any], Any], items: list[Any]) -> list[Future[Any]]:
         """``fn`` on each of ``items`` as one task of a process pool; a future per item."""
@@ -109,6 +146,12 @@ class WorkerPool:
         outers: list[Future[Any]] = [Future() for _ in items]
         spread(self._executor.submit(run_chunk, fn, items), outers)
         return outers
+
+    def park(self) -> None:
+        """Going idle between epochs: the shared-memory slots go (the next epoch makes new ones),
+        so an idle pool keeps nothing in ``/dev/shm``."""
+        if self._slots is not None:
+            self._slots.reset()
 
     def usable(self) -> bool:
         """Not shut down and no worker died: fit to be reused by another epoch."""
@@ -134,13 +177,16 @@ class WorkerPool:
                 proc.join(1.0)
         if wait:
             executor.shutdown(wait=True)
+        if self._slots is not None:
+            self._slots.reset(close=True)
         if self._shm_prefix:
             # results a crashed worker wrote, or that were cancelled before anyone read them
             sweep(self._shm_prefix)
 
 
-def _restoring(inner: Future[Any]) -> Future[Any]:
-    """A future for the caller whose result has the shared-memory handles turned into arrays."""
+def _restoring(inner: Future[Any], slots: Slots | None, lent: str | None) -> Future[Any]:
+    """A future for the caller whose result has the shared-memory handles turned into arrays;
+    the slot ``lent`` for the task goes back unless the result views it."""
     outer: Future[Any] = Future()
 
     def cancel_inner(done: Future[Any]) -> None:
@@ -148,21 +194,22 @@ def _restoring(inner: Future[Any]) -> Future[Any]:
             inner.cancel()
 
     def transfer(done: Future[Any]) -> None:
-        if done.cancelled():
-            outer.cancel()
-            return
-        exc = done.exception()
-        if exc is not None:
-            _set(outer, exc=exc)
+        if done.cancelled() or done.exception() is not None:
+            if slots is not None:
+                slots.give_back(lent)
+            if done.cancelled():
+                outer.cancel()
+            else:
+                _set(outer, exc=done.exception())
             return
         value = done.result()
         if outer.cancelled():
-            discard(value)
+            discard(value, slots, lent)
             return
         try:
-            restored = restore(value)
+            restored = restore(value, slots, lent)
         except Exception as err:  # noqa: BLE001 - delivered to the consumer
-            discard(value)
+            discard(value, slots, lent)
             _set(outer, exc=err)
             return
         _set(outer, value=restored)
@@ -201,8 +248,7 @@ def lease_pool(fn: Callable[..., Any], workers: int, method: Literal["thread", "
     """
     if method != "process" or owner is None:
         return make_pool(workers, method, name=name, start_method=start_method)
-    module = getattr(fn, "__module__", None) or type(fn).__module__
-    preload = (module,) if module and module != "__main__" else ()
+    preload = _fn_preload(fn)
     key = (id(owner), _pool_key(fn, workers, method, start_method))
     return pool_cache.acquire(
         key, lambda: make_pool(workers, method, name=name, start_method=start_method, preload=preload))
@@ -216,4 +262,5 @@ def return_pool(pool: WorkerPool, fn: Callable[..., Any], *, start_method: str |
         pool.shutdown(wait=True)
         return
     key = (id(owner), _pool_key(fn, pool.workers, "process", start_method))
+    pool.park()
     pool_cache.release(key, pool, owner)

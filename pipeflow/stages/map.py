@@ -18,6 +18,7 @@ from typing import Any, Literal
 from .._checks import check_choice, check_int_or_auto, is_int
 from ..errors import ConfigError, WorkerCrashedError
 from ..executor.autotune import AUTO, BYTE_BUDGET, Kind, Tuner, bounds, dataloader_workers
+from ..executor.pool import prestart
 from ..executor.window import Window
 from .base import SOURCES_KEY, Rewind, Stage, describe_item
 
@@ -74,6 +75,8 @@ class WindowedStage(Stage[Any]):
         self.one_to_one = on_error == "raise"
         if workers and method == "process":
             self._check_picklable()
+        self._prestart = bool(workers) and method == "process"
+        self._start_method = start_method
         # "auto" is sized in start(), in the process that runs the work (a DataLoader worker
         # has a share of the cores): until then the window has one worker, a placeholder
         self._window = Window(fn, workers=1 if workers == AUTO else workers, method=method,
@@ -147,6 +150,11 @@ class WindowedStage(Stage[Any]):
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self, state: dict[str, Any] | None) -> None:
+        if self._prestart:
+            # before the upstream stages produce anything: the fork server's imports (1-2 s)
+            # overlap their first items instead of following them
+            self._prestart = False
+            prestart(self._fn, self._start_method)
         self._autotune()
         Rewind.replay(self.source, state)
         self._rewind.restart(self.source)

@@ -40,6 +40,8 @@ if __name__ == "__main__":
         next(it)
     pids = [p.pid for p in psutil.Process().children(recursive=True)]
     print(json.dumps(pids), flush=True)
+    slots = [n for n in os.listdir("/dev/shm") if n.startswith(f"pipeflow-{os.getpid()}-0-s")]
+    print(json.dumps(slots), flush=True)
     if sys.argv[1] == "exit":
         os._exit(0)
     time.sleep(600)
@@ -73,10 +75,10 @@ def _segments(prefix=None):
     return {p.name for p in SHM.iterdir() if p.name.startswith(prefix)} if SHM.is_dir() else set()
 
 
-@pytest.mark.parametrize("how", ["os._exit", "SIGKILL"])
-def test_no_process_outlives_an_abrupt_end_of_its_owner(how, tmp_path):
+@pytest.mark.parametrize(("how", "inflight"), [("os._exit", 8), ("SIGKILL", 8), ("SIGKILL", 4)])
+def test_no_process_outlives_an_abrupt_end_of_its_owner(how, inflight, tmp_path):
     script = tmp_path / "user_script.py"
-    script.write_text(SCRIPT)
+    script.write_text(SCRIPT.replace("max_inflight=8", f"max_inflight={inflight}"))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, str(script), "exit" if how == "os._exit" else "wait"],
                             stdout=subprocess.PIPE, env=env, cwd=tmp_path)
@@ -84,6 +86,8 @@ def test_no_process_outlives_an_abrupt_end_of_its_owner(how, tmp_path):
         line = proc.stdout.readline()
         pids = json.loads(line)
         assert len(pids) >= 4, pids  # fork server, resource tracker, 2 workers
+        slots = json.loads(proc.stdout.readline())
+        assert slots or inflight == 8  # one item per task: reusable slots exist when the owner dies
         owner = proc.pid
         if how == "SIGKILL":
             os.kill(owner, signal.SIGKILL)
@@ -128,6 +132,34 @@ def test_large_results_arrive_through_shared_memory_and_leave_nothing():
     results[3]["image"] += 1  # the memory is the result's own
     assert int(results[3]["image"][0, 0, 0]) == 4
     assert _segments() <= before
+
+
+def test_results_reuse_slots_and_results_still_held_are_never_overwritten():
+    before = _segments()
+    seen = []
+    real_read = shm._read
+
+    def spy(handle):
+        seen.append((handle.name, handle.offset))
+        return real_read(handle)
+
+    shm._read = spy
+    try:
+        held = []
+        for i, r in enumerate(pf.from_items(range(160)).map(_procs.big_sample, workers=2, method="process")):
+            if i % 2 == 0:  # every other result stays alive (its slot must not be reused)
+                held.append(r)
+    finally:
+        shm._read = real_read
+    for j, r in enumerate(held):
+        i = 2 * j
+        assert r["__key__"] == f"k{i}" and int(r["image"][2, 100, 7]) == i % 251
+        assert float(r["depth"][255, 0]) == float(i)
+        assert torch.equal(r["list"][0], torch.arange(40_000, dtype=torch.int32) + i)
+    in_slots = [name for name, offset in seen if offset is not None]
+    assert len(in_slots) > len(seen) // 2  # most results went into slots...
+    assert len(set(in_slots)) < len(in_slots) // 3  # ...which were reused (3 arrays a result)
+    assert _segments() <= before  # the epoch ended: the idle pool keeps nothing in /dev/shm
 
 
 @pytest.mark.parametrize("how", ["close", "exception", "crash", "sigkill"])
@@ -187,3 +219,52 @@ def test_a_crashed_pool_is_not_reused():
         list(pipe)
     ok = pf.from_items(range(5)).map(_procs.big_sample, workers=2, method="process")
     _check_results(list(ok), 5)
+
+
+# A fresh interpreter (the fork server is one per process): is a fork server running after
+# describing the pipeline, after iter(), and when the upstream stage makes its first item?
+PRESTART = """
+import json, psutil
+import pipeflow as pf
+from tests.reliability._procs import big_sample
+
+seen = []
+
+def servers():
+    return [p for p in psutil.Process().children() if "forkserver" in " ".join(p.cmdline())]
+
+def probe(i):
+    if not seen:
+        seen.append(servers())
+    return i
+
+if __name__ == "__main__":
+    pipe = pf.from_items(range(4)).map(probe).map(big_sample, workers=2, method="process")
+    described = len(servers())
+    it = iter(pipe)
+    next(it)
+    started = seen[0]
+    print(json.dumps({"described": described, "upstream": len(started),
+                      "preload": started[0].cmdline() if started else [],
+                      "same": [p.pid for p in started] == [p.pid for p in servers()]}), flush=True)
+    it.close()
+"""
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "fork"])
+def test_the_fork_server_starts_before_upstream_stages_produce_items(start_method, tmp_path):
+    script = tmp_path / "user_script.py"
+    script.write_text(PRESTART)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "PIPEFLOW_START_METHOD": start_method}
+    out = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["described"] == 0  # describing a pipeline starts nothing
+    if start_method == "fork":
+        assert seen["upstream"] == 0
+        return
+    # running when the upstream stage made its first item, with the mapped function's module
+    # to import, and the very server that then forked the workers
+    assert seen["upstream"] == 1 and seen["same"]
+    assert "tests.reliability._procs" in " ".join(seen["preload"])

@@ -66,3 +66,91 @@ def test_out_of_mappings_falls_back_to_a_private_copy(prefix, monkeypatch):
     out = shm.restore(sent)
     assert torch.equal(out["t"], _result(None)["t"]) and _mine(prefix) == []
     out["a"][0, 0] = 5.0  # writable, owned by the result
+
+
+def _block(i):
+    return np.full(200_000, i % 251, dtype=np.uint8)
+
+
+def _through(slots, i):
+    """One task as a pool runs it: a slot lent, the worker writes, the owner restores."""
+    lent = slots.lend()
+    sent = shm.run_in_slot(lent, _block, i)
+    return shm.restore(pickle.loads(pickle.dumps(sent)), slots, lent and lent[0]), lent
+
+
+def test_results_reuse_a_slot_once_their_arrays_are_gone(prefix):
+    slots = shm.Slots(prefix)
+    try:
+        first, lent = _through(slots, 1)
+        assert lent is None and _mine(prefix) == []  # size unknown yet: a fresh, unlinked segment
+        names = set()
+        for i in range(20):
+            out, lent = _through(slots, i)
+            assert int(out[0]) == i % 251 and int(out[-1]) == i % 251
+            names.add(lent[0])
+            del out  # the slot goes back with its last view
+        assert len(names) == 1 and len(_mine(prefix)) == 1
+    finally:
+        slots.reset(close=True)
+    assert _mine(prefix) == []
+
+
+def test_a_slot_is_never_lent_while_an_array_views_it(prefix):
+    slots = shm.Slots(prefix)
+    try:
+        _through(slots, 0)
+        held = [_through(slots, i) for i in range(1, 30)]
+        assert len({lent[0] for _, lent in held}) == 29  # every live result has its own slot
+        view = held[5][0][1000:1010]  # a view of a view keeps the slot too
+        del held
+        again = [_through(slots, 100 + i)[0] for i in range(29)]
+        assert (view == 6).all() and all(int(a[7]) == (100 + i) % 251 for i, a in enumerate(again))
+    finally:
+        slots.reset(close=True)
+
+
+def test_results_larger_than_their_slot_take_fresh_segments_and_grow_the_slots(prefix):
+    slots = shm.Slots(prefix)
+    try:
+        _through(slots, 0)
+        lent = slots.lend()
+        big = np.arange(2_000_000, dtype=np.uint8)
+        out = shm.restore(shm.run_in_slot(lent, lambda _: big, None), slots, lent[0])
+        assert np.array_equal(out, big)
+        generation = slots.generation
+        grown = slots.lend()
+        assert grown[1] >= big.nbytes and slots.generation > generation  # the small slot retired
+        assert len(_mine(prefix)) == 1
+    finally:
+        slots.reset(close=True)
+
+
+def test_a_worker_drops_its_mappings_of_retired_slots(prefix):
+    slots = shm.Slots(prefix)
+    try:
+        _through(slots, 0)
+        out, lent = _through(slots, 1)
+        assert lent[0] in shm._mappings
+        del out
+        slots.reset()  # the pool goes idle: slots unlinked, a new generation
+        assert _mine(prefix) == []
+        _through(slots, 2)
+        _, lent = _through(slots, 3)
+        assert list(shm._mappings) == [lent[0]]
+    finally:
+        slots.reset(close=True)
+
+
+def test_a_slot_removed_under_a_worker_falls_back_to_a_fresh_segment(prefix):
+    slots = shm.Slots(prefix)
+    try:
+        _through(slots, 0)
+        lent = slots.lend()
+        os.unlink(os.path.join(shm.SHM_DIR, lent[0]))  # as a pool shutting down does
+        sent = shm.run_in_slot(lent, _block, 7)
+        assert sent.offset is None  # its own segment, not the slot
+        out = shm.restore(sent, slots, lent[0])
+        assert int(out[9]) == 7 and _mine(prefix) == []
+    finally:
+        slots.reset(close=True)
