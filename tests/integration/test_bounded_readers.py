@@ -77,7 +77,7 @@ def test_iopath_reads_chunks_not_the_whole_object(big):
 def test_obstore_holds_one_piece(big):
     pytest.importorskip("obstore")
     url, expected = big
-    be = get_backend("obstore", chunk_size=1 << 20, read_ahead=0)
+    be = get_backend("obstore", chunk_size=1 << 20)
     digest, peak = _stream(be.open(url), lambda raw: raw.peak_buffered)
     assert digest == expected
     # object_store hands over pieces of at least chunk_size, grown by at most one network read
@@ -89,7 +89,7 @@ def test_obstore_stream_has_its_first_piece_when_open_returns(big):
     # shard opened ahead is ready to parse when the reader reaches it (and it stays one piece)
     pytest.importorskip("obstore")
     url, expected = big
-    stream = get_backend("obstore", chunk_size=1 << 20, read_ahead=0).open(url)
+    stream = get_backend("obstore", chunk_size=1 << 20).open(url)
     held = stream._raw.peak_buffered
     assert 1 << 20 <= held <= 4 << 20, held
     digest, _ = _stream(stream, lambda raw: raw.peak_buffered)
@@ -105,13 +105,14 @@ def _wait_for(predicate, seconds=10.0):
     return True
 
 
-def test_obstore_default_keeps_pulling_while_the_reader_works_within_its_bound(big):
+@pytest.mark.parametrize("ahead", [1, 2])
+def test_obstore_read_ahead_keeps_pulling_while_the_reader_works_within_its_bound(big, ahead):
     # the connection is read ahead of the reader (a socket left unread makes the sender stop and
-    # the next read wait a round trip), but no further than read_ahead pieces
+    # the next read wait for it), but no further than read_ahead pieces
     pytest.importorskip("obstore")
     url, expected = big
-    be = get_backend("obstore")
-    chunk, ahead = be.options.chunk_size, be.options.read_ahead
+    be = get_backend("obstore", read_ahead=ahead)
+    chunk = be.options.chunk_size
     stream = be.open(url)
     raw = stream._raw
     # nobody reads: pieces are pulled all the same (more than the first, which open() pulls),
