@@ -72,6 +72,13 @@ def test_tiny_bench_writes_every_output_with_every_peer(tmp_path):
     # the decode group (one kind of JPEG in the tiny run) is there, named for what it does
     decode_groups = {r["group"] for r in result["rows"] if r.get("decode_kind") == "imagenet"}
     assert len(decode_groups) == 1 and "to 224x224" in decode_groups.pop()
+    # with the bare loops beside pipeflow, and pipeflow's CPU per sample over the one that runs
+    # pipeflow's own decoder
+    from benchmarks.scenarios import BARE_DATALOADER, BARE_OWN_DECODER, BARE_PIL  # importable now
+
+    decoding = {r["library"] for r in result["rows"] if r.get("decode_kind") == "imagenet"}
+    assert {"pipeflow", BARE_PIL, BARE_OWN_DECODER, BARE_DATALOADER} <= decoding
+    assert f"Client CPU per sample, pipeflow / {BARE_OWN_DECODER}" in markdown
     assert "recipe / original" in markdown
     # requests were counted at the proxy: every one-object-per-field case fetched its objects
     for r in result["rows"]:
