@@ -110,7 +110,6 @@ class WindowedStage(Stage[Any]):
         window = self._window
         if workers == AUTO:
             start, high = bounds(self._kind)
-            start = self._first_limit(start)
             if is_int(max_inflight):  # an explicit bound on items in flight caps everything
                 window.workers = min(high, max_inflight)
                 tuner = Tuner(1, max_inflight, min(start, max_inflight))
@@ -124,10 +123,6 @@ class WindowedStage(Stage[Any]):
         if self._kind in ("io", "stream"):
             tuner.byte_budget = BYTE_BUDGET // dataloader_workers()
         window.tuner = tuner
-
-    def _first_limit(self, start: int) -> int:
-        """The in-flight limit ``workers="auto"`` starts from (the stage kind's, by default)."""
-        return start
 
     def measure(self) -> dict[str, float]:
         numbers = super().measure()

@@ -29,9 +29,6 @@ from .map import WindowedStage
 
 __all__ = ["OpenFn", "Opener", "default_backend"]
 
-#: streams opened ahead of the one being read when ``workers="auto"`` starts tuning
-STREAMS_AHEAD = 1
-
 
 def default_backend(url: str) -> str:
     """The backend ``open()`` uses when none is named: the fastest measured for the scheme.
@@ -126,15 +123,6 @@ class Opener(WindowedStage):
                          on_discard=_close_result, kind="io" if read else "stream",
                          size_of=_size)
         self._handed_out: weakref.WeakSet[Any] = weakref.WeakSet()
-
-    def _first_limit(self, start: int) -> int:
-        if self._open_fn.read:
-            return start
-        # streams: from the first item on, the next object is opened while the current one is
-        # read, so its round trip to the first byte overlaps that reading. Starting at one,
-        # every DataLoader worker read its first dozen shards strictly one after another (the
-        # tuner needs that many items to measure its first step)
-        return max(start, STREAMS_AHEAD + 1)
 
     def start(self, state: dict[str, Any] | None) -> None:
         self._open_fn.counts = (self.context.stats, self.name)
