@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
+import time
 
 import pytest
 
@@ -92,6 +94,37 @@ def test_obstore_stream_has_its_first_piece_when_open_returns(big):
     assert 1 << 20 <= held <= 4 << 20, held
     digest, _ = _stream(stream, lambda raw: raw.peak_buffered)
     assert digest == expected
+
+
+def _wait_for(predicate, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.mark.parametrize("ahead", [1, 2])
+def test_obstore_read_ahead_keeps_pulling_while_the_reader_works_within_its_bound(big, ahead):
+    # the connection is read ahead of the reader (a socket left unread makes the sender stop and
+    # the next read wait for it), but no further than read_ahead pieces
+    pytest.importorskip("obstore")
+    url, expected = big
+    be = get_backend("obstore", read_ahead=ahead)
+    chunk = be.options.chunk_size
+    stream = be.open(url)
+    raw = stream._raw
+    # nobody reads: pieces are pulled all the same (more than the first, which open() pulls),
+    # up to read_ahead + 1 (one in the thread's hand)
+    assert _wait_for(lambda: raw.pulled >= 2), raw.pulled
+    time.sleep(0.3)
+    assert raw.pulled == ahead + 1, raw.pulled
+    digest, peak = _stream(stream, lambda r: r.peak_buffered)
+    assert digest == expected
+    # the documented bound: read_ahead + 2 pieces, each chunk_size grown by at most one network read
+    assert chunk <= peak <= (ahead + 2) * (chunk + (1 << 20)), peak
+    assert not [t for t in threading.enumerate() if t.name == "pipeflow-obstore-read-ahead" and t.is_alive()]
 
 
 def test_crt_holds_two_windows(big):

@@ -37,11 +37,13 @@ from .conftest import FIGURES
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]
 
-BACKENDS = ["boto3", "s3fs", "s3torchconnector", "s5cmd", "obstore", "iopath", "iopath-chunked"]
+BACKENDS = ["boto3", "s3fs", "s3torchconnector", "s5cmd", "obstore", "obstore-read-ahead", "iopath",
+            "iopath-chunked"]
 #: a case name -> (backend, options): iopath downloads whole objects through boto3's transfer
 #: manager, which retries a cut body itself; with chunk_size its ranged reads are cut under
-#: pipeflow's own resume
-VARIANTS = {"iopath-chunked": ("iopath", {"chunk_size": 4096})}
+#: pipeflow's own resume; obstore's read-ahead thread meets a cut body before the reader does
+VARIANTS = {"iopath-chunked": ("iopath", {"chunk_size": 4096}),
+            "obstore-read-ahead": ("obstore", {"read_ahead": 1, "chunk_size": 1024})}
 NUM_SHARDS, PER_SHARD = 6, 8
 #: patient enough for a 30% fault rate, fast enough for CI
 POLICY = RetryPolicy(max_attempts=8, base_delay=0.02, max_delay=0.2, max_resumes=50)
