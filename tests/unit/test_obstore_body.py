@@ -45,9 +45,9 @@ def test_an_empty_body_reads_as_empty_after_prefetch():
 
 def _wait_for(predicate, seconds=10.0):
     deadline = time.monotonic() + seconds
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
+    while not predicate() and time.monotonic() < deadline:
         time.sleep(0.005)
+    assert predicate(), "the condition never held"
 
 
 def _endless(log):
