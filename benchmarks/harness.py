@@ -189,6 +189,31 @@ def _pss_kb(pid: int) -> int | None:
     return None
 
 
+def _tree(root: Any) -> list[Any]:
+    """``root`` and every process below it (empty once ``root`` is gone)."""
+    import psutil
+
+    try:
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _tree_cpu_s(root: Any) -> float:
+    """User + system seconds of the live tree under ``root`` and of every child its processes
+    reaped (the kernel adds a reaped child's time to its parent's children times)."""
+    import psutil
+
+    total = 0.0
+    for p in _tree(root):
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
 class _Monitor:
     """CPU time and memory of a process tree while a window is open.
 
@@ -236,24 +261,14 @@ class _Monitor:
 
     def tree_cpu_s(self) -> float:
         """User + system seconds of the live tree and of every child its processes reaped."""
-        total = 0.0
-        for p in self.procs():
-            try:
-                t = p.cpu_times()
-            except self.psutil.Error:
-                continue
-            total += t.user + t.system + t.children_user + t.children_system
-        return total
+        return _tree_cpu_s(self.root)
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
 
     def procs(self) -> list[Any]:
-        try:
-            return [self.root, *self.root.children(recursive=True)]
-        except self.psutil.Error:
-            return []
+        return _tree(self.root)
 
     def _sample(self, count: bool, pss: bool = False) -> None:
         rss = pss_total = 0
@@ -297,26 +312,14 @@ class _Others:
         self.t0 = 0.0
         self.window_s = 0.0
 
-    def _cpu(self, proc: Any) -> float:
-        import psutil
-
-        total = 0.0
-        try:
-            for p in (proc, *proc.children(recursive=True)):
-                t = p.cpu_times()
-                total += t.user + t.system
-        except psutil.Error:
-            pass
-        return total
-
     def open(self) -> None:
-        self.start = {name: self._cpu(p) for name, p in self.procs.items()}
+        self.start = {name: _tree_cpu_s(p) for name, p in self.procs.items()}
         self.t0 = time.perf_counter()
 
     def close(self) -> None:
         if self.start and not self.window_s:
             self.window_s = time.perf_counter() - self.t0
-            self.used = {name: self._cpu(p) - self.start[name] for name, p in self.procs.items()}
+            self.used = {name: _tree_cpu_s(p) - self.start[name] for name, p in self.procs.items()}
 
     def percent(self) -> dict[str, float]:
         if not self.window_s:

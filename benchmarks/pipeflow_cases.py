@@ -8,8 +8,9 @@ pipeline, or the pipeline itself). Decoding uses the same function as the peers
 from __future__ import annotations
 
 import functools
+import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any
 
@@ -138,8 +139,22 @@ def _decode_shape(data: bytes) -> tuple[int, ...]:
     return tuple(_common.decode_image(data).shape)
 
 
+def _batches(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """``items`` in lists of ``size`` (the last one shorter), as the bare loops hand them out."""
+    batch: list[Any] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 class _Bare:
     """The reference: the same decode on a bare thread or process pool, no pipeline."""
+
+    decode = staticmethod(_decode_shape)
 
     def __init__(self, blobs: list[bytes], workers: int, method: str, batch_size: int) -> None:
         self.blobs, self.workers, self.method, self.batch_size = blobs, workers, method, batch_size
@@ -147,14 +162,7 @@ class _Bare:
     def __iter__(self) -> Iterator[list[Any]]:
         pool_cls = ThreadPoolExecutor if self.method == "thread" else ProcessPoolExecutor
         with pool_cls(self.workers) as pool:
-            batch: list[Any] = []
-            for shape in pool.map(_decode_shape, self.blobs, chunksize=1):
-                batch.append(shape)
-                if len(batch) == self.batch_size:
-                    yield batch
-                    batch = []
-            if batch:
-                yield batch
+            yield from _batches(pool.map(self.decode, self.blobs, chunksize=1), self.batch_size)
 
 
 def make_decode(
@@ -201,17 +209,7 @@ def _decode_224(data: bytes) -> tuple[int, ...]:
 
 
 class _Bare224(_Bare):
-    def __iter__(self) -> Iterator[list[Any]]:
-        pool_cls = ThreadPoolExecutor if self.method == "thread" else ProcessPoolExecutor
-        with pool_cls(self.workers) as pool:
-            batch: list[Any] = []
-            for shape in pool.map(_decode_224, self.blobs, chunksize=1):
-                batch.append(shape)
-                if len(batch) == self.batch_size:
-                    yield batch
-                    batch = []
-            if batch:
-                yield batch
+    decode = staticmethod(_decode_224)
 
 
 def make_bare_224(kind: str, count: int, workers: int, *, batch_size: int = 4) -> Any:
@@ -257,15 +255,8 @@ class _BareOwnDecoder:
         chunks = [range(i, min(i + _BARE_CHUNK, self.count)) for i in range(0, self.count, _BARE_CHUNK)]
         with ProcessPoolExecutor(self.workers, initializer=_bare_worker_init,
                                  initargs=(self.blobs,)) as pool:
-            batch: list[Any] = []
-            for shapes in pool.map(_bare_decode_chunk, chunks):
-                for shape in shapes:
-                    batch.append(shape)
-                    if len(batch) == self.batch_size:
-                        yield batch
-                        batch = []
-            if batch:
-                yield batch
+            shapes = itertools.chain.from_iterable(pool.map(_bare_decode_chunk, chunks))
+            yield from _batches(shapes, self.batch_size)
 
 
 def make_bare_own_decoder(kind: str, count: int, workers: int, *, batch_size: int = 4) -> Any:

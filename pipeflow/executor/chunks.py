@@ -19,7 +19,7 @@ from typing import Any
 
 from .shm import discard, restore, run_task
 
-__all__ = ["RemoteTraceback", "run_chunk", "spread"]
+__all__ = ["RemoteTraceback", "run_chunk", "settle", "spread"]
 
 
 class RemoteTraceback(Exception):
@@ -97,23 +97,23 @@ def _deliver(inner: Future[Any], outers: list[Future[Any]]) -> None:
             exc = err
     if exc is not None:
         for outer in outers:
-            _set(outer, exc=exc)
+            settle(outer, exc=exc)
         return
     for outer, (ok, value, tb) in zip(outers, outcomes):
         if not ok:
             value.__cause__ = RemoteTraceback(tb)
-            _set(outer, exc=value)
+            settle(outer, exc=value)
         elif outer.cancelled():
             discard(value)
         else:
             try:
-                _set(outer, value=restore(value))
+                settle(outer, value=restore(value))
             except Exception as err:  # noqa: BLE001 - delivered to the consumer
                 discard(value)
-                _set(outer, exc=err)
+                settle(outer, exc=err)
 
 
-def _set(future: Future[Any], *, value: Any = None, exc: BaseException | None = None) -> None:
+def settle(future: Future[Any], *, value: Any = None, exc: BaseException | None = None) -> None:
     try:
         if exc is not None:
             future.set_exception(exc)

@@ -16,12 +16,12 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Hashable
-from concurrent.futures import Executor, Future, InvalidStateError, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Literal
 
 from .._checks import check_choice, check_int
 from .._once import first_time
-from .chunks import run_chunk, spread
+from .chunks import run_chunk, settle, spread
 from .lifetime import arm_worker, pool_cache
 from .shm import Slots, discard, pool_prefix, restore, run_in_slot, run_task, sweep, sweep_dead_owners
 from .shm import available as shm_available
@@ -200,7 +200,7 @@ def _restoring(inner: Future[Any], slots: Slots | None, lent: str | None) -> Fut
             if done.cancelled():
                 outer.cancel()
             else:
-                _set(outer, exc=done.exception())
+                settle(outer, exc=done.exception())
             return
         value = done.result()
         if outer.cancelled():
@@ -210,23 +210,13 @@ def _restoring(inner: Future[Any], slots: Slots | None, lent: str | None) -> Fut
             restored = restore(value, slots, lent)
         except Exception as err:  # noqa: BLE001 - delivered to the consumer
             discard(value, slots, lent)
-            _set(outer, exc=err)
+            settle(outer, exc=err)
             return
-        _set(outer, value=restored)
+        settle(outer, value=restored)
 
     outer.add_done_callback(cancel_inner)
     inner.add_done_callback(transfer)
     return outer
-
-
-def _set(future: Future[Any], *, value: Any = None, exc: BaseException | None = None) -> None:
-    try:
-        if exc is not None:
-            future.set_exception(exc)
-        else:
-            future.set_result(value)
-    except InvalidStateError:  # cancelled meanwhile; what it carried is dropped
-        pass
 
 
 def make_pool(workers: int, method: Literal["thread", "process"], *, name: str = "pipeflow",

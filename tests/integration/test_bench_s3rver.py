@@ -15,6 +15,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks import s3rver  # noqa: E402
 
 
+def _needs_s3rver() -> None:
+    installed = s3rver.cache_dir() / "node_modules" / ".bin" / "s3rver"
+    if not shutil.which("node") or not installed.exists():
+        pytest.skip("needs Node.js and s3rver installed by a `pipeflow bench --server s3rver` run")
+
+
 def test_without_node_the_error_says_what_is_missing(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no node, no npm
     with pytest.raises(s3rver.NodeMissingError, match="Node.js and npm.*--server moto"):
@@ -25,9 +31,7 @@ def test_without_node_the_error_says_what_is_missing(tmp_path, monkeypatch):
 @pytest.mark.s3
 @pytest.mark.timeout(120)
 def test_s3rver_serves_ranges_and_stops():
-    installed = s3rver.cache_dir() / "node_modules" / ".bin" / "s3rver"
-    if not shutil.which("node") or not installed.exists():
-        pytest.skip("needs Node.js and s3rver installed by a `pipeflow bench --server s3rver` run")
+    _needs_s3rver()
     import psutil
 
     from benchmarks import scenarios
@@ -58,9 +62,7 @@ with s3rver.running(log=lambda _: None) as url:
 @pytest.mark.s3
 @pytest.mark.timeout(120)
 def test_s3rver_dies_with_a_benchmark_killed_outright():
-    installed = s3rver.cache_dir() / "node_modules" / ".bin" / "s3rver"
-    if not shutil.which("node") or not installed.exists():
-        pytest.skip("needs Node.js and s3rver installed by a `pipeflow bench --server s3rver` run")
+    _needs_s3rver()
     import signal
     import subprocess
     import time
