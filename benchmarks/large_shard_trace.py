@@ -61,7 +61,7 @@ class Traced(torch.utils.data.IterableDataset):
         self.pipeline = pipeline
         self.out_dir = out_dir
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self):
         pieces: list[tuple[float, float, int]] = []
         _trace_bodies(pieces)
         task0 = _QUEUE_WAIT[0]
@@ -107,7 +107,7 @@ def _trace_bodies(pieces: list[tuple[float, float, int]]) -> None:
         init(self, source, *args, **kwargs)
 
     obstore_backend._Body._next = timed  # type: ignore[method-assign]
-    obstore_backend._Body.__init__ = patched  # type: ignore[method-assign]
+    obstore_backend._Body.__init__ = patched  # type: ignore[method-assign,assignment]  # a tracing patch
 
 
 #: seconds this process spent in multiprocessing queue gets (a DataLoader worker: waiting for

@@ -289,7 +289,7 @@ class Pipeline(torch.utils.data.IterableDataset):
         """The epoch set by :meth:`set_epoch` (0 until then)."""
         return self._epoch
 
-    def __iter__(self):  # type: ignore[override]
+    def __iter__(self) -> PipelineIterator:
         # a weak reference: a live iterator must not keep its pipeline alive
         ref = weakref.ref(self)
 

@@ -209,7 +209,7 @@ class WindowedBody(io.RawIOBase):
         return out
 
     def readall(self) -> bytes:
-        parts = []
+        parts: list[bytes] = []
         while True:
             chunk = self.read(1 << 30)
             if not chunk:
