@@ -86,10 +86,10 @@ def _chain_classes(graph: str) -> list[type]:
     return [classes[n] for n in names]
 
 
-def _subclasses(cls: type) -> list[type]:
-    out = []
-    for sub in cls.__subclasses__():
-        out += [sub, *_subclasses(sub)]
+def _subclasses(cls: type[Any]) -> list[type[Any]]:
+    out: list[type[Any]] = []
+    for subclass in cls.__subclasses__():
+        out += [subclass, *_subclasses(subclass)]
     return out
 
 
@@ -338,7 +338,10 @@ def resume_node(node: Node, merged: dict[str, Any]) -> Node:
             raise ConfigError(f"this merged state belongs to a pipeline of another shape: saved "
                               f"{merged['graph']}, resuming {fingerprint(root)}")
         _check_graph(stages, sharder, point)
-        by = stages[sharder].by
+        shard_stage = stages[sharder]
+        if not isinstance(shard_stage, Sharder):
+            raise ConfigError(f"elastic resume needs a shard() stage, found {shard_stage.name}")
+        by = shard_stage.by
     finally:
         root.close()
     items = _source_units(nodes[sharder + 1], epoch, by)

@@ -48,7 +48,13 @@ Progress = Callable[[int, int], None]
 
 @runtime_checkable
 class Uploader(Protocol):
-    """The write capability ``write_shards()`` needs from a backend."""
+    """What ``write_shards()`` needs from a backend: reading (its manifest) and the write
+    capability, ``upload``, which only some backends have."""
+
+    name: str
+
+    def read(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
+        """The bytes of ``url`` (see :meth:`~pipeflow.backends.base.Backend.read`)."""
 
     def upload(self, path: str, url: str) -> None:
         """Publish the local file ``path`` as ``url``, atomically."""
@@ -240,7 +246,7 @@ def _store_manifest(store: Uploader, base: str, manifest: ShardManifest) -> None
         os.unlink(path)
 
 
-def _load_manifest(store: Backend, base: str) -> ShardManifest | None:
+def _load_manifest(store: Uploader, base: str) -> ShardManifest | None:
     try:
         text = store.read(f"{base}/{MANIFEST_NAME}")
     except ObjectNotFoundError:
@@ -248,7 +254,7 @@ def _load_manifest(store: Backend, base: str) -> ShardManifest | None:
     return ShardManifest.from_json(text, base)
 
 
-def _backend(url: str, backend: str | Backend | None, options: dict[str, Any]) -> Backend:
+def _backend(url: str, backend: str | Backend | None, options: dict[str, Any]) -> Uploader:
     from ..backends.registry import get_backend
 
     if backend is None:

@@ -17,7 +17,7 @@ from typing import Any
 from ..errors import ConfigError
 from ._expand import ExpandingStage
 from .base import REPLAY_KEY, SOURCES_KEY, Stage
-from .shard import _sample_key
+from .shard import Sharder, _sample_key
 from .unbatch import Unbatcher
 
 __all__ = ["ElasticDropper", "ElasticRemaining", "in_ranges", "locate", "owned_after", "owned_before"]
@@ -159,6 +159,8 @@ class ElasticDropper(Stage[Any]):
         self._count = int(state["count"]) if state else 0
         chain = _chain_to_sharder(self.source)
         sharder = chain[-1]
+        if not isinstance(sharder, Sharder):
+            raise ConfigError(f"elastic resume needs a shard() stage, found {sharder.name}")
         remaining = sharder.sources[0] if sharder.sources else None
         if not isinstance(remaining, ElasticRemaining):
             raise ConfigError("elastic resume: ElasticDropper needs ElasticRemaining before the shard")

@@ -8,8 +8,8 @@ import threading
 import time
 from typing import Any
 
-from .._checks import check_int_or_auto
-from ..executor.autotune import AUTO, BufferTuner
+from .._checks import check_int_or_auto, is_int
+from ..executor.autotune import BufferTuner
 from .base import SOURCES_KEY, Stage
 
 __all__ = ["Prefetcher"]
@@ -51,12 +51,16 @@ class Prefetcher(Stage[Any]):
     def __init__(self, source: Stage[Any], size: int | str = 2) -> None:
         super().__init__(source)
         check_int_or_auto(size, "prefetch(size=...)", low=1)
-        #: tunes the size across epochs of this stage
-        self._tuner = BufferTuner() if size == AUTO else None
-        self._size = self._tuner.value if self._tuner is not None else size
+        #: tunes the size across epochs of this stage ("auto")
+        self._tuner: BufferTuner | None = None
+        if is_int(size):
+            self._size = size
+        else:
+            self._tuner = BufferTuner()
+            self._size = self._tuner.value
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self._queue: queue.Queue[Any] = queue.Queue(size)
+        self._queue: queue.Queue[Any] = queue.Queue(self._size)
         self._state: dict[str, Any] = {}
         self._finished = False
 
