@@ -235,7 +235,7 @@ def _check_graph(stages: list[Stage[Any]], sharder: int, point: int) -> None:
                 raise ConfigError(f"elastic resume needs {stage.name} to split across ranks and workers")
             continue
         ok = isinstance(stage, allowed) and not (i < point and isinstance(stage, Shuffler))
-        if isinstance(stage, WindowedStage) and not stage.window.in_order:
+        if isinstance(stage, WindowedStage) and not stage.window_options.in_order:
             ok = False
         if not ok:
             raise ConfigError(f"elastic resume cannot re-partition this pipeline at stage "

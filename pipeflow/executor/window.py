@@ -21,17 +21,19 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from random import getrandbits
 from time import perf_counter
 from typing import Any, Literal, Protocol
 
+from .._checks import check_bool, check_choice, check_int
 from ..errors import WorkerCrashedError
 from ..items import describe_item
 from ._bootstrap import crashed_error
 from .autotune import Tuner
 from .pool import WorkerPool, lease_pool, return_pool
 
-__all__ = ["Source", "Task", "Window", "default_limit"]
+__all__ = ["Source", "Task", "Window", "WindowOptions", "default_limit"]
 
 
 def default_limit(workers: int, method: str) -> int:
@@ -51,6 +53,43 @@ class Source(Protocol):
     def __next__(self) -> Any: ...
 
     def state_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class WindowOptions:
+    """How a :class:`Window` runs its function, every value resolved (no ``"auto"``) and checked
+    once, here: the window is built from one of these and nobody changes it afterwards.
+
+    Args:
+        workers: pool size; 0 runs ``fn`` in the consumer's thread, one item at a time.
+        method: ``"thread"`` or ``"process"``.
+        in_order: deliver in input order, else as results complete.
+        limit: items submitted but not yet delivered (ignored when ``workers`` is 0; default
+            :func:`default_limit`).
+        name: shown in worker thread names and errors.
+        start_method: multiprocessing start method for process workers.
+        inline: optional ``item -> (done, value)`` tried first in the consumer's thread (a
+            cache hit); ``(False, None)`` sends the item to the pool.
+        on_discard: called with the future of every task dropped undelivered whose work could
+            not be cancelled (when it completes), to release what its result holds.
+        size_of: ``result -> bytes`` of a delivered result, for a tuner's memory budget.
+    """
+
+    workers: int = 0
+    method: Literal["thread", "process"] = "thread"
+    in_order: bool = True
+    limit: int | None = None
+    name: str = "pipeflow"
+    start_method: str | None = None
+    inline: Callable[[Any], tuple[bool, Any]] | None = None
+    on_discard: Callable[[Future[Any]], None] | None = None
+    size_of: Callable[[Any], int] | None = None
+
+    def __post_init__(self) -> None:
+        check_int(self.workers, "window workers", low=0)
+        check_choice(self.method, "window method", ("thread", "process"))
+        check_bool(self.in_order, "window in_order")
+        check_int(self.limit, "window limit", low=1, optional=True)
 
 
 class Task:
@@ -77,47 +116,36 @@ class Window:
 
     Args:
         fn: the per-item function (picklable for ``method="process"``).
-        workers: pool size; 0 runs ``fn`` in the consumer's thread, one item at a time.
-        method: ``"thread"`` or ``"process"``.
-        in_order: deliver in input order, else as results complete.
-        limit: items submitted but not yet delivered (ignored when ``workers`` is 0).
-        name: shown in worker thread names and errors.
-        start_method: multiprocessing start method for process workers.
-        inline: optional ``item -> (done, value)`` tried first in the consumer's thread (a
-            cache hit); ``(False, None)`` sends the item to the pool.
-        on_discard: called with the future of every task dropped undelivered whose work could
-            not be cancelled (when it completes), to release what its result holds.
-        tuner: when set, it owns the limit (``workers`` is then the pool's upper bound) and is
-            told of every delivered item.
-        size_of: ``result -> bytes`` of a delivered result, for the tuner's memory budget.
+        options: how it runs (:class:`WindowOptions`).
+        tuner: when set, it owns the limit (``options.workers`` is then the pool's upper
+            bound) and is told of every delivered item.
+        owner: the object whose lifetime bounds idle process pools kept between epochs (the
+            pipeline's stats); None keeps the pool until :meth:`shutdown`.
     """
 
-    def __init__(self, fn: Callable[[Any], Any], *, workers: int = 0,
-                 method: Literal["thread", "process"] = "thread", in_order: bool = True,
-                 limit: int | None = None, name: str = "pipeflow", start_method: str | None = None,
-                 inline: Callable[[Any], tuple[bool, Any]] | None = None,
-                 on_discard: Callable[[Future[Any]], None] | None = None,
-                 tuner: Tuner | None = None, size_of: Callable[[Any], int] | None = None) -> None:
+    def __init__(self, fn: Callable[[Any], Any], options: WindowOptions | None = None, *,
+                 tuner: Tuner | None = None, owner: Any = None) -> None:
+        options = options or WindowOptions()
         self.fn = fn
+        self.options = options
+        workers, method = options.workers, options.method
         self.workers = workers
         self.method = method
-        self.in_order = in_order
-        self._limit = (limit or default_limit(workers, method)) if workers else 1
+        self.in_order = options.in_order
+        self._limit = (options.limit or default_limit(workers, method)) if workers else 1
         self.tuner = tuner
-        self.size_of = size_of
+        self.size_of = options.size_of
         #: items per process task: two tasks per worker fill the window, each carrying as many
         #: items as that leaves room for (1 with the default window; a deeper ``max_inflight``
         #: asks for chunks, which divide the per-task cost for small per-item work). A tuned
         #: window moves its limit, so it keeps one item per task.
         self.chunk = (max(1, self._limit // (2 * workers))
                       if workers and method == "process" and tuner is None else 1)
-        self.name = name
-        self.start_method = start_method
-        self.inline = inline
-        self.on_discard = on_discard
-        #: the object whose lifetime bounds idle process pools kept between epochs (the
-        #: pipeline's stats, set by the stage); None keeps the pool until shutdown()
-        self.owner: Any = None
+        self.name = options.name
+        self.start_method = options.start_method
+        self.inline = options.inline
+        self.on_discard = options.on_discard
+        self.owner = owner
         self._pool: WorkerPool | None = None
         self._pending: deque[Task] = deque()
         # the workers' time in ``fn``: process workers every item (from submission to
@@ -189,7 +217,7 @@ class Window:
 
     def futures(self) -> list[Future[Any]]:
         """The futures of the tasks not yet delivered, oldest first."""
-        return [t.future for t in self._pending]
+        return [t.future for t in self._pending if t.future is not None]
 
     # ---- work -----------------------------------------------------------------------------
     def next_task(self, source: Source) -> Task | None:
@@ -201,7 +229,9 @@ class Window:
             return None
         if self.in_order or len(self._pending) == 1:
             return self._pending[0]
-        done, _ = wait([t.future for t in self._pending], return_when=FIRST_COMPLETED)
+        # every task has its future here: _fill() sends what it pulled before returning
+        done, _ = wait([t.future for t in self._pending if t.future is not None],
+                       return_when=FIRST_COMPLETED)
         return next(t for t in self._pending if t.future in done)
 
     def complete(self, task: Task) -> None:
@@ -217,8 +247,8 @@ class Window:
         if self.tuner is not None:
             self.tuner.delivered(self._size(task.future))
 
-    def _size(self, future: Future[Any]) -> int:
-        if self.size_of is None or not future.done() or future.exception() is not None:
+    def _size(self, future: Future[Any] | None) -> int:
+        if self.size_of is None or future is None or not future.done() or future.exception() is not None:
             return 0
         return self.size_of(future.result())
 

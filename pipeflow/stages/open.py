@@ -25,7 +25,7 @@ from ..items import Opened, Record
 from ..stats import Stats
 from ._backends import BackendsByScheme, url_of
 from .base import Stage
-from .map import WindowedStage
+from .map import WindowedOptions, WindowedStage
 
 __all__ = ["OpenFn", "Opener", "default_backend"]
 
@@ -118,10 +118,10 @@ class Opener(WindowedStage):
                  max_inflight: int | str | None = None, **options: Any) -> None:
         check_bool(read, "open(read=...)")
         self._open_fn = OpenFn(backend, read, options)
-        super().__init__(source, self._open_fn, what="open", workers=workers, method="thread",
-                         in_order=True, max_inflight=max_inflight, on_error=on_error,
-                         on_discard=_close_result, kind="io" if read else "stream",
-                         size_of=_size)
+        super().__init__(source, self._open_fn, WindowedOptions(
+            what="open", workers=workers, method="thread", in_order=True, max_inflight=max_inflight,
+            on_error=on_error, on_discard=_close_result, kind="io" if read else "stream",
+            size_of=_size))
         self._handed_out: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def start(self, state: dict[str, Any] | None) -> None:
