@@ -28,6 +28,7 @@ import statistics
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -61,12 +62,12 @@ class Traced(torch.utils.data.IterableDataset):
         self.pipeline = pipeline
         self.out_dir = out_dir
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         pieces: list[tuple[float, float, int]] = []
         _trace_bodies(pieces)
         task0 = _QUEUE_WAIT[0]
         cpu0, t0 = time.process_time(), time.perf_counter()
-        waited = samples = 0
+        waited, samples = 0.0, 0
         it = iter(self.pipeline)
         try:
             while True:
