@@ -51,7 +51,10 @@ class Uploader(Protocol):
     """What ``write_shards()`` needs from a backend: reading (its manifest) and the write
     capability, ``upload``, which only some backends have."""
 
-    name: str
+    @property
+    def name(self) -> str:
+        """The backend's registry name (for errors)."""
+        ...
 
     def read(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
         """The bytes of ``url`` (see :meth:`~pipeflow.backends.base.Backend.read`)."""
