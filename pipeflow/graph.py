@@ -1,11 +1,12 @@
 """The stage graph: its description (:class:`Node`), labels, option checks and building.
 
 A pipeline is described by a tree of :class:`Node` s (stage class, options, inputs, label).
-This module turns a description into running stages for one process (:func:`build`), and holds
-every walk over a graph: whether it shards (:func:`has_sharder`), its shape for resume checks
-(:func:`fingerprint`), and the questions ``equalize`` asks (:func:`find_sharder`,
-:func:`known_total`). It imports stages, never the :mod:`pipeflow.pipeline` facade or the
-iterator, which both import it.
+This module turns a description into running stages for one process (:func:`build`) and walks
+descriptions (whether one shards: :func:`has_sharder`). The walks over *built* stages (its
+shape for resume checks, :func:`fingerprint`; the questions ``equalize`` and ``take`` ask,
+:func:`find_sharder`, :func:`known_total`) live with the stages, in
+:mod:`pipeflow.stages._walks`, and are re-exported here. It imports stages, never the
+:mod:`pipeflow.pipeline` facade or the iterator, which both import it.
 """
 
 from __future__ import annotations
@@ -14,13 +15,14 @@ import difflib
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._once import first_time
 from .errors import OptionError
 from .run_context import RunContext
+from .stages._walks import find_sharder, fingerprint, known_total, walk
 from .stages.base import Stage
 from .stages.group import PairGrouper
 from .stages.shard import Sharder
@@ -235,49 +237,3 @@ def _build(node: Node, ctx: RunContext, auto: bool, labels: dict[int, str],
         sharder.name = "auto_shard" if n == 1 else f"auto_shard#{n}"
         return sharder, True
     return stage, sharded
-
-
-# ---- walks over built stages --------------------------------------------------------------------------
-def walk(stage: Stage[Any]) -> Iterator[Stage[Any]]:
-    """Every stage of a built graph, ``stage`` first, each once."""
-    seen: set[int] = set()
-    todo = [stage]
-    while todo:
-        current = todo.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield current
-        todo.extend(current.sources)
-
-
-def fingerprint(stage: Stage[Any]) -> str:
-    """The graph's shape by stage class (options left out, so they may change on resume)."""
-    inner = ",".join(fingerprint(s) for s in stage.sources)
-    return f"{type(stage).__name__}({inner})" if inner else type(stage).__name__
-
-
-def find_sharder(stage: Stage[Any]) -> Any:
-    """The nearest sharding stage upstream through one-input stages, or None."""
-    seen = 0
-    while stage is not None and seen < 64:
-        if stage.is_sharder:
-            return stage
-        if len(stage.sources) != 1:
-            return None
-        stage = stage.sources[0]
-        seen += 1
-    return None
-
-
-def known_total(stage: Stage[Any]) -> int | None:
-    """The item count of a source that knows it (``from_items``) reached through one-to-one
-    stages and sharders only, or None."""
-    while True:
-        total = stage.known_length()
-        if total is not None:
-            return total
-        if (stage.is_sharder or stage.one_to_one) and len(stage.sources) == 1:
-            stage = stage.sources[0]
-            continue
-        return None
