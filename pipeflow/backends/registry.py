@@ -7,6 +7,11 @@ needs, so a missing SDK surfaces as :class:`~pipeflow.errors.MissingDependencyEr
 listing the known ones.
 
 Third-party backends register with :func:`register_backend`.
+
+Which backend a URL gets when none is named is decided here and nowhere else: the scheme's
+default (:func:`backend_for_url`: ``s3://`` -> boto3, which can also write), and for reading
+objects as streams (``open()``) the fastest measured that works in this process
+(:func:`reading_backend_for_url`: ``s3://`` -> obstore when usable).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ __all__ = [
     "backend_class",
     "backend_for_url",
     "get_backend",
+    "reading_backend_for_url",
     "known_backends",
     "register_backend",
     "unregister_backend",
@@ -163,6 +169,23 @@ def backend_for_url(url: str) -> str:
     if "fsspec" in _specs:
         return "fsspec"
     raise InvalidURLError(f"no backend handles the scheme {scheme!r}", url=url)
+
+
+def reading_backend_for_url(url: str) -> str:
+    """The backend ``open()`` uses when none is named: the fastest measured for the scheme.
+
+    For ``s3://`` that is ``obstore`` (object_store) for both access patterns, one stream per
+    shard and many small objects in flight (docs/backends.md has the table); without obstore
+    installed, or in a process forked after obstore was used (its runtime does not survive a
+    fork), it is the scheme's default, ``boto3``. Other schemes take their default.
+    """
+    name = backend_for_url(url)
+    if name == "boto3" and "obstore" in _specs:
+        from .obstore import usable_here  # imports no SDK
+
+        if usable_here():
+            return "obstore"
+    return name
 
 
 def get_backend(name: str | Backend | None = None, *, url: str | None = None, **options: Any) -> Backend:

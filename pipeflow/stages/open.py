@@ -19,8 +19,7 @@ from typing import Any, Literal
 
 from .._checks import check_bool
 from ..backends.base import Backend, scheme_of
-from ..backends.obstore import usable_here as obstore_usable_here
-from ..backends.registry import backend_for_url
+from ..backends.registry import reading_backend_for_url
 from ..items import Opened, Record
 from ..stats import Stats
 from ._backends import BackendsByScheme, url_of
@@ -30,18 +29,8 @@ from .map import WindowedOptions, WindowedStage
 __all__ = ["OpenFn", "Opener", "default_backend"]
 
 
-def default_backend(url: str) -> str:
-    """The backend ``open()`` uses when none is named: the fastest measured for the scheme.
-
-    For ``s3://`` that is ``obstore`` (object_store) for both access patterns, one stream per
-    shard and many small objects in flight (docs/backends.md has the table); without obstore
-    installed, or in a process forked after obstore was used (its runtime does not survive a
-    fork), it is the registry's default, ``boto3``. Other schemes take the registry's default.
-    """
-    name = backend_for_url(url)
-    if name == "boto3" and obstore_usable_here():
-        return "obstore"
-    return name
+#: the backend ``open()`` uses when none is named (decided in the registry, for every caller)
+default_backend = reading_backend_for_url
 
 
 class OpenFn:
