@@ -16,17 +16,15 @@ completes it, so after an error the position is still "before the item that fail
 
 from __future__ import annotations
 
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from random import getrandbits
-from time import perf_counter
 from typing import Any, Literal, Protocol
 
 from .._checks import check_bool, check_choice, check_int
+from .._meter import TaskMeter
 from ..errors import WorkerCrashedError
 from ..items import describe_item
 from ._bootstrap import crashed_error
@@ -39,12 +37,6 @@ __all__ = ["Source", "Task", "Window", "WindowOptions", "default_limit"]
 def default_limit(workers: int, method: str) -> int:
     """The default ``max_inflight`` of a window with ``workers`` workers (threads or processes)."""
     return max(2 * workers, 1)
-
-#: thread workers time one item in about this many (a power of two), jittered...
-TIME_EVERY = 16
-#: ...after timing every one of the first items, so a short run's figure is exact
-TIME_ALL_FIRST = 64
-_TIME_BITS = TIME_EVERY.bit_length() - 1
 
 
 class Source(Protocol):
@@ -148,22 +140,15 @@ class Window:
         self.owner = owner
         self._pool: WorkerPool | None = None
         self._pending: deque[Task] = deque()
-        # the workers' time in ``fn``: process workers every item (from submission to
-        # result), thread workers a jittered one in about TIME_EVERY (timing costs a lock and a
-        # frame per item, a visible share of a thread hand-off)
-        self._busy_lock = threading.Lock()
-        self._process_s = 0.0
-        self._sampled_s = 0.0
-        self._sampled = self._submitted = self._sample_at = 0
+        #: the measurement hook: the workers' time in ``fn``
+        self.meter = TaskMeter()
         self._clear()
 
     @property
     def busy_s(self) -> float:
-        """Seconds the workers spent in ``fn``, summed over workers (process workers: from
-        submission to result, so queueing is included; thread workers: estimated from a
-        sample of the items)."""
-        sampled = self._sampled_s * self._submitted / self._sampled if self._sampled else 0.0
-        return self._process_s + sampled
+        """Seconds the workers spent in ``fn``, summed over workers (see
+        :attr:`~pipeflow._meter.TaskMeter.busy_s`)."""
+        return self.meter.busy_s
 
     @property
     def limit(self) -> int:
@@ -305,14 +290,9 @@ class Window:
         assert self._pool is not None
         try:
             if self._pool.method == "thread":
-                self._submitted += 1
-                if self._submitted <= self._sample_at:
-                    return self._pool.submit(self.fn, item)
-                if self._submitted >= TIME_ALL_FIRST:
-                    self._sample_at = self._submitted + TIME_EVERY // 2 + getrandbits(_TIME_BITS)
-                return self._pool.submit(self._timed, item)
+                return self._pool.submit(self.meter.thread_task(self.fn), item)
             future = self._pool.submit(self.fn, item)
-            future.add_done_callback(self._timer(perf_counter()))
+            future.add_done_callback(self.meter.process_task())
             return future
         except BrokenProcessPool as exc:  # a worker died before this item was queued
             return self._not_submitted(item, exc)
@@ -323,7 +303,7 @@ class Window:
         items = [t.item for t in batch]
         try:
             futures = self._pool.submit_chunk(self.fn, items)
-            futures[-1].add_done_callback(self._timer(perf_counter()))
+            futures[-1].add_done_callback(self.meter.process_task())
         except BrokenProcessPool as exc:
             futures = [self._not_submitted(item, exc) for item in items]
         except BaseException:
@@ -353,23 +333,6 @@ class Window:
         """The error for a dead process worker (says when a missing main guard is the cause)."""
         start_method = self._pool.start_method if self._pool is not None else None
         return crashed_error(self.name, start_method, detail)
-
-    def _timed(self, item: Any) -> Any:
-        t0 = perf_counter()
-        try:
-            return self.fn(item)
-        finally:
-            seconds = perf_counter() - t0
-            with self._busy_lock:
-                self._sampled_s += seconds
-                self._sampled += 1
-
-    def _timer(self, t0: float) -> Callable[[Future[Any]], None]:
-        return lambda _future: self._add_busy(perf_counter() - t0)
-
-    def _add_busy(self, seconds: float) -> None:
-        with self._busy_lock:
-            self._process_s += seconds
 
     # ---- position -------------------------------------------------------------------------
     def position(self, source: Source) -> tuple[dict[str, Any], list[int]]:
