@@ -1,14 +1,14 @@
-"""A body read as consecutive ranged requests of a fixed window, with bounded memory.
+"""A body read as consecutive ranged requests of a fixed size, with bounded memory.
 
 Some clients (the AWS CRT of s3torchconnector) download a whole response as fast as the
 network allows, whatever the reader consumes: one GET of a 1 GB object holds up to 1 GB in
-the client. :class:`WindowedBody` bounds that by asking for the object one window at a time
-(``[lo, lo + window)``) and requesting the next window only once the reader has reached the
-current one, so at most two windows are ever requested and not yet delivered: one being read,
-one arriving. From the second window on, the next request starts as soon as the reader reaches the
-start of the window arriving, so consecutive requests overlap (one round trip per object is
-waited for, not one per window); the first window never starts a second request, so an object
-that fits in one window costs one GET. That bound is :attr:`WindowedBody.peak_buffered`,
+the client. :class:`RangedBody` bounds that by asking for the object one range at a time
+(``[lo, lo + range_size)``) and requesting the next range only once the reader has reached the
+current one, so at most two ranges are ever requested and not yet delivered: one being read,
+one arriving. From the second range on, the next request starts as soon as the reader reaches the
+start of the range arriving, so consecutive requests overlap (one round trip per object is
+waited for, not one per range); the first range never starts a second request, so an object
+that fits in one range costs one GET. That bound is :attr:`RangedBody.peak_buffered`,
 measured, not assumed.
 
 The requests run on one background thread (a :class:`~pipeflow._pump.Pump`) that hands chunks
@@ -16,8 +16,8 @@ to the reader through a queue; the reader waits at most ``read_timeout`` seconds
 chunk, so a server that stalls in the middle of a body becomes a :class:`TimeoutError`
 (transient: the caller resumes with a new ranged request) instead of a hang.
 
-The end of the object needs no HEAD request: a window that comes back shorter than asked is
-the last one, and a window that starts exactly at the end is refused by the server (HTTP 416),
+The end of the object needs no HEAD request: a range that comes back shorter than asked is
+the last one, and a range that starts exactly at the end is refused by the server (HTTP 416),
 which ``is_past_end`` recognises.
 """
 
@@ -31,17 +31,17 @@ from typing import Any
 
 from .._pump import Pump
 
-__all__ = ["WindowedBody"]
+__all__ = ["RangedBody"]
 
 
 class _Requests:
-    """The background side: requests windows and queues their chunks (unbounded: the two-window
-    bound is kept here). It holds no reference to the :class:`WindowedBody`, so a body dropped
+    """The background side: requests ranges and queues their chunks (unbounded: the two-range
+    bound is kept here). It holds no reference to the :class:`RangedBody`, so a body dropped
     without ``close()`` is still collected (and its finaliser stops the pump)."""
 
     def __init__(self, fetch: Callable[[int, int], Iterable[bytes]], start: int, end: int | None,
-                 window: int, is_past_end: Callable[[BaseException], bool]) -> None:
-        self.fetch, self.start, self.end, self.window = fetch, start, end, window
+                 range_size: int, is_past_end: Callable[[BaseException], bool]) -> None:
+        self.fetch, self.start, self.end, self.size = fetch, start, end, range_size
         self.is_past_end = is_past_end
         self.cond = threading.Condition()
         self.stop = False
@@ -49,35 +49,35 @@ class _Requests:
         self.peak = 0       # the most bytes requested and not yet handed to the reader
 
     def _bounds(self, lo: int) -> int:
-        return lo + self.window if self.end is None else min(lo + self.window, self.end)
+        return lo + self.size if self.end is None else min(lo + self.size, self.end)
 
     def request(self, lo: int) -> tuple[Iterable[bytes], int]:
         hi = self._bounds(lo)
         with self.cond:
-            # never more than two windows ahead of the reader: wait until it reaches `lo - window`
-            self.cond.wait_for(lambda: self.stop or self.pos >= lo - self.window)
+            # never more than two ranges ahead of the reader: wait until it reaches `lo - size`
+            self.cond.wait_for(lambda: self.stop or self.pos >= lo - self.size)
             if self.stop:
                 raise _Stopped
             self.peak = max(self.peak, hi - self.pos)
         return iter(self.fetch(lo, hi)), hi
 
     def try_request(self, lo: int) -> tuple[Iterable[bytes], int] | None:
-        """Start the request of the window at ``lo`` now if the bound allows it, else None."""
+        """Start the request of the range at ``lo`` now if the bound allows it, else None."""
         hi = self._bounds(lo)
         with self.cond:
-            if self.stop or self.pos < lo - self.window:
+            if self.stop or self.pos < lo - self.size:
                 return None
             self.peak = max(self.peak, hi - self.pos)
         return iter(self.fetch(lo, hi)), hi
 
     def run(self, pump: Pump) -> None:
-        """The pump's producer: every window's chunks, in order, until the end or a stop."""
+        """The pump's producer: every range's chunks, in order, until the end or a stop."""
         try:
             self._run(pump)
         except _Stopped:
             return
         except BaseException as exc:  # handed to the reader by the pump, raised there
-            if not self.is_past_end(exc):  # a window starting at (or past) the end: nothing more
+            if not self.is_past_end(exc):  # a range starting at (or past) the end: nothing more
                 raise
 
     def _run(self, pump: Pump) -> None:
@@ -88,10 +88,10 @@ class _Requests:
             chunks, hi = self.request(lo)
             while True:
                 got = 0
-                # From the second window on, the next window's request starts while this one
-                # is still arriving (as soon as the reader has reached this window's start),
+                # From the second range on, the next range's request starts while this one
+                # is still arriving (as soon as the reader has reached this range's start),
                 # so the two overlap and no request waits for the previous one's last byte.
-                # Not in the first window: an object shorter than a window must cost one GET.
+                # Not in the first range: an object shorter than a range must cost one GET.
                 overlap = lo > self.start and (self.end is None or hi < self.end)
                 for chunk in chunks:
                     if self.stop or not pump.put(bytes(chunk)):
@@ -100,7 +100,7 @@ class _Requests:
                     if overlap and ahead is None:
                         ahead = self.try_request(hi)
                 if got < hi - lo or (self.end is not None and hi >= self.end):
-                    break  # a short window is the last one (a request started past it is dropped)
+                    break  # a short range is the last one (a request started past it is dropped)
                 lo = hi
                 if ahead is not None:
                     (chunks, hi), ahead = ahead, None
@@ -111,7 +111,7 @@ class _Requests:
             del chunks, ahead
 
 
-class WindowedBody(io.RawIOBase):
+class RangedBody(io.RawIOBase):
     """A raw, non-seekable stream of bytes ``[start, end)`` of one object.
 
     Args:
@@ -119,26 +119,26 @@ class WindowedBody(io.RawIOBase):
             iterable of its body chunks (the request may fail lazily, on the first chunk).
         start: first byte.
         end: one past the last byte, or None for the end of the object.
-        window: bytes per request.
+        range_size: bytes per request.
         read_timeout: seconds to wait for the next chunk (None: forever).
         is_past_end: whether a failed request means "this range starts at the end".
         on_request_error: maps the failure of a request that delivered nothing of the body
-            (the first window) to the error to raise; later failures are raised unchanged for
+            (the first range) to the error to raise; later failures are raised unchanged for
             the caller to resume.
     """
 
     def __init__(self, fetch: Callable[[int, int], Iterable[bytes]], *, start: int, end: int | None,
-                 window: int, read_timeout: float | None,
+                 range_size: int, read_timeout: float | None,
                  is_past_end: Callable[[BaseException], bool],
                  on_request_error: Callable[[BaseException], BaseException] | None = None) -> None:
         super().__init__()
         self._timeout = read_timeout
         self._on_request_error = on_request_error
-        self._requests = _Requests(fetch, start, end, window, is_past_end)
+        self._requests = _Requests(fetch, start, end, range_size, is_past_end)
         self._buf = memoryview(b"")
         self._done = False
         self._arrived = False  # a chunk of the body has reached the reader
-        self._pump = Pump(self._requests.run, name="pipeflow-window").start()
+        self._pump = Pump(self._requests.run, name="pipeflow-ranged-read").start()
 
     @property
     def peak_buffered(self) -> int:
@@ -225,7 +225,7 @@ class WindowedBody(io.RawIOBase):
             pump.stop()  # drops the chunks queued and not read
             self._buf = memoryview(b"")
             # a pump blocked on a stalled connection ends when that connection delivers or
-            # closes; it holds no more than its window, and drops it on waking
+            # closes; it holds no more than its range, and drops it on waking
         super().close()
 
 
