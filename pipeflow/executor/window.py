@@ -12,8 +12,9 @@ position of a window is the state before the oldest item not yet delivered, plus
 are delivered out of order) which later items were already delivered; :meth:`Window.restart`
 takes that skip list back. The items a resume passes over count as delivered from then on: a
 state saved after a resume, while an item from before it is still in flight, names them again
-(else a second resume would deliver them twice). A task whose result raised stays in the window until the stage
-completes it, so after an error the position is still "before the item that failed".
+(else a second resume would deliver them twice). A task whose result raised stays in the window
+until the stage completes it, so after an error the position is still "before the item that
+failed".
 """
 
 from __future__ import annotations
