@@ -55,6 +55,7 @@ class ExpandingStage(Stage[Any]):
 
     #: the method name shown in messages ("untar", "read_tfrecord")
     verb = "expand"
+    replays_input = True
 
     def __init__(self, source: Stage[Any], *, on_error: OnError = "raise") -> None:
         super().__init__(source)

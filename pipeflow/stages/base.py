@@ -56,6 +56,13 @@ class Stage(Generic[T]):
     #: True for stages that pull their sources on a thread of their own (``prefetch``): their
     #: consumer-side time is waiting on the input, not work
     pulls_in_background: bool = False
+    #: True for stages whose resume pulls items of their input again from an earlier position
+    #: and tells them apart by their count (a shuffle buffer, the rest of a batch or an object,
+    #: the items a shard passed): their input must deliver the same items in the same order
+    replays_input: bool = False
+    #: False for stages whose output order depends on timing (an unordered ``map``): no stage
+    #: that replays its input can resume exactly downstream of one
+    ordered_output: bool = True
 
     def __init__(self, *sources: Stage[Any]) -> None:
         self.sources: tuple[Stage[Any], ...] = sources

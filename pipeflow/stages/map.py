@@ -131,6 +131,9 @@ class WindowedStage(Stage[Any]):
         self._pooled = options.workers != 0
         #: skips would make equalize's count an overestimate
         self.one_to_one = options.on_error == "raise"
+        #: unordered, the state names the items delivered ahead by their count in the input
+        self.ordered_output = options.in_order
+        self.replays_input = not options.in_order
         if self._pooled and options.method == "process":
             self._check_picklable()
         self._prestart = self._pooled and options.method == "process"

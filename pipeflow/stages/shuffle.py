@@ -31,6 +31,7 @@ class Shuffler(Stage[Any]):
     """
 
     one_to_one = True
+    replays_input = True
 
     def __init__(self, source: Stage[Any], buffer_size: int, *, seed: int = 0) -> None:
         super().__init__(source)

@@ -17,6 +17,8 @@ class Unbatcher(Stage[Any]):
     already yielded; resuming re-reads that one batch and skips what was delivered.
     """
 
+    replays_input = True
+
     def __init__(self, source: Stage[Any]) -> None:
         super().__init__(source)
         self._batch: list[Any] = []
