@@ -34,3 +34,19 @@ def test_console_script_help():
                          text=True, check=True)
     for command in ("demo", "run", "recipes", "make-data", "serve", "bench"):
         assert command in out.stdout
+
+
+def test_ci_runs_lint_and_types_then_the_readme_test_command():
+    # .ci/run is `./dev lint` then exactly `./dev test`; the tools lint runs come with the
+    # test extra, so a clean clone set up by ./dev has them
+    import tomllib
+
+    root = Path(__file__).resolve().parents[2]
+    lines = [line.strip() for line in (root / ".ci" / "run").read_text().splitlines()]
+    commands = [line for line in lines if line and not line.startswith(("#", "set ", "cd "))]
+    assert commands == ["./dev lint", "exec ./dev test"]
+    with open(root / "pyproject.toml", "rb") as fh:
+        project = tomllib.load(fh)
+    test_extra = project["project"]["optional-dependencies"]["test"]
+    assert {r.split(">")[0].split("=")[0] for r in test_extra} >= {"ruff", "mypy"}
+    assert project["tool"]["mypy"]["files"] == ["pipeflow", "benchmarks"]
