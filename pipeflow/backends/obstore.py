@@ -42,7 +42,7 @@ import io
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from pipeflow._checks import check_int
 from pipeflow._pump import Pump
@@ -58,10 +58,6 @@ from pipeflow.errors import (
     RetryExhaustedError,
 )
 from pipeflow.items import ObjectInfo
-
-if TYPE_CHECKING:  # obstore's option dictionaries, for the checker only (obstore is optional)
-    from obstore import GetOptions
-    from obstore.store import ClientConfig, RetryConfig, S3Config
 
 __all__ = ["ObstoreBackend", "ObstoreOptions", "usable_here"]
 
@@ -148,24 +144,24 @@ class ObstoreBackend(Backend):
         from obstore.store import S3Store
 
         opts = self.options
-        config: S3Config = {"region": opts.resolved_region(),
+        config: dict[str, Any] = {"region": opts.resolved_region(),
                                   "virtual_hosted_style_request": not opts.use_path_style()}
         endpoint = opts.resolved_endpoint()
         if endpoint:
             config["endpoint"] = endpoint
-        if opts.access_key and opts.secret_key is not None:  # given together (S3Options checks)
-            config.update({"access_key_id": opts.access_key, "secret_access_key": opts.secret_key})
+        if opts.access_key:
+            config.update(access_key_id=opts.access_key, secret_access_key=opts.secret_key)
             if opts.session_token:
                 config["session_token"] = opts.session_token
-        client: ClientConfig = {"allow_http": bool(endpoint and endpoint.startswith("http://")),
+        client: dict[str, Any] = {"allow_http": bool(endpoint and endpoint.startswith("http://")),
                                   "timeout": _REQUEST_LIFETIME}
         if opts.timeout is not None:
-            client.update({"connect_timeout": _seconds(opts.connect_timeout or 0),
-                           "read_timeout": _seconds(opts.read_timeout or 0)})
+            client.update(connect_timeout=_seconds(opts.connect_timeout or 0),
+                          read_timeout=_seconds(opts.read_timeout or 0))
         policy = opts.retry
         # object_store counts tries and time itself: the budget is its retry_timeout; the
         # attempt count only caps it (max_attempts when set)
-        retry: RetryConfig = {"max_retries": policy.sdk_attempts() - 1,
+        retry = {"max_retries": policy.sdk_attempts() - 1,
                  "retry_timeout": (_seconds(policy.budget) if policy.budget is not None
                                    else _REQUEST_LIFETIME),
                  "backoff": {"init_backoff": _seconds(max(policy.base_delay, 0.001)),
@@ -247,7 +243,7 @@ class ObstoreBackend(Backend):
     def _get(self, loc: S3Location, url: str, start: int, end: int | None) -> IO[bytes]:
         import obstore
 
-        options: GetOptions = {}
+        options: dict[str, Any] = {}
         if end is not None:
             options["range"] = (start, end)
         elif start:
