@@ -168,8 +168,9 @@ class WindowedStage(Stage[Any]):
             numbers["inflight"] = window.limit
         numbers["workers"] = workers
         if window is not None and workers:
-            # the work runs on the pool: the consumer's thread only waits for it
-            numbers["busy_s"] = window.busy_s
+            # the work runs on the pool: the consumer's thread only waits for it; process
+            # tasks are timed from submission, so a queued task's wait is capped here
+            numbers["busy_s"] = min(window.busy_s, self._meter.active() * workers)
             numbers["lanes"] = workers
         return numbers
 
