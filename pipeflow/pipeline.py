@@ -19,7 +19,7 @@ import torch.utils.data
 from ._checks import check_int
 from .elastic import resume_node
 from .formats.images import resolve_jpeg_decoder
-from .graph import Node, checks_options, draw, format_value, make_label, validate
+from .graph import Node, checks_options, draw, format_value, make_label, stage_names, validate
 from .iterator import PipelineIterator
 from .sinks import shards as _shards
 from .stages.base import Stage
@@ -319,7 +319,7 @@ class Pipeline(torch.utils.data.IterableDataset):
             parts += [(published.get("stages", {}), 1) for published in self._channel.read()]
         if all_ranks:
             parts = _gather_ranks(parts)
-        return PipelineStats.combine(parts)
+        return PipelineStats.combine(parts, names=stage_names(self._node))
 
     @checks_options
     def write_shards(self, url: str, *, format: Literal["tar", "tfrecord"] = "tar",
