@@ -58,8 +58,9 @@ def sample_interval(meter: StageMeter) -> int:
     phase; the mean is :data:`SAMPLE_EVERY`, or more for cheap calls (:data:`SAMPLE_SPAN_S`)."""
     bits = _MIN_BITS
     if meter.timed:
-        # seconds of SAMPLE_EVERY calls, the sources' share included (it is paid when timed)
-        span = (meter.timed_s + meter.inner_s) * SAMPLE_EVERY / meter.timed
+        # seconds of SAMPLE_EVERY calls of the stage's own work: a cheap stage downstream of
+        # costly ones is sampled rarely too (each of its samples times its sources' calls)
+        span = meter.timed_s * SAMPLE_EVERY / meter.timed
         while span < SAMPLE_SPAN_S and bits < _MAX_BITS:
             span *= 2
             bits += 1
@@ -101,15 +102,33 @@ class StageMeter:
 
     # ---- hooks the stage calls ------------------------------------------------------------
     def call(self, stage: Any) -> Any:
-        """A call of ``stage.next()`` the countdown handed over, or made while the consumer's
-        call is timed (forced): restarting the stage first when a reset is due, timed (its
-        exclusive time: its sources are forced meanwhile), and, unless forced, setting the
-        countdown for the calls after it."""
+        """A call of ``stage.next()`` the countdown handed over, or made while its consumer's
+        call is timed (forced): restarting the stage first when a reset is due, then a sample
+        (:meth:`_sample`) when one is due, else, forced, timed whole for the consumer."""
         if stage._needs_reset:
             stage._restart_lazily()  # timed as setup by setup()
-        counted = self.forced_left < 0
-        if counted:
-            self._count(stage)
+        forced_left = self.forced_left
+        if forced_left < 0:
+            stage._left = self._count()
+        elif forced_left == 1:  # forced, and the stage's own sample is due: this call is it
+            self.forced_left = self._count()
+        else:
+            return self._forced(stage)
+        return self._sample(stage)
+
+    def _count(self) -> int:
+        """Count this call; returns the countdown for the calls after it."""
+        self.slow_calls += 1
+        if self.slow_calls < TIME_ALL_FIRST:
+            return 1
+        if self.own:
+            return 0  # until the stage asks for the next sample
+        left = sample_interval(self)
+        self.issued += left - 1
+        return left
+
+    def _sample(self, stage: Any) -> Any:
+        """A timed call: its exclusive time (the sources are forced meanwhile)."""
         clock = _clock
         outer = clock.inner
         clock.inner = 0.0
@@ -120,7 +139,7 @@ class StageMeter:
         try:
             value = stage.next()
         except BaseException:
-            self.lost += counted
+            self.lost += 1
             self._add_once(perf_counter() - t0, clock, outer)
             raise
         finally:
@@ -132,20 +151,22 @@ class StageMeter:
         self.timed_s += elapsed - inner
         self.inner_s += inner
         self.timed += 1
-        self.forced += not counted
         return value
 
-    def _count(self, stage: Any) -> None:
-        """Count this call and set the countdown for the calls after it."""
-        self.slow_calls += 1
-        if self.slow_calls < TIME_ALL_FIRST:
-            left = 1
-        elif self.own:
-            left = 0  # until the stage asks for the next sample
-        else:
-            left = sample_interval(self)
-            self.issued += left - 1
-        stage._left = left
+    def _forced(self, stage: Any) -> Any:
+        """A call made while the consumer's call is timed, not a sample of this stage: timed
+        whole (its sources' calls included) for the consumer to subtract."""
+        clock = _clock
+        outer = clock.inner
+        t0 = perf_counter()
+        if not self.began:
+            self.began = t0
+        try:
+            value = stage.next()
+        finally:
+            clock.inner = outer + (perf_counter() - t0)
+        self.forced += 1
+        return value
 
     def _add_once(self, elapsed: float, clock: _Clock, outer: float) -> None:
         self.once_s += elapsed - clock.inner
@@ -170,7 +191,9 @@ class StageMeter:
     def sample_soon(self, stage: Any) -> int:
         """Time ``stage``'s next call (for a stage that counts its own items); returns in how
         many items to call again (:func:`sample_interval`)."""
-        if not stage._left:
+        if self.forced_left == 0:  # its consumer's call is timed: after it
+            self.forced_left = 1
+        elif not stage._left:
             stage._left = 1
         return sample_interval(self)
 
