@@ -37,7 +37,7 @@ _EXPORTS: dict[str, str] = {
     **{name: "errors" for name in (
         "AccessDeniedError", "BackendError", "CommandError", "ConfigError", "CorruptDataError",
         "DecodeError", "EmptyShardError", "IncompleteSampleError", "InvalidURLError",
-        "MissingDependencyError", "ObjectNotFoundError", "OptionError", "PipeflowError",
+        "MissingDependencyError", "MissingFieldError", "ObjectNotFoundError", "OptionError", "PipeflowError",
         "RetryExhaustedError", "StageContractError", "StageError", "UnknownBackendError",
         "WorkerCrashedError")},
 }
@@ -55,6 +55,7 @@ __all__ = [
     "IncompleteSampleError",
     "InvalidURLError",
     "MissingDependencyError",
+    "MissingFieldError",
     "ObjectInfo",
     "ObjectNotFoundError",
     "Opened",
@@ -99,6 +100,7 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ l
         IncompleteSampleError,
         InvalidURLError,
         MissingDependencyError,
+        MissingFieldError,
         ObjectNotFoundError,
         OptionError,
         PipeflowError,
