@@ -14,7 +14,7 @@ import pytest
 import pipeflow as pf
 from pipeflow.formats import encode_example, write_tfrecords
 
-from ._core_helpers import double, is_even, slow_double
+from ._core_helpers import as_field_url, as_sample, as_tensor, double, is_even, slow_double
 
 
 def _pipelines(wrap=lambda p: p):
@@ -44,6 +44,13 @@ def _pipelines(wrap=lambda p: p):
         "zip": (src.zip(pf.from_items(range(100, 157))), True),
         "interleave": (pf.interleave([src, pf.from_items(range(100, 120))]), True),
         "mix": (pf.mix([src, pf.from_items(range(100, 130))], [2, 1], seed=1), True),
+        "to_tuple": (src.map(as_sample).to_tuple("png;jpg", "cls"), True),
+        "rename": (src.map(as_sample).rename(image="png;jpg", label="cls"), True),
+        "map_dict": (src.map(as_sample).map_dict(cls=double), True),
+        "resample": (src.resample(40, seed=1), True),
+        "shuffle_by_key": (src.map(as_field_url).shuffle(5, seed=2, by="key"), True),
+        "to_device": (src.map(as_tensor).to("cpu"), True),
+        "pin_memory": (src.map(as_tensor).pin_memory(size=3), True),
         "everything": (src.shuffle(8).map(slow_double, workers=2).filter(is_even).batch(3)
                        .prefetch(2).unbatch().shuffle(4, seed=9).prefetch(1), True),
     }
@@ -307,7 +314,7 @@ def test_state_after_an_error_resumes_exactly_for_io_and_format_stages(io_data, 
 
 
 
-@pytest.mark.parametrize("name", ["shuffle", "everything", "mix", "repeat"])
+@pytest.mark.parametrize("name", ["shuffle", "everything", "mix", "repeat", "shuffle_by_key", "resample"])
 @pytest.mark.parametrize("first,second", [(3, 2), (13, 9)])
 def test_a_resumed_run_can_be_saved_and_resumed_again(name, first, second):
     # checkpoints keep coming after a restart: the state saved by a resumed iterator, before the
