@@ -26,6 +26,8 @@ _EXPORTS: dict[str, str] = {
     "Opened": "items",
     "Record": "items",
     "Pipeline": "pipeline",
+    "MapDataset": "map_dataset",
+    "upload": "sinks.upload",
     "from_items": "pipeline",
     "interleave": "pipeline",
     "list_objects": "pipeline",
@@ -54,6 +56,7 @@ __all__ = [
     "EmptyShardError",
     "IncompleteSampleError",
     "InvalidURLError",
+    "MapDataset",
     "MissingDependencyError",
     "MissingFieldError",
     "ObjectInfo",
@@ -83,6 +86,7 @@ __all__ = [
     "recipes",
     "testing",
     "tfrecord_stream",
+    "upload",
 ]
 
 if _TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ loads on demand
@@ -111,8 +115,10 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ l
         WorkerCrashedError,
     )
     from .items import ObjectInfo, Opened, Record
+    from .map_dataset import MapDataset
     from .pipeline import Pipeline, from_items, interleave, list_objects, mix, tfrecord_stream
     from .run_context import RunContext
+    from .sinks.upload import upload
     from .stages.base import Stage
     from .stats import Stats
 
