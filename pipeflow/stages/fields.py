@@ -55,6 +55,9 @@ class _Lookup:
         self.on_missing = on_missing
         self.stage = what  # the stage's label, set when it starts
 
+    def __call__(self, item: Any) -> Any:
+        raise NotImplementedError
+
     def first(self, sample: Mapping[str, Any], names: tuple[str, ...]) -> Any:
         for name in names:
             if name in sample:

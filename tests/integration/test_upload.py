@@ -89,7 +89,7 @@ def test_cli(s3, s3_bucket, folder, capsys):
     assert f"uploaded {FILES} files" in out and "files/s" in out
     assert len(_listing(s3, s3_bucket, "cli/")) == FILES
     assert main(["upload", str(folder), f"s3://{s3_bucket}/cli", "--skip-unchanged"]) == 0
-    assert f"uploaded 0 files" in capsys.readouterr().out
+    assert "uploaded 0 files" in capsys.readouterr().out
     assert main(["upload", str(folder), "s3://no-such-bucket-cli/x"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("pipeflow upload: ") and len(err.strip().splitlines()) == 1
