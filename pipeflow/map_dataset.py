@@ -28,6 +28,7 @@ from .formats.keys import split_key
 from .items import ObjectInfo, Record
 from .stages._backends import BackendsByScheme, url_of
 from .stages.listing import list_now
+from .stages.open import default_backend
 
 __all__ = ["MapDataset"]
 
@@ -89,7 +90,9 @@ class MapDataset(torch.utils.data.Dataset):
             raise ConfigError("MapDataset(decode=...) decodes sample fields: use by='key'")
         if transform is not None and not callable(transform):
             raise ConfigError(f"MapDataset(transform=...) needs a callable, got {type(transform).__name__}")
-        self._backends = BackendsByScheme(backend, options, what="MapDataset")
+        # the same default as open(): obstore for s3:// when it is installed and safe here
+        self._backends = BackendsByScheme(backend, options, what="MapDataset",
+                                          choose=default_backend)
         self._decode = None if decode is None else DecodeOptions(mode=decode)
         self._transform = transform
         self._by = by

@@ -134,3 +134,12 @@ def test_key_shuffle_bad_options():
         pf.from_items(SHARDS).shuffle(3, by="sample")
     with pytest.raises(ConfigError):
         pf.from_items(SHARDS).shuffle(0, by="key")
+
+
+def test_elastic_resume_refuses_what_it_cannot_repartition():
+    for pipe in (pf.from_items(SHARDS).resample(10),
+                 pf.from_items([f"s3://b/{i}.{f}" for i in range(5) for f in "ab"]).shuffle(3, by="key")):
+        it = iter(pipe)
+        next(it)
+        with pytest.raises(ConfigError):
+            pipe.resume_from(pf.merge_states([it.state_dict()]))

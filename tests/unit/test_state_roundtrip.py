@@ -107,6 +107,7 @@ def _io_pipelines(data: dict[str, list[str]], wrap=lambda p: p) -> dict[str, tup
         "read_tfrecord": (wrap(pf.from_items(data["tfrecords"])).open().read_tfrecord(), True),
         "cache": (singles.cache(data["root"][0] + "/cache", max_bytes=10**6), True),
         "equalize": (wrap(pf.from_items(range(57))).equalize(), True),
+        "shuffle_by_key": (singles.shuffle(4, seed=1, by="key").open(read=True).group_pairs(), True),
         "shards_everything": (shards.shuffle(3).open().untar().group_pairs().shuffle(5)
                               .decode("numpy").batch(2).prefetch(2), True),
     }
@@ -124,7 +125,7 @@ def io_pipelines(io_data):
 
 IO_NAMES = ["open", "open_auto", "list_objects", "untar", "group_pairs", "decode", "decode_auto",
             "read_tfrecord", "cache",
-            "equalize", "shards_everything"]
+            "equalize", "shuffle_by_key", "shards_everything"]
 
 
 def _key(x):
@@ -299,7 +300,7 @@ def test_state_after_an_error_resumes_exactly(name):
 _IO_BAD = {"open": ("singles", 7), "open_auto": ("singles", 7), "list_objects": ("singles", 7),
            "untar": ("shards", 1), "group_pairs": ("shards", 1), "decode": ("shards", 2),
            "decode_auto": ("shards", 2), "read_tfrecord": ("tfrecords", 1),
-           "cache": ("singles", 5), "equalize": (None, 23), "shards_everything": ("shards", 1)}
+           "cache": ("singles", 5), "equalize": (None, 23), "shuffle_by_key": ("singles", 7), "shards_everything": ("shards", 1)}
 
 
 @pytest.mark.parametrize("name", IO_NAMES)
