@@ -1,5 +1,5 @@
-"""Copying a folder of small files into a bucket: ``pipeflow.upload`` against a hand-written
-boto3 loop (one ``upload_file`` per file, one thread), on a local moto server started here.
+"""Copying a folder of small files into a bucket: ``pipeflow.upload`` (with each backend
+that uploads) against a hand-written boto3 loop (one ``upload_file`` per file, one thread), on a local moto server started here.
 
     python -m benchmarks.upload --files 4000 --size 2048 --repeats 3
 
@@ -41,6 +41,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=2048, help="bytes a file")
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--backends", default="boto3,obstore",
+                        help="comma-separated backends for pipeflow.upload (default boto3,obstore)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as root, local_s3() as server:
         _make_folder(root, args.files, args.size)
@@ -49,12 +51,15 @@ def main() -> None:
             t0 = time.perf_counter()
             _boto3_loop(server, root, bucket)
             loop_s = time.perf_counter() - t0
-            result = pf.upload(root, f"s3://{bucket}/pipeflow", workers=args.workers)
-            print(f"run {repeat}: {args.files} files of {args.size} B: boto3 loop {loop_s:.1f} s "
-                  f"({args.files / loop_s:.0f} files/s), pipeflow.upload(workers={args.workers}) "
-                  f"{result.seconds:.1f} s ({result.uploaded / result.seconds:.0f} files/s), "
-                  f"{loop_s / result.seconds:.2f}x", flush=True)
-
+            line = (f"run {repeat}: {args.files} files of {args.size} B: boto3 loop {loop_s:.1f} s "
+                    f"({args.files / loop_s:.0f} files/s)")
+            for backend in args.backends.split(","):
+                result = pf.upload(root, f"s3://{bucket}/{backend}", workers=args.workers,
+                                   backend=backend)
+                line += (f"; upload(backend={backend!r}, workers={args.workers}) "
+                         f"{result.seconds:.1f} s ({result.uploaded / result.seconds:.0f} files/s, "
+                         f"{loop_s / result.seconds:.2f}x)")
+            print(line, flush=True)
 
 if __name__ == "__main__":
     main()

@@ -21,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="list the destination once and skip files whose object has the same "
                              "size and is not older (a rerun continues an interrupted copy)")
     parser.add_argument("--backend", default=None,
-                        help="backend with uploads: boto3 (default for s3://) or local")
+                        help="backend with uploads: obstore (default for s3:// when installed), "
+                             "boto3 or local")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

@@ -199,6 +199,9 @@ class ObstoreBackend(Backend):
             typed = self._typed(probe, url, op)
             if typed is not None:
                 return typed
+        return self._gave_up(url, op)
+
+    def _gave_up(self, url: str, op: str) -> RetryExhaustedError:
         endpoint = self.options.resolved_endpoint() or "the AWS S3 endpoint"
         policy = self.options.retry
         limit = (f"{policy.budget:g} s retry budget" if policy.budget is not None
@@ -211,6 +214,25 @@ class ObstoreBackend(Backend):
         if err is exc:
             raise exc
         raise err from exc
+
+    # ---- writing ---------------------------------------------------------------------------
+    def upload(self, path: str, url: str) -> None:
+        """Upload the local file ``path`` as ``url``: one PUT, or a multipart upload for files
+        larger than object_store's part size (aborted on failure). S3 makes the object visible
+        only once it completes, so readers never see a part of it."""
+        import pathlib
+
+        import obstore
+
+        loc = parse_s3_url(url, backend=self.name, op="upload")
+        try:
+            obstore.put(self._store(loc.bucket), loc.key, pathlib.Path(path))
+        except Exception as exc:
+            # no HEAD probe as for reads: the object is not expected to exist yet
+            err = self._typed(exc, url, "upload") or self._gave_up(url, "upload")
+            if err is exc:
+                raise
+            raise err from exc
 
     # ---- listing ---------------------------------------------------------------------------
     def list(self, url: str) -> Iterator[ObjectInfo]:

@@ -2,9 +2,10 @@
 
 Every regular file under the folder becomes one object named by its path relative to the
 folder (``/`` separated) under the destination URL. Files are published through the backend's
-``upload`` (``boto3`` for ``s3://`` by default, ``local`` for paths): each object appears whole
-or not at all. ``workers`` threads upload at once; at most ``4 * workers`` files are queued,
-so memory does not grow with the number of files beyond their list of names.
+``upload`` (for ``s3://`` ``obstore`` when installed, as ``open()`` chooses, else ``boto3``;
+``local`` for paths): each object appears whole or not at all. ``workers`` threads upload at
+once; at most ``4 * workers`` files are queued, so memory does not grow with the number of
+files beyond their list of names.
 
 Cost: one walk of the folder and its ``N`` names in memory; with ``skip_unchanged`` also one
 listing of the destination (``N`` entries, ``ceil(N / 1000)`` LIST requests on S3), never a
@@ -53,14 +54,17 @@ class _File:
 
 
 def _store(url: str, backend: str | Backend | None, options: dict[str, Any]) -> Backend:
+    from ..backends.obstore import usable_here as obstore_usable_here
     from ..backends.registry import get_backend
 
     if backend is None and scheme_of(url) == "s3":
-        backend = "boto3"  # the default backend with uploads for s3://
+        # as open() chooses: obstore when installed and safe in this process (measured faster
+        # for many small files, see docs/cli.md), else boto3
+        backend = "obstore" if obstore_usable_here() else "boto3"
     store = get_backend(backend, url=url, **options)
     if not isinstance(store, Uploader):
         raise ConfigError(f"backend {store.name!r} cannot write objects; upload() needs a backend "
-                          "with upload(): 'boto3' (s3://) or 'local'")
+                          "with upload(): 'boto3' (s3://), 'obstore' or 'local'")
     return store
 
 
@@ -115,8 +119,8 @@ def upload(directory: str, url: str, *, backend: str | Backend | None = None, wo
     Args:
         directory: the local folder.
         url: ``s3://bucket/prefix`` or a local directory.
-        backend: a backend with ``upload`` (``"boto3"``, the default for ``s3://``, or
-            ``"local"``), or a ready one.
+        backend: a backend with ``upload``: ``"obstore"`` (the default for ``s3://`` when
+            installed), ``"boto3"`` or ``"local"``; or a ready one.
         workers: files uploaded at once (threads).
         skip_unchanged: list the destination once and skip files whose object has the same
             size and is not older than the file.

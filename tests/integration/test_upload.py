@@ -60,6 +60,23 @@ def test_uploads_every_file_under_its_relative_path_and_skips_unchanged(s3, s3_b
     assert got == b"changed size"
 
 
+@pytest.mark.parametrize("backend", ["boto3", "obstore"])
+def test_each_s3_backend_uploads_and_types_a_missing_bucket(s3, s3_bucket, folder, backend):
+    pytest.importorskip(backend)
+    result = pf.upload(str(folder), f"s3://{s3_bucket}/{backend}", backend=backend, workers=4)
+    assert result.uploaded == FILES
+    assert _listing(s3, s3_bucket, f"{backend}/") == _relative_files(folder)
+    with pytest.raises(ObjectNotFoundError) as err:
+        pf.upload(str(folder), f"s3://no-such-bucket-{s3_bucket}/x", backend=backend)
+    assert (err.value.backend, err.value.op) == (backend, "upload")
+
+
+def test_a_backend_without_uploads_is_refused(s3_bucket, folder):
+    pytest.importorskip("s3fs")
+    with pytest.raises(ConfigError, match="cannot write"):
+        pf.upload(str(folder), f"s3://{s3_bucket}/x", backend="s3fs")
+
+
 def test_into_a_local_directory(tmp_path, folder):
     dest = tmp_path / "dest"
     result = pf.upload(str(folder), str(dest), skip_unchanged=True, workers=4)
