@@ -1,5 +1,6 @@
 """Copying a folder of small files into a bucket: ``pipeflow.upload`` (with each backend
-that uploads) against a hand-written boto3 loop (one ``upload_file`` per file, one thread), on a local moto server started here.
+that uploads) against a hand-written boto3 loop (one ``upload_file`` per file, one thread), on
+a local moto server started here.
 
     python -m benchmarks.upload --files 4000 --size 2048 --repeats 3
 

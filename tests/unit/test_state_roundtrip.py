@@ -300,7 +300,8 @@ def test_state_after_an_error_resumes_exactly(name):
 _IO_BAD = {"open": ("singles", 7), "open_auto": ("singles", 7), "list_objects": ("singles", 7),
            "untar": ("shards", 1), "group_pairs": ("shards", 1), "decode": ("shards", 2),
            "decode_auto": ("shards", 2), "read_tfrecord": ("tfrecords", 1),
-           "cache": ("singles", 5), "equalize": (None, 23), "shuffle_by_key": ("singles", 7), "shards_everything": ("shards", 1)}
+           "cache": ("singles", 5), "equalize": (None, 23), "shuffle_by_key": ("singles", 7),
+           "shards_everything": ("shards", 1)}
 
 
 @pytest.mark.parametrize("name", IO_NAMES)
