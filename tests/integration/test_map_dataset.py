@@ -67,8 +67,10 @@ def test_dataloader_with_two_workers_and_a_random_sampler_reads_every_sample_onc
     ds = pf.MapDataset(prefix, decode="numpy", transform=label_of)
     clone = pickle.loads(pickle.dumps(ds))  # nothing live inside: no client, no threads
     assert clone[4] == (4, 4)
+    assert ds[4] == (4, 4)  # read in this process first: forked workers must not reuse its client
     sampler = RandomSampler(ds, generator=torch.Generator().manual_seed(0))
-    loader = DataLoader(ds, batch_size=4, num_workers=2, sampler=sampler)
+    loader = DataLoader(ds, batch_size=4, num_workers=2, sampler=sampler,
+                        multiprocessing_context="fork")
     keys = [int(k) for batch in loader for k in batch[0]]
     assert sorted(keys) == list(range(N)) and keys != sorted(keys)
 
