@@ -99,7 +99,7 @@ def _objects(tmp_path, n=30):
 def test_plain_shuffle_splits_samples_and_by_key_keeps_them(tmp_path):
     root = _objects(tmp_path)
     plain = pf.list_objects(root).shuffle(20).open(read=True).group_pairs(required=("image", "label"))
-    with pytest.raises(IncompleteSampleError):
+    with pytest.raises(IncompleteSampleError, match=r"shuffle\(n, by='key'\)"):
         list(plain)
     pipe = (pf.list_objects(root).shuffle(20, seed=3, by="key").open(read=True)
               .group_pairs(required=("image", "label")))
