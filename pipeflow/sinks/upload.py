@@ -15,6 +15,7 @@ HEAD per file.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -69,24 +70,43 @@ def _store(url: str, backend: str | Backend | None, options: dict[str, Any]) -> 
 
 
 def _walk(directory: str) -> list[_File]:
-    """Every regular file under ``directory`` (symbolic links followed to files), sorted by
-    relative path so runs and listings line up."""
+    """Every regular file under ``directory``, sorted by relative path so runs and listings
+    line up. Symbolic links are followed, to files and to directories (a linked directory is
+    copied under its own name too), except a link to a directory's own ancestor, which would
+    never end."""
+    directory = os.path.normpath(directory)
     found: list[_File] = []
-    for root, dirs, names in os.walk(directory, followlinks=False):
+    identity: dict[str, tuple[int, int]] = {}
+    for root, dirs, names in os.walk(directory, followlinks=True):
+        st = os.stat(root)
+        identity[root] = (st.st_dev, st.st_ino)
+        if _is_cycle(root, directory, identity):
+            dirs[:] = []
+            continue
         dirs.sort()
         for name in names:
             path = os.path.join(root, name)
             try:
-                st = os.stat(path)
+                info = os.stat(path)
             except OSError as exc:
                 raise ObjectNotFoundError(f"cannot read {path}: {exc.strerror}", url=path,
                                           backend="local", op="upload") from exc
-            if not os.path.isfile(path):
-                continue  # sockets, fifos, dangling links: not files to copy
+            if not stat.S_ISREG(info.st_mode):
+                continue  # sockets, fifos, devices: not files to copy
             relative = os.path.relpath(path, directory).replace(os.sep, "/")
-            found.append(_File(path, relative, st.st_size, st.st_mtime))
+            found.append(_File(path, relative, info.st_size, info.st_mtime))
     found.sort(key=lambda f: f.relative)
     return found
+
+
+def _is_cycle(root: str, top: str, identity: dict[str, tuple[int, int]]) -> bool:
+    """Whether ``root`` is the same directory as one of its ancestors (up to ``top``)."""
+    here, parent = identity[root], os.path.dirname(root)
+    while root != top and len(parent) >= len(top):
+        if identity.get(parent) == here:
+            return True
+        root, parent = parent, os.path.dirname(parent)
+    return False
 
 
 def _join(url: str, relative: str) -> str:
@@ -131,7 +151,8 @@ def upload(directory: str, url: str, *, backend: str | Backend | None = None, wo
         an :class:`UploadResult`.
 
     Raises:
-        ObjectNotFoundError: ``directory`` does not exist, or the bucket does not.
+        ObjectNotFoundError: ``directory`` does not exist, the bucket does not, or a file
+            cannot be read (a dangling symbolic link, a file removed meanwhile).
         ConfigError: ``directory`` is not a directory, or a bad option.
         BackendError: an upload failed (its typed subclass); files not yet started are not
             uploaded, so a rerun with ``skip_unchanged=True`` continues.
@@ -163,7 +184,13 @@ def _send(store: Backend, url: str, files: list[_File], workers: int,
 
     def one(file: _File) -> None:
         nonlocal done, sent
-        put(file.path, _join(url, file.relative))
+        try:
+            put(file.path, _join(url, file.relative))
+        except Exception as exc:
+            if not os.path.exists(file.path):  # removed since the walk: name the file, not the object
+                raise ObjectNotFoundError("the file was removed during the upload", url=file.path,
+                                          backend="local", op="upload") from exc
+            raise
         with lock:
             done += 1
             sent += file.size

@@ -84,6 +84,22 @@ def test_into_a_local_directory(tmp_path, folder):
     assert pf.upload(str(folder), str(dest), skip_unchanged=True).skipped == FILES
 
 
+def test_links_are_followed_once_and_a_dangling_one_is_named(tmp_path):
+    root = tmp_path / "linked"
+    (root / "real").mkdir(parents=True)
+    (root / "real" / "a.txt").write_bytes(b"a")
+    (root / "alias").symlink_to(root / "real")          # a linked directory: copied under its name
+    (root / "real" / "loop").symlink_to(root)            # a link back up: not followed forever
+    (root / "b.txt").symlink_to(root / "real" / "a.txt")
+    dest = tmp_path / "dest"
+    result = pf.upload(str(root), str(dest))
+    assert sorted(_relative_files(dest)) == ["alias/a.txt", "b.txt", "real/a.txt"]
+    assert result.uploaded == 3
+    (root / "gone.txt").symlink_to(root / "nothing")
+    with pytest.raises(ObjectNotFoundError, match="gone.txt"):
+        pf.upload(str(root), str(dest))
+
+
 def test_typed_errors_and_no_thread_left(s3, s3_bucket, folder, tmp_path):
     before = {t.name for t in threading.enumerate()}
     with pytest.raises(ObjectNotFoundError):
