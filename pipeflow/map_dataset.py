@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import torch.utils.data
 
-from ._checks import check_choice
+from ._checks import check_choice, check_int
 from .errors import ConfigError, DecodeError, IncompleteSampleError
 from .formats.decoders import DecodeOptions, FieldDecodeError, decode_sample
 from .formats.keys import split_key
@@ -31,9 +31,6 @@ from .stages.listing import list_now
 from .stages.open import default_backend
 
 __all__ = ["MapDataset"]
-
-#: threads reading the objects of one sample (a sample has a few fields)
-_FIELD_THREADS = 4
 
 #: a sample: its key and its objects as (field, URL) pairs
 Entry = tuple[str, tuple[tuple[str, str], ...]]
@@ -59,7 +56,7 @@ class MapDataset(torch.utils.data.Dataset):
     as ``group_pairs`` does (``s3://b/train/7.jpg`` and ``7.cls`` -> one sample dict
     ``{"__key__": "s3://b/train/7", "__url__": ..., "jpg": bytes, "cls": bytes}``);
     ``by="object"`` makes every object a sample, a :class:`~pipeflow.Record`
-    ``(url, bytes, url)``. The objects of one sample are read concurrently, one GET each.
+    ``(url, bytes, url)``. Objects are read one GET each, a sample's (and a batch's) at once.
 
     Args:
         source: a prefix URL (listed once, here) or a sequence of URLs / ``ObjectInfo``.
@@ -69,8 +66,10 @@ class MapDataset(torch.utils.data.Dataset):
         decode: None (bytes), or ``"pil"``, ``"torch"``, ``"numpy"``: decode fields by
             extension as ``Pipeline.decode`` does (``by="key"`` only).
         transform: applied to each sample last (a picklable callable for worker processes).
-        required: fields every sample must have; checked when indexing, so a sample missing
-            one is an :class:`~pipeflow.errors.IncompleteSampleError` at construction.
+        required: fields every sample must have; checked against the listing, so a sample
+            missing one is an :class:`~pipeflow.errors.IncompleteSampleError` at construction.
+        workers: objects read at once in each process: a sample's fields, and a whole batch
+            when a ``DataLoader`` with a ``batch_size`` asks for one (``__getitems__``).
         **options: backend options (with an explicit ``backend``).
 
     Raises:
@@ -83,8 +82,9 @@ class MapDataset(torch.utils.data.Dataset):
                  by: Literal["key", "object"] = "key", backend: Any = None,
                  decode: Literal["pil", "torch", "numpy"] | None = None,
                  transform: Callable[[Any], Any] | None = None,
-                 required: Sequence[str] = (), **options: Any) -> None:
+                 required: Sequence[str] = (), workers: int = 16, **options: Any) -> None:
         check_choice(by, "MapDataset(by=...)", ("key", "object"))
+        check_int(workers, "MapDataset(workers=...)", low=1)
         check_choice(decode, "MapDataset(decode=...)", (None, "pil", "torch", "numpy"))
         if decode is not None and by == "object":
             raise ConfigError("MapDataset(decode=...) decodes sample fields: use by='key'")
@@ -96,6 +96,7 @@ class MapDataset(torch.utils.data.Dataset):
         self._decode = None if decode is None else DecodeOptions(mode=decode)
         self._transform = transform
         self._by = by
+        self._workers = workers
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = 0
         self._index = _index(self._urls(source, pattern, backend, options), by)
@@ -123,7 +124,7 @@ class MapDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self._index)
 
-    def __getitem__(self, index: int) -> Any:
+    def _entry(self, index: Any) -> Entry:
         try:
             index = operator.index(index)
         except TypeError:
@@ -131,37 +132,54 @@ class MapDataset(torch.utils.data.Dataset):
         n = len(self._index)
         if not -n <= index < n:
             raise IndexError(f"MapDataset index {index} out of range for {n} samples")
-        key, fields = self._index[index]
-        sample = self._read(key, fields)
+        return self._index[index]
+
+    def __getitem__(self, index: int) -> Any:
+        return self._finish(*self._fetch([self._entry(index)])[0])
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
+        """The samples at ``indices``, their objects read concurrently (``workers`` at a time):
+        a ``DataLoader`` with a ``batch_size`` asks for a batch at once, so a batch costs about
+        one round trip per ``workers`` objects instead of one per object."""
+        entries = [self._entry(i) for i in indices]
+        return [self._finish(entry, datas) for entry, datas in self._fetch(entries)]
+
+    def _fetch(self, entries: list[Entry]) -> list[tuple[Entry, list[bytes]]]:
+        """Every object of ``entries``, read at once when there are several."""
+        urls = [url for _, fields in entries for _, url in fields]
+        datas = [self._get(urls[0])] if len(urls) == 1 else list(self._threads().map(self._get, urls))
+        out, at = [], 0
+        for entry in entries:
+            out.append((entry, datas[at:at + len(entry[1])]))
+            at += len(entry[1])
+        return out
+
+    def _finish(self, entry: Entry, datas: list[bytes]) -> Any:
+        key, fields = entry
+        if self._by == "object":
+            sample: Any = Record(fields[0][1], datas[0], fields[0][1])
+        else:
+            sample = {"__key__": key, "__url__": fields[0][1]}
+            sample.update((field or "data", data) for (field, _), data in zip(fields, datas))
+            if self._decode is not None:
+                sample = self._decoded(sample)
         return self._transform(sample) if self._transform is not None else sample
 
-    def _read(self, key: str, fields: tuple[tuple[str, str], ...]) -> Any:
-        if self._by == "object":
-            url = fields[0][1]
-            return Record(url, self._backends.for_url(url).read(url), url)
-        if len(fields) == 1:
-            datas = [self._get(fields[0])]
-        else:  # a sample's objects at once: its latency is one GET, not one per field
-            datas = list(self._threads().map(self._get, fields))
-        sample: dict[str, Any] = {"__key__": key, "__url__": fields[0][1]}
-        sample.update((field or "data", data) for (field, _), data in zip(fields, datas))
-        if self._decode is None:
-            return sample
+    def _decoded(self, sample: dict[str, Any]) -> dict[str, Any]:
         try:
-            return decode_sample(sample, self._decode)
+            return decode_sample(sample, self._decode)  # type: ignore[arg-type]
         except FieldDecodeError as exc:
             raise DecodeError(f"cannot decode field {exc.field_name!r} of {sample['__url__']}: "
-                              f"{exc.args[1]}", stage="MapDataset", key=key) from exc.cause
+                              f"{exc.args[1]}", stage="MapDataset", key=sample["__key__"]) from exc.cause
 
-    def _get(self, field: tuple[str, str]) -> bytes:
-        url = field[1]
+    def _get(self, url: str) -> bytes:
         return self._backends.for_url(url).read(url)
 
     def _threads(self) -> ThreadPoolExecutor:
-        """This process's pool for the objects of one sample (made on first use, never
-        inherited across a fork)."""
+        """This process's pool for reading objects at once (made on first use, never inherited
+        across a fork)."""
         if self._pool is None or self._pool_pid != os.getpid():
-            self._pool = ThreadPoolExecutor(_FIELD_THREADS, thread_name_prefix="pipeflow-mapds")
+            self._pool = ThreadPoolExecutor(self._workers, thread_name_prefix="pipeflow-mapds")
             self._pool_pid = os.getpid()
         return self._pool
 

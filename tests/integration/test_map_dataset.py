@@ -63,6 +63,17 @@ def test_objects_one_by_one_and_from_a_url_list(prefix):
     assert pf.MapDataset(urls)[0]["cls"] == b"0"
 
 
+def test_a_batch_is_read_at_once_in_the_order_asked(prefix):
+    ds = pf.MapDataset(prefix, transform=label_of, workers=8)
+    assert ds.__getitems__([9, 1, 9, -1]) == [(9, b"4"), (1, b"1"), (9, b"4"), (N - 1, b"3")]
+    with pytest.raises(IndexError):
+        ds.__getitems__([0, N])
+    objects = pf.MapDataset(prefix, by="object", pattern="*.cls")
+    assert [r.data for r in objects.__getitems__([2, 0])] == [b"2", b"0"]
+    with pytest.raises(ConfigError):
+        pf.MapDataset(prefix, workers=0)
+
+
 def test_dataloader_with_two_workers_and_a_random_sampler_reads_every_sample_once(prefix):
     ds = pf.MapDataset(prefix, decode="numpy", transform=label_of)
     clone = pickle.loads(pickle.dumps(ds))  # nothing live inside: no client, no threads
