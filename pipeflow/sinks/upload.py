@@ -19,7 +19,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,8 +205,9 @@ def _send(store: Backend, url: str, files: list[_File], workers: int,
                     finished, pending = wait(pending, return_when=FIRST_COMPLETED)
                     _raise_first(finished)
                 pending.add(pool.submit(one, file))
-            finished, pending = wait(pending)
-            _raise_first(finished)
+            while pending:  # the rest, stopping at the first failure
+                finished, pending = wait(pending, return_when=FIRST_EXCEPTION)
+                _raise_first(finished)
         except BaseException:
             for future in pending:
                 future.cancel()

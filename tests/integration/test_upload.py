@@ -11,6 +11,7 @@ import pytest
 import pipeflow as pf
 from pipeflow.cli import main
 from pipeflow.errors import ConfigError, ObjectNotFoundError
+from pipeflow.testing.proxy import DelayProxy
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(180)]
 
@@ -69,6 +70,17 @@ def test_each_s3_backend_uploads_and_types_a_missing_bucket(s3, s3_bucket, folde
     with pytest.raises(ObjectNotFoundError) as err:
         pf.upload(str(folder), f"s3://no-such-bucket-{s3_bucket}/x", backend=backend)
     assert (err.value.backend, err.value.op) == (backend, "upload")
+
+
+@pytest.mark.parametrize("backend", ["boto3", "obstore"])
+def test_the_first_failure_stops_the_files_not_started(s3, s3_bucket, folder, monkeypatch, backend):
+    pytest.importorskip(backend)
+    with DelayProxy(s3.endpoint, delay_ms=5) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        with pytest.raises(ObjectNotFoundError):
+            pf.upload(str(folder), f"s3://no-such-bucket-{s3_bucket}/x", backend=backend, workers=2)
+        puts = proxy.stats()["requests"].get("PUT", 0)
+    assert 1 <= puts <= 4 * 2 + 2  # at most the queue and the threads' files, not all 300
 
 
 def test_a_backend_without_uploads_is_refused(s3_bucket, folder):
