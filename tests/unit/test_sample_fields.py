@@ -106,3 +106,26 @@ def test_same_meaning_as_webdataset():
     for ours, theirs in cases:
         expected = list(wds.DataPipeline(lambda: iter([dict(s) for s in data]), theirs))
         assert list(ours(pf.from_items(data))) == expected
+
+
+def test_a_resume_after_a_missing_field_starts_at_that_sample():
+    data = [as_sample(i) for i in range(10)]
+    del data[6]["jpg"]
+    pipe = pf.from_items(data).to_tuple("jpg", "cls")
+    it = iter(pipe)
+    head = []
+    with pytest.raises(MissingFieldError):
+        for item in it:
+            head.append(item)
+    assert head == [(i, i % 3) for i in range(6)]
+    state = pickle.loads(pickle.dumps(it.state_dict()))
+    again = iter(pipe)
+    again.load_state_dict(state)
+    with pytest.raises(MissingFieldError) as err:  # the same sample again: nothing skipped
+        next(again)
+    assert err.value.key == "s006"
+    fixed = list(data)
+    fixed[6] = as_sample(6)
+    resumed = iter(pf.from_items(fixed).to_tuple("jpg", "cls"))
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == [(i, i % 3) for i in range(10)]
