@@ -103,7 +103,7 @@ class Pipeline(torch.utils.data.IterableDataset):
         """Buffer shuffle, reseeded from ``(seed, epoch)`` every epoch; ``by="key"`` moves whole
         samples (a sample's objects, as ``list_objects`` lists them, stay together)."""
         if by == "key":
-            return self._then("shuffle", SampleShuffler, buffer_size, seed=seed)
+            return self._then("shuffle", SampleShuffler, buffer_size, seed=seed, by=by)
         check_choice(by, "shuffle(by=...)", ("item", "key"))
         return self._then("shuffle", Shuffler, buffer_size, seed=seed)
 

@@ -10,9 +10,9 @@ It shuffles URLs before any object is opened, so nothing is downloaded to be buf
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from .._checks import check_int
+from .._checks import check_choice, check_int
 from .._rng import derive_seed, draw
 from .base import SOURCES_KEY, Stage
 from .shard import _sample_key
@@ -37,12 +37,15 @@ class SampleShuffler(Stage[Any]):
             are neighbours, as ``list_objects`` yields them).
         buffer_size: samples held; 1 disables shuffling.
         seed: base seed.
+        by: ``"key"`` (the only unit here; ``shuffle(by="item")`` is :class:`Shuffler`).
     """
 
     one_to_one = True
 
-    def __init__(self, source: Stage[Any], buffer_size: int, *, seed: int = 0) -> None:
+    def __init__(self, source: Stage[Any], buffer_size: int, *, seed: int = 0,
+                 by: Literal["key"] = "key") -> None:
         super().__init__(source)
+        check_choice(by, "shuffle(by=...)", ("key",))  # named, so explain() shows it
         check_int(buffer_size, "shuffle(buffer_size=...)", low=1)
         check_int(seed, "shuffle(seed=...)")
         self._size = buffer_size
