@@ -13,6 +13,8 @@ from pipeflow.cli import main
 from pipeflow.errors import ConfigError, ObjectNotFoundError
 from pipeflow.testing.proxy import DelayProxy
 
+from ._terminal import has_bar, pipeflow_cli
+
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(180)]
 
 FILES = 300
@@ -138,3 +140,13 @@ def test_cli(s3, s3_bucket, folder, capsys):
     assert main(["upload", str(folder), "s3://no-such-bucket-cli/x"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("pipeflow upload: ") and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_cli_bar_only_on_a_terminal(s3, s3_bucket, folder, terminal):
+    code, out, err = pipeflow_cli("upload", str(folder), f"s3://{s3_bucket}/tty", terminal=terminal,
+                                  timeout=120)
+    assert code == 0, err
+    assert f"uploaded {FILES} files" in out
+    assert has_bar(err, f"{folder} -> s3://{s3_bucket}/tty") == terminal
+    assert "\r" not in out.replace("\r\n", "\n")  # a terminal ends lines with \r\n; no redraws
