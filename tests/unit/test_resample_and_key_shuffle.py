@@ -137,8 +137,9 @@ def test_key_shuffle_bad_options():
 
 
 def test_elastic_resume_refuses_what_it_cannot_repartition():
-    for pipe in (pf.from_items(SHARDS).resample(10),
-                 pf.from_items([f"s3://b/{i}.{f}" for i in range(5) for f in "ab"]).shuffle(3, by="key")):
+    pairs = [f"s3://b/{i}.{f}" for i in range(5) for f in "ab"]
+    for pipe in (pf.from_items(SHARDS).resample(10), pf.from_items(pairs).shuffle(3, by="key"),
+                 pf.from_items(pairs).shuffle(3, by="key").shard_by_rank()):
         it = iter(pipe)
         next(it)
         with pytest.raises(ConfigError):
