@@ -199,9 +199,6 @@ class ObstoreBackend(Backend):
             typed = self._typed(probe, url, op)
             if typed is not None:
                 return typed
-        return self._gave_up(url, op)
-
-    def _gave_up(self, url: str, op: str) -> RetryExhaustedError:
         endpoint = self.options.resolved_endpoint() or "the AWS S3 endpoint"
         policy = self.options.retry
         limit = (f"{policy.budget:g} s retry budget" if policy.budget is not None
@@ -228,8 +225,11 @@ class ObstoreBackend(Backend):
         try:
             obstore.put(self._store(loc.bucket), loc.key, pathlib.Path(path))
         except Exception as exc:
-            # no HEAD probe as for reads: the object is not expected to exist yet
-            err = self._typed(exc, url, "upload") or self._gave_up(url, "upload")
+            # no HEAD probe as for reads: the object is not expected to exist yet; obstore's
+            # generic error comes after its own retries
+            err = self._typed(exc, url, "upload") or RetryExhaustedError(
+                f"the upload kept failing at {self.options.resolved_endpoint() or 'the AWS S3 endpoint'}",
+                url=url, backend=self.name, op="upload")
             if err is exc:
                 raise
             raise err from exc
