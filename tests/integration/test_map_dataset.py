@@ -86,6 +86,14 @@ def test_dataloader_with_two_workers_and_a_random_sampler_reads_every_sample_onc
     assert sorted(keys) == list(range(N)) and keys != sorted(keys)
 
 
+@pytest.mark.slow
+def test_spawned_workers_get_a_pickled_copy_that_makes_its_own_client(prefix):
+    ds = pf.MapDataset(prefix, transform=label_of)
+    assert ds[0] == (0, b"0")  # a live client here, which the pickled copy must not carry
+    loader = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="spawn")
+    assert sorted(k for k, _ in loader) == list(range(N))
+
+
 def test_distributed_sampler_splits_the_samples(prefix):
     ds = pf.MapDataset(prefix, transform=label_of)
     parts = []
