@@ -1,11 +1,11 @@
 """The stage graph: its description (:class:`Node`), labels, option checks and building.
 
 A pipeline is described by a tree of :class:`Node` s (stage class, options, inputs, label).
-This module turns a description into running stages for one process (:func:`build`) and walks
-descriptions (whether one shards: :func:`has_sharder`). The walks over *built* stages (its
-shape for resume checks, :func:`fingerprint`; the questions ``equalize`` and ``take`` ask,
-:func:`find_sharder`, :func:`known_total`) live with the stages, in
-:mod:`pipeflow.stages._walks`, and are re-exported here. It imports stages, never the
+This module turns a description into running stages for one process (:func:`build`), and holds
+the walks over a graph: whether it shards (:func:`has_sharder`), every built stage
+(:func:`walk`), its shape for resume checks (:func:`fingerprint`). The questions the counting
+stages ask of their upstream (:func:`find_sharder`, :func:`known_total`) live with the stages,
+in :mod:`pipeflow.stages._walks`, and are re-exported here. It imports stages, never the
 :mod:`pipeflow.pipeline` facade or the iterator, which both import it.
 """
 
@@ -15,14 +15,14 @@ import difflib
 import functools
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ._once import first_time
 from .errors import OptionError
 from .run_context import RunContext
-from .stages._walks import find_sharder, fingerprint, known_total, walk
+from .stages._walks import find_sharder, known_total
 from .stages.base import Stage
 from .stages.group import PairGrouper
 from .stages.shard import Sharder
@@ -257,3 +257,23 @@ def _build(node: Node, ctx: RunContext, auto: bool, labels: dict[int, str],
         sharder.name = "auto_shard" if n == 1 else f"auto_shard#{n}"
         return sharder, True
     return stage, sharded
+
+
+# ---- walks over built stages --------------------------------------------------------------------------
+def walk(stage: Stage[Any]) -> Iterator[Stage[Any]]:
+    """Every stage of a built graph, ``stage`` first, each once."""
+    seen: set[int] = set()
+    todo = [stage]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo.extend(current.sources)
+
+
+def fingerprint(stage: Stage[Any]) -> str:
+    """The graph's shape by stage class (options left out, so they may change on resume)."""
+    inner = ",".join(fingerprint(s) for s in stage.sources)
+    return f"{type(stage).__name__}({inner})" if inner else type(stage).__name__

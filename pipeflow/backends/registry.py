@@ -9,9 +9,9 @@ listing the known ones.
 Third-party backends register with :func:`register_backend`.
 
 Which backend a URL gets when none is named is decided here and nowhere else: the scheme's
-default (:func:`backend_for_url`: ``s3://`` -> boto3, which can also write), and for reading
-objects as streams (``open()``) the fastest measured that works in this process
-(:func:`reading_backend_for_url`: ``s3://`` -> obstore when usable).
+default (:func:`backend_for_url`: ``s3://`` -> boto3), and the fastest measured that works in
+this process, which ``open()``, ``MapDataset`` and ``upload()`` use
+(:func:`preferred_backend_for_url`: ``s3://`` -> obstore when usable).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ __all__ = [
     "backend_class",
     "backend_for_url",
     "get_backend",
-    "reading_backend_for_url",
+    "preferred_backend_for_url",
     "known_backends",
     "register_backend",
     "unregister_backend",
@@ -171,8 +171,9 @@ def backend_for_url(url: str) -> str:
     raise InvalidURLError(f"no backend handles the scheme {scheme!r}", url=url)
 
 
-def reading_backend_for_url(url: str) -> str:
-    """The backend ``open()`` uses when none is named: the fastest measured for the scheme.
+def preferred_backend_for_url(url: str) -> str:
+    """The backend ``open()``, ``MapDataset`` and ``upload()`` use when none is named: the
+    fastest measured for the scheme.
 
     For ``s3://`` that is ``obstore`` (object_store) for both access patterns, one stream per
     shard and many small objects in flight (docs/backends.md has the table); without obstore

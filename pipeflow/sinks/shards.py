@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Protocol, runtime_checkable
 
 from .._checks import check_bool, check_choice, check_int
-from ..backends.base import Backend, scheme_of
+from ..backends.base import Backend
 from ..errors import ConfigError, ObjectNotFoundError
 from ..formats.writers import ENCODERS, ShardEncoder
 from .manifest import MANIFEST_NAME, ShardInfo, ShardManifest
@@ -260,12 +260,10 @@ def _load_manifest(store: Uploader, base: str) -> ShardManifest | None:
 def _backend(url: str, backend: str | Backend | None, options: dict[str, Any]) -> Uploader:
     from ..backends.registry import get_backend
 
-    if backend is None:
-        backend = "boto3" if scheme_of(url) == "s3" else None
-    store = get_backend(backend, url=url, **options)
+    store = get_backend(backend, url=url, **options)  # None: the scheme's default (the registry)
     if not isinstance(store, Uploader):
         raise ConfigError(f"backend {store.name!r} cannot write objects; write_shards() needs a "
-                          "backend with upload(): 'local' or 'boto3'")
+                          "backend with upload(): 'local', 'boto3' or 'obstore'")
     return store
 
 

@@ -1,38 +1,18 @@
-"""Walks over built stages: every stage once, the graph's shape, and the questions the counting
-stages ask of their upstream (where the sharding is, how many items a source holds).
+"""Walks over built stages that the counting stages need: where the sharding is upstream, and
+how many items a source holds.
 
-They live in the stages layer, beside what they walk, so a stage that needs one (``equalize``,
-``take(across="all")``) does not import the graph builder above it; :mod:`pipeflow.graph`
+They live in the stages layer, beside what they walk, so the stages that ask (``equalize``,
+``take(across="all")``) do not import the graph builder above them; :mod:`pipeflow.graph`
 re-exports them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 from .base import Stage
 
-__all__ = ["find_sharder", "fingerprint", "known_total", "walk"]
-
-
-def walk(stage: Stage[Any]) -> Iterator[Stage[Any]]:
-    """Every stage of a built graph, ``stage`` first, each once."""
-    seen: set[int] = set()
-    todo = [stage]
-    while todo:
-        current = todo.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        yield current
-        todo.extend(current.sources)
-
-
-def fingerprint(stage: Stage[Any]) -> str:
-    """The graph's shape by stage class (options left out, so they may change on resume)."""
-    inner = ",".join(fingerprint(s) for s in stage.sources)
-    return f"{type(stage).__name__}({inner})" if inner else type(stage).__name__
+__all__ = ["find_sharder", "known_total"]
 
 
 def find_sharder(stage: Stage[Any]) -> Any:

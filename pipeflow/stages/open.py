@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from .._checks import check_bool
 from ..backends.base import Backend, scheme_of
-from ..backends.registry import reading_backend_for_url
+from ..backends.registry import preferred_backend_for_url
 from ..items import Opened, Record
 from ..stats import Stats
 from ._backends import BackendsByScheme, url_of
@@ -30,7 +30,7 @@ __all__ = ["OpenFn", "Opener", "default_backend"]
 
 
 #: the backend ``open()`` uses when none is named (decided in the registry, for every caller)
-default_backend = reading_backend_for_url
+default_backend = preferred_backend_for_url
 
 
 class OpenFn:

@@ -67,8 +67,13 @@ class Prefetcher(Stage[Any]):
                 return
             if tuner is not None and pump.full():
                 tuner.full()
-            if not pump.put((item, source.state_dict())):
+            if not pump.put((self.prepare(item), source.state_dict())):
                 return
+
+    def prepare(self, item: Any) -> Any:
+        """The item as queued, computed on the background thread (a subclass's per-item work
+        overlapping the consumer: ``pin_memory``, ``to(device)``)."""
+        return item
 
     def _get(self, pump: Pump) -> Any:
         tuner = self._tuner
