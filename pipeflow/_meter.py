@@ -41,15 +41,18 @@ SAMPLE_EVERY = 128
 #: multiplied by the sampling ratio
 TIME_ALL_FIRST = 64
 #: a stage's calls between two samples take about this long at least: cheaper calls are
-#: sampled less often (down to one in 32 * SAMPLE_EVERY), so that timing them stays well
+#: sampled less often (down to one in 64 * SAMPLE_EVERY), so that timing them stays well
 #: under 1% of their cost
-SAMPLE_SPAN_S = 1e-3
+SAMPLE_SPAN_S = 4e-3
 #: thread workers time one task in about this many (a power of two), jittered: timing costs
 #: a lock and a frame per task, a visible share of a thread hand-off
 TIME_EVERY = 16
 _MIN_BITS = SAMPLE_EVERY.bit_length() - 1
-_MAX_BITS = _MIN_BITS + 5
+_MAX_BITS = _MIN_BITS + 6
 _TIME_BITS = TIME_EVERY.bit_length() - 1
+#: a sample counts at most this much towards the sampling rate: one call that lost the core
+#: to another process does not make a cheap stage look costly (and sampled often)
+_SPAN_CAP = SAMPLE_SPAN_S / SAMPLE_EVERY
 
 
 def sample_interval(meter: StageMeter) -> int:
@@ -60,7 +63,7 @@ def sample_interval(meter: StageMeter) -> int:
     if meter.timed:
         # seconds of SAMPLE_EVERY calls of the stage's own work: a cheap stage downstream of
         # costly ones is sampled rarely too (each of its samples times its sources' calls)
-        span = meter.timed_s * SAMPLE_EVERY / meter.timed
+        span = meter.span_s * SAMPLE_EVERY / meter.timed
         while span < SAMPLE_SPAN_S and bits < _MAX_BITS:
             span *= 2
             bits += 1
@@ -88,13 +91,14 @@ class StageMeter:
 
     # one attribute on the stage, not a dozen: many instance attributes make every attribute
     # load of a stage slower (the instance dict stops sharing its keys)
-    __slots__ = ("active_s", "began", "forced", "forced_left", "inner_s", "issued", "lost",
-                 "once_s", "own", "slow_calls", "timed", "timed_s")
+    __slots__ = ("active_s", "began", "forced", "forced_left", "issued", "lost",
+                 "once_s", "span_s", "own", "slow_calls", "timed", "timed_s")
 
     def __init__(self) -> None:
         self.own = False
         self.slow_calls = self.issued = self.lost = self.timed = self.forced = 0
-        self.timed_s = self.inner_s = 0.0  # timed calls: own time, time inside the sources
+        self.timed_s = 0.0  # timed calls: their own time, the sources' excluded
+        self.span_s = 0.0  # the same, each capped at _SPAN_CAP (for the sampling rate)
         self.once_s = 0.0  # setup and end-of-run calls, counted unscaled
         self.began = self.active_s = 0.0  # the current run's first call; ended runs' wall time
         #: the countdown the stage had when its consumer began a timed call; -1: not forced
@@ -105,16 +109,24 @@ class StageMeter:
         """A call of ``stage.next()`` the countdown handed over, or made while its consumer's
         call is timed (forced): restarting the stage first when a reset is due, then a sample
         (:meth:`_sample`) when one is due, else, forced, timed whole for the consumer."""
+        # the clock starts here, not around next() only: the bookkeeping of a forced call
+        # belongs to it, not to the consumer that subtracts it
+        t0 = perf_counter()
+        clock = _clock
+        outer = clock.inner
+        clock.inner = 0.0
+        if not self.began:
+            self.began = t0
         if stage._needs_reset:
-            stage._restart_lazily()  # timed as setup by setup()
+            stage._restart_lazily()  # timed as setup by setup(), which adds it to clock.inner
         forced_left = self.forced_left
         if forced_left < 0:
             stage._left = self._count()
         elif forced_left == 1:  # forced, and the stage's own sample is due: this call is it
             self.forced_left = self._count()
         else:
-            return self._forced(stage)
-        return self._sample(stage)
+            return self._forced(stage, t0, clock, outer)
+        return self._sample(stage, t0, clock, outer)
 
     def _count(self) -> int:
         """Count this call; returns the countdown for the calls after it."""
@@ -127,15 +139,9 @@ class StageMeter:
         self.issued += left - 1
         return left
 
-    def _sample(self, stage: Any) -> Any:
+    def _sample(self, stage: Any, t0: float, clock: _Clock, outer: float) -> Any:
         """A timed call: its exclusive time (the sources are forced meanwhile)."""
-        clock = _clock
-        outer = clock.inner
-        clock.inner = 0.0
         forced = _force(stage)
-        t0 = perf_counter()
-        if not self.began:
-            self.began = t0
         try:
             value = stage.next()
         except BaseException:
@@ -146,21 +152,16 @@ class StageMeter:
             if forced:
                 _release(forced)
         elapsed = perf_counter() - t0
-        inner = clock.inner
+        own = elapsed - clock.inner
+        self.timed_s += own
+        self.span_s += own if own < _SPAN_CAP else _SPAN_CAP
         clock.inner = outer + elapsed
-        self.timed_s += elapsed - inner
-        self.inner_s += inner
         self.timed += 1
         return value
 
-    def _forced(self, stage: Any) -> Any:
+    def _forced(self, stage: Any, t0: float, clock: _Clock, outer: float) -> Any:
         """A call made while the consumer's call is timed, not a sample of this stage: timed
         whole (its sources' calls included) for the consumer to subtract."""
-        clock = _clock
-        outer = clock.inner
-        t0 = perf_counter()
-        if not self.began:
-            self.began = t0
         try:
             value = stage.next()
         finally:
