@@ -92,6 +92,8 @@ def test_a_slow_map_is_named_whatever_follows_it(case: str, workers: int, tmp_pa
     assert f"bottleneck: {name}" in str(stats)
     # the planted sleeps are the map's own time (all of it is measured: most calls are timed)
     assert stats["map"]["busy_s"] >= 0.5 * PLANTED_S * ITEMS, str(stats)
+    # the stage after it is charged for its own work only, not for the items it pulled
+    assert stats[case]["busy_s"] < stats["map"]["busy_s"] / 3, str(stats)
     _adds_up(stats, wall)
 
 
