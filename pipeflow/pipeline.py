@@ -350,7 +350,9 @@ class Pipeline(torch.utils.data.IterableDataset):
         """What every stage did: a :class:`~pipeflow.stats.PipelineStats` mapping each stage's
         short label (as :meth:`explain` shows it: ``"decode"``, ``"map#2"``) to its items, busy,
         wait and blocked seconds and counters (skips, retries, ...), with a verdict
-        (``.bottleneck``, ``.advice``; ``print()`` it).
+        (``.bottleneck``, ``.advice``; ``print()`` it). The printed table and verdict name each
+        stage by what it is (``map#2(decode_fn)``, ``.name(label)``). ``busy_s`` is a stage's
+        own work, its sources' excluded.
 
         The numbers of DataLoader worker processes are included (they publish a snapshot at
         most every 0.5 s and at the end of each epoch). ``all_ranks=True`` also sums over the
