@@ -83,6 +83,11 @@ class Stats:
         with self._lock:
             self._counts[(stage, counter)] += n
 
+    def count(self, stage: str, counter: str) -> int:
+        """The value of one counter of ``stage`` in this process (0 when never counted)."""
+        with self._lock:
+            return self._counts[(stage, counter)]
+
     def counting(self, stage: str) -> _Counting:
         """A context in which :func:`note` counts into ``stage`` (on this thread)."""
         return _Counting(self, stage)
@@ -395,6 +400,11 @@ class PipelineStats(Mapping[str, dict[str, float]]):
     def _advice(self, key: str) -> str:
         values, kind, label = self._stages[key], _kind(key), self.name(key)
         workers = int(round(values.get("workers", 0) / self.processes))
+        if values.get("backoffs") and kind in _IO_KINDS:
+            return (f"the store pushed back: {label} had {int(values.get('retries', 0))} requests "
+                    f"retried (503 SlowDown, throttling, errors) and its tuner halved the requests in "
+                    f"flight {int(values['backoffs'])} times; the store's request rate is the limit: "
+                    f"spread the data over more prefixes, or ask for a higher rate")
         if "inflight" in values and kind in _IO_KINDS + _CPU_KINDS:
             return self._tuned_advice(label, kind, workers, int(round(values["inflight"] / self.processes)))
         if kind in _IO_KINDS:
