@@ -53,6 +53,9 @@ _TIME_BITS = TIME_EVERY.bit_length() - 1
 #: a sample counts at most this much towards the sampling rate: one call that lost the core
 #: to another process does not make a cheap stage look costly (and sampled often)
 _SPAN_CAP = SAMPLE_SPAN_S / SAMPLE_EVERY
+#: later samples needed before their mean replaces the mean of all (one or two samples of a
+#: call that varies, such as a map waiting on its workers, say little)
+_MIN_LATER = 8
 
 
 def sample_interval(meter: StageMeter) -> int:
@@ -92,13 +95,17 @@ class StageMeter:
     # one attribute on the stage, not a dozen: many instance attributes make every attribute
     # load of a stage slower (the instance dict stops sharing its keys)
     __slots__ = ("active_s", "began", "forced", "forced_left", "issued", "lost",
-                 "once_s", "span_s", "own", "slow_calls", "timed", "timed_s")
+                 "once_s", "span_s", "early", "early_s", "own", "slow_calls", "timed", "timed_s")
 
     def __init__(self) -> None:
         self.own = False
         self.slow_calls = self.issued = self.lost = self.timed = self.forced = 0
         self.timed_s = 0.0  # timed calls: their own time, the sources' excluded
         self.span_s = 0.0  # the same, each capped at _SPAN_CAP (for the sampling rate)
+        #: the calls of the first TIME_ALL_FIRST, all timed: counted exactly, not scaled (they
+        #: are no random sample: a shuffle's first call fills its buffer, a pool starts)
+        self.early = 0
+        self.early_s = 0.0
         self.once_s = 0.0  # setup and end-of-run calls, counted unscaled
         self.began = self.active_s = 0.0  # the current run's first call; ended runs' wall time
         #: the countdown the stage had when its consumer began a timed call; -1: not forced
@@ -157,6 +164,9 @@ class StageMeter:
         self.span_s += own if own < _SPAN_CAP else _SPAN_CAP
         clock.inner = outer + elapsed
         self.timed += 1
+        if self.slow_calls < TIME_ALL_FIRST:
+            self.early += 1
+            self.early_s += own
         return value
 
     def _forced(self, stage: Any, t0: float, clock: _Clock, outer: float) -> Any:
@@ -167,6 +177,9 @@ class StageMeter:
         finally:
             clock.inner = outer + (perf_counter() - t0)
         self.forced += 1
+        if self.forced_left > 1:  # its own countdown runs on: its next sample comes in time
+            self.forced_left -= 1
+            self.issued -= 1  # this call was counted as ``forced``
         return value
 
     def _add_once(self, elapsed: float, clock: _Clock, outer: float) -> None:
@@ -225,9 +238,17 @@ class StageMeter:
         return self.active_s + (perf_counter() - self.began if self.began else 0.0)
 
     def own_s(self, stage: Any) -> float:
-        """Estimated seconds of ``stage``'s own calls and setup, its sources' time excluded."""
-        scale = self.items(stage) / self.timed if self.timed else 0.0
-        return self.timed_s * scale + self.once_s
+        """Estimated seconds of ``stage``'s own calls and setup, its sources' time excluded:
+        the first calls exactly, the mean of the later samples for the later calls."""
+        if not self.timed:
+            return self.once_s
+        later = self.timed - self.early
+        if later >= _MIN_LATER:
+            mean = (self.timed_s - self.early_s) / later
+        else:
+            mean = self.timed_s / self.timed
+        rest = max(0, self.items(stage) - self.early)
+        return self.early_s + mean * rest + self.once_s
 
     def inclusive_s(self, stage: Any) -> float:
         """Estimated seconds spent inside ``stage.next()`` and setup on the consumer's thread:
@@ -248,7 +269,8 @@ class StageMeter:
             busy, wait = 0.0, own
         else:
             busy = min(own, active)
-            wait = sum(src._meter.inclusive_s(src) for src in stage.sources)
+            # estimates of variable calls may overshoot: never more than the wall time left
+            wait = min(sum(src._meter.inclusive_s(src) for src in stage.sources), active - busy)
         blocked = max(0.0, active - own - wait)
         return {"items": self.items(stage), "busy_s": busy, "wait_s": wait, "blocked_s": blocked,
                 "lanes": 1}
