@@ -105,3 +105,14 @@ def test_a_slow_training_loop_is_named_consumer(workers: int) -> None:
     # each process waited on the loop for most of its sleeps
     assert stats.consumer_s >= 0.5 * CONSUMER_S * ITEMS / CONSUMER_BATCH, str(stats)
     _adds_up(stats, wall)
+
+
+def test_item_counts_stay_exact_when_calls_are_forced() -> None:
+    # shuffle and the pooled map count every call in the base class; their consumers' timed
+    # calls force them (timed whole), which must neither lose nor double any count
+    n = 3000
+    pipe = pf.from_items(range(n)).shuffle(50).map(abs, workers=2).batch(7).unbatch()
+    assert sorted(pipe) == list(range(n))
+    stats = pipe.stats()
+    assert {label: int(stats[label]["items"]) for label in stats} == {
+        "from_items": n, "shuffle": n, "map": n, "batch": -(-n // 7), "unbatch": n}
