@@ -36,7 +36,6 @@ class Sharder(Stage[Any]):
     """
 
     is_sharder = True
-    replays_input = True
 
     def __init__(self, source: Stage[Any], *, ranks: bool = True, workers: bool = True,
                  by: Literal["auto", "item", "key"] = "auto", auto: bool = False) -> None:

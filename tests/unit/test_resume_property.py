@@ -90,8 +90,8 @@ def test_a_window_with_nothing_pending_still_names_the_items_its_resume_skips():
 
 
 def test_a_stage_that_replays_its_input_after_an_unordered_map_refuses_a_mid_epoch_state():
-    # a shuffle (or unbatch, untar, another unordered map, a shard) finds its items again by
-    # their order in its input: after an unordered map that order differs every run
+    # a shuffle (or unbatch, untar, fetch_batch, another unordered map) finds its items again
+    # by their order in its input: after an unordered map that order differs every run
     for pipe, stage in ((pf.from_items(range(30)).map(identity, workers=2, in_order=False)
                          .shuffle(4), "shuffle"),
                         (pf.from_items(range(30)).map(identity, workers=2, in_order=False).batch(3)
@@ -202,8 +202,8 @@ def _not_batch(shape: Shape) -> bool:
 
 def _replayable(shape: Shape) -> bool:
     """A stage that re-reads part of its input on resume and matches the items by their count
-    (shuffle, unbatch, an unordered map, a shard) needs an input that replays in the same
-    order: not one after an unordered map (loading such a state is refused, see above)."""
+    (shuffle, unbatch, an unordered map) needs an input that replays in the same order: not
+    one after an unordered map (loading such a state is refused, see above)."""
     return shape.ordered
 
 
