@@ -19,6 +19,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..errors import install_line
+
 __all__ = ["DemoRow", "add_arguments", "run", "run_demo"]
 
 BUCKET = "pipeflow-demo"
@@ -188,7 +190,7 @@ def _chart(rows: list[DemoRow], path: str, title: str) -> str | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib is not installed: no chart (pip install 'pipeflow[plots]')", file=sys.stderr)
+        print(f"matplotlib is not installed: no chart ({install_line('plots')})", file=sys.stderr)
         return None
     ok = [r for r in rows if r.status == "ok"][::-1]
     fig, ax = plt.subplots(figsize=(9, 0.35 * max(len(ok), 1) + 1.5))
