@@ -1,7 +1,7 @@
 """The backend registry: names and URL schemes mapped to lazily imported classes.
 
 Nothing here imports an SDK. Each entry names its class by a dotted path
-(``"pipeflow.backends.boto3:Boto3Backend"``) and says which ``pipeflow[extra]`` installs what it
+(``"pipeflow.backends.boto3:Boto3Backend"``) and says which extra installs what it
 needs, so a missing SDK surfaces as :class:`~pipeflow.errors.MissingDependencyError` carrying the
 ``pip install`` line, and an unknown name as :class:`~pipeflow.errors.UnknownBackendError`
 listing the known ones.
@@ -38,7 +38,7 @@ class BackendSpec:
         name: the backend name users pass as ``backend=``.
         target: ``"module:Class"`` of the implementation, imported on first use.
         package: the top-level module of the SDK it needs (None: standard library only).
-        extra: the ``pipeflow[extra]`` that installs ``package``.
+        extra: the extra that installs ``package``.
         schemes: URL schemes this backend is the default for.
         description: one line for tables and error messages.
     """
