@@ -174,6 +174,11 @@ class Backend(abc.ABC):
             ObjectNotFoundError: the bucket or directory does not exist.
         """
 
+    def list_before_fork(self, url: str) -> Iterator[ObjectInfo]:
+        """:meth:`list`, from a process that may fork workers afterwards (where a pipeline is
+        written). A backend whose client does not survive a fork lists without starting it here."""
+        return self.list(url)
+
     @abc.abstractmethod
     def open(self, url: str, *, start: int = 0) -> IO[bytes]:
         """Open an object for streaming, starting at byte ``start``.

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, InvalidURLError, MissingDependencyError, UnknownBackendError
+from ._optional import installed
 from .base import Backend, scheme_of
 
 __all__ = [
@@ -122,6 +123,9 @@ def backend_class(name: str) -> type[Backend]:
         return cls
     spec = _spec(name)
     module_name, _, attr = spec.target.partition(":")
+    if spec.package and not installed(spec.package):
+        # backends import their SDK on first use; say so now, not from inside the first request
+        raise MissingDependencyError(spec.package, spec.extra or name)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

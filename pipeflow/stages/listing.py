@@ -25,19 +25,29 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+from ..backends._optional import installed
 from ..backends.base import Backend
-from ..backends.registry import get_backend
+from ..backends.registry import backend_for_url, get_backend
 from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError
 from ..items import ObjectInfo
 from .base import Stage
 
-__all__ = ["ObjectLister", "list_now", "read_manifest", "write_manifest"]
+__all__ = ["ObjectLister", "default_backend", "list_now", "read_manifest", "write_manifest"]
 
 MANIFEST_VERSION = 1
 
 
 def _relative(url: str, prefix: str) -> str:
     return url[len(prefix):] if url.startswith(prefix) else url
+
+
+def default_backend(url: str) -> str:
+    """The backend that lists ``url`` when none is named: the scheme's default (``boto3`` for
+    ``s3://``), or obstore when that is the S3 client installed and boto3 is not."""
+    name = backend_for_url(url)
+    if name == "boto3" and not installed("boto3") and installed("obstore"):
+        return "obstore"
+    return name
 
 
 def list_now(url: str, *, pattern: str | None = None, backend: str | Backend | None = None,
@@ -47,8 +57,8 @@ def list_now(url: str, *, pattern: str | None = None, backend: str | Backend | N
     Raises:
         ObjectNotFoundError: nothing under ``url`` (matches ``pattern``).
     """
-    be = get_backend(backend, url=url, **options)
-    infos = [i for i in be.list(url)
+    be = get_backend(backend if backend is not None else default_backend(url), **options)
+    infos = [i for i in be.list_before_fork(url)
              if pattern is None or fnmatch.fnmatchcase(_relative(i.url, url), pattern)]
     infos.sort(key=lambda i: i.url)  # backends list sorted already; make it a guarantee
     if not infos:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from .._checks import check_bool
+from ..backends._optional import installed
 from ..backends.base import Backend, scheme_of
 from ..backends.obstore import usable_here as obstore_usable_here
 from ..backends.registry import backend_for_url
@@ -39,7 +40,8 @@ def default_backend(url: str) -> str:
     fork), it is the registry's default, ``boto3``. Other schemes take the registry's default.
     """
     name = backend_for_url(url)
-    if name == "boto3" and obstore_usable_here():
+    if name == "boto3" and (obstore_usable_here() or (installed("obstore") and not installed("boto3"))):
+        # with obstore the only S3 client, a forked process keeps it: its error says what to do
         return "obstore"
     return name
 
