@@ -62,6 +62,22 @@ def test_serve_refuses_an_impossible_port():
     assert out.returncode == 2 and "between 1 and 65535" in out.stderr
 
 
+@pytest.mark.parametrize("bucket", ["t", "Upper", "under_score", "1.2.3.4", "a..b", "-dash"])
+def test_serve_refuses_an_invalid_bucket_name_before_starting(bucket):
+    out = pipeflow("serve", "--bucket", "good-name", f"--bucket={bucket}", timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()]  # one line
+    assert f"invalid bucket name {bucket!r}" in out.stderr
+    assert "export" not in out.stdout and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("name", ["abc", "my-bucket.v2", "a" * 63, "t123-4-abcdef12"])
+def test_valid_bucket_names_pass(name):
+    from pipeflow.backends.base import bucket_name_problem
+
+    assert bucket_name_problem(name) is None
+
+
 @pytest.mark.s3
 def test_make_data_to_a_missing_bucket_is_one_line(s3):
     out = pipeflow("make-data", "jpeg", "s3://no-such-bucket-here/x", "--count", "2", "--image-size", "8",
