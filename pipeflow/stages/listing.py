@@ -25,6 +25,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+from .._braces import expand_braces, has_braces, literal_prefix
 from ..backends._optional import installed
 from ..backends.base import Backend
 from ..backends.registry import backend_for_url, get_backend
@@ -50,6 +51,37 @@ def default_backend(url: str) -> str:
     return name
 
 
+def _listed(be: Backend, url: str, base: str) -> list[ObjectInfo]:
+    """The listing of ``url``; with brace notation, the objects it names (and everything under
+    the ones that end in ``/``), found with one listing of the part before the first brace.
+
+    Cost: one listing of that part (O(objects under it)) and a set of the E names.
+
+    Raises:
+        ObjectNotFoundError: a name the braces denote matched nothing.
+    """
+    if base == url:
+        return list(be.list_before_fork(url))
+    names = expand_braces(url)
+    exact = set(names)
+    prefixes = {n for n in names if n.endswith("/")}
+    found: set[str] = set()
+    kept = []
+    for info in be.list_before_fork(base):
+        hit = info.url if info.url in exact else next(
+            (info.url[:k + 1] for k in range(max(len(base) - 1, 0), len(info.url))
+             if info.url[k] == "/" and info.url[:k + 1] in prefixes), None)
+        if hit is not None:
+            found.add(hit)
+            kept.append(info)
+    missing = [n for n in names if n not in found]
+    if missing:
+        shown = ", ".join(repr(m) for m in missing[:3]) + (" ..." if len(missing) > 3 else "")
+        raise ObjectNotFoundError(f"{len(missing)} of the {len(names)} names the braces denote "
+                                  f"do not exist: {shown}", url=url, backend=be.name, op="list")
+    return kept
+
+
 def list_now(url: str, *, pattern: str | None = None, backend: str | Backend | None = None,
              **options: Any) -> list[ObjectInfo]:
     """List ``url`` with a backend and filter by ``pattern`` (a glob on the part after ``url``).
@@ -58,8 +90,9 @@ def list_now(url: str, *, pattern: str | None = None, backend: str | Backend | N
         ObjectNotFoundError: nothing under ``url`` (matches ``pattern``).
     """
     be = get_backend(backend if backend is not None else default_backend(url), **options)
-    infos = [i for i in be.list_before_fork(url)
-             if pattern is None or fnmatch.fnmatchcase(_relative(i.url, url), pattern)]
+    base = literal_prefix(url) if has_braces(url) else url
+    infos = [i for i in _listed(be, url, base)
+             if pattern is None or fnmatch.fnmatchcase(_relative(i.url, base), pattern)]
     infos.sort(key=lambda i: i.url)  # backends list sorted already; make it a guarantee
     if not infos:
         what = f" matching {pattern!r}" if pattern else ""
