@@ -206,6 +206,10 @@ class ObjectLister(Stage[ObjectInfo]):
     def __len__(self) -> int:
         return len(self.objects())
 
+    def known_length(self) -> int | None:
+        """The number of objects once listed (here or from the manifest), without listing."""
+        return len(self._objects) if self._objects is not None else None
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         if self.manifest is not None:
