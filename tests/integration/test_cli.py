@@ -189,6 +189,42 @@ def test_run_profile_prints_the_verdict_and_draws_a_png(tmp_path):
 # ---- progress bars: drawn on stderr when stdout is a terminal, never into a pipe or with --quiet ----
 BAR_MODES = [pytest.param(True, False, True, id="terminal"), pytest.param(False, False, False, id="pipe"),
              pytest.param(True, True, False, id="terminal-quiet")]
+#: the bar follows stderr, where it is drawn: `... | tail` draws it, `... 2>log` does not
+STREAM_MODES = [pytest.param("stderr", True, id="stdout-piped"),
+                pytest.param("stdout", False, id="stderr-logged")]
+
+
+@pytest.mark.parametrize("terminal, drawn", STREAM_MODES)
+def test_run_bar_goes_where_stderr_is_a_terminal(tmp_path, terminal, drawn):
+    data = tmp_path / "data"
+    made = pipeflow("make-data", "single", str(data), "--count", "12", "--image-size", "8", "--quiet")
+    assert made.returncode == 0, made.stderr
+    code, out, err = pipeflow_cli("run", "single-ffm", "--url", str(data), "--batch-size", "2",
+                                  terminal=terminal)
+    assert code == 0, err
+    assert has_bar(err, "run single-ffm") is drawn, err
+    assert ("\r" in err) is drawn
+
+
+@pytest.mark.parametrize("columns", [160, 0])
+@pytest.mark.parametrize("terminal, drawn, lines", [
+    pytest.param(True, True, False, id="terminal"), pytest.param(False, False, True, id="pipe")])
+def test_convert_draws_a_bar_on_a_terminal_and_plain_lines_into_a_pipe(tmp_path, columns, terminal,
+                                                                      drawn, lines):
+    if columns == 0 and not terminal:
+        pytest.skip("a pipe has no size")
+    data = tmp_path / "data"
+    made = pipeflow("make-data", "jpeg", str(data), "--count", "12", "--image-size", "8", "--quiet")
+    assert made.returncode == 0, made.stderr
+    code, out, err = pipeflow_cli("convert", str(data), str(tmp_path / "shards"), "--max-count", "4",
+                                  terminal=terminal, columns=columns)
+    assert code == 0, err
+    # a bar redraws its line (a terminal of no size still gets one); a pipe gets lines
+    assert (f"\r{data} -> " in err) is drawn, err
+    assert ("\r" in err) is drawn, err
+    if lines:
+        assert err.strip().splitlines()[-1].endswith("samples/s")
+    assert "wrote 12 samples from 24 objects as 3 tar shards" in out
 
 
 @pytest.mark.parametrize("terminal, quiet, drawn", BAR_MODES)
