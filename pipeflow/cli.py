@@ -42,9 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    module = importlib.import_module(COMMANDS[args.command][0])
     try:
-        return int(module.run(args) or 0)
+        return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
     except BrokenPipeError:
         # the reader went away (`pipeflow recipes | head`): stop quietly, as other tools do;
         # point stdout at /dev/null so the interpreter's final flush cannot fail again
@@ -52,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return 128 + signal.SIGPIPE
+    except KeyboardInterrupt:
+        # Ctrl-C: the user knows where it came from; one line, the shell's status for SIGINT
+        print(f"pipeflow {args.command}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":
