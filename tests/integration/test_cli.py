@@ -46,6 +46,19 @@ def test_help_and_version_import_neither_torch_nor_numpy(args):
             assert command in out.stdout
 
 
+@pytest.mark.parametrize("args", [["recipes"], ["recipes", "wds-boto3"], ["recipes", "wds-bot03"]])
+def test_looking_up_recipes_imports_no_torch(args):
+    # a typo must be answered at once, not after importing torch (seconds on a cold start)
+    code = ("import sys\nfrom pipeflow.cli import main\n"
+            f"code = main({args!r})\n"
+            "print('LOADED', code, sorted(m for m in ('torch', 'numpy', 'boto3') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert f"LOADED {2 if args[-1] == 'wds-bot03' else 0} []" in out.stdout, out.stdout + out.stderr
+    if args[-1] == "wds-bot03":
+        assert "did you mean 'wds-boto3'" in out.stderr
+
+
 def test_serve_on_a_busy_port_says_why():
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
