@@ -78,8 +78,8 @@ def _layer(module: str) -> str:
 
 FOUNDATION = {"errors", "_braces", "_checks", "_io", "_fs", "_rng", "items", "stats", "run_context",
               "disk_cache"}
-ABOVE_STAGES = {"graph", "iterator", "elastic", "sinks", "pipeline", "recipes", "_cli", "cli", "testing",
-                "pipeflow"}
+ABOVE_STAGES = {"graph", "iterator", "elastic", "sinks", "pipeline", "map_dataset", "recipes", "_cli",
+                "cli", "testing", "pipeflow"}
 
 #: layer -> the layers it must never import
 FORBIDDEN = {
