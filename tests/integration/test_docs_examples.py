@@ -9,7 +9,9 @@ The server holds a small world the examples name: ``s3://bucket/train/shard-000.
 ``shard-099.tar`` (tar shards of ``{key}.image.png`` + ``{key}.label.cls``), ``s3://bucket/raw/``
 and ``s3://bucket/jpeg/`` (one object per field: ``{key}.jpg``, ``{key}.cls``), ``pairs/``
 (``{i}.image``, ``{i}.label``), ``images/`` (``{key}.jpg``), the same under ``s3://my-bucket/``,
-and a "mounted bucket" ``./mnt/s3/jpeg`` in the scratch directory. Names a fragment may assume
+and a "mounted bucket" ``./mnt/s3/jpeg`` in the scratch directory. The pages share the server:
+an example that writes objects writes them under a prefix of its own (``uploaded/``,
+``shards/``), never into one that other examples list. Names a fragment may assume
 without defining them (the reader's own code) are in ``ASSUMED``.
 
 Markers, as HTML comments on the line before a block (invisible on the site, visible in the
