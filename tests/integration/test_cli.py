@@ -62,8 +62,10 @@ def test_looking_up_recipes_imports_no_torch(args):
 def test_a_misspelled_command_is_one_line_with_the_nearest():
     out = pipeflow("recipe", "wds-boto3")
     assert out.returncode == 2 and "Traceback" not in out.stderr
-    assert out.stderr.strip() == ("pipeflow: no command 'recipe'; did you mean 'recipes'? commands: demo, "
-                                  "run, recipes, make-data, convert, serve, bench, cache")
+    from pipeflow.cli import COMMANDS
+
+    assert out.stderr.strip() == (f"pipeflow: no command 'recipe'; did you mean 'recipes'? commands: "
+                                  f"{', '.join(COMMANDS)}")
 
 
 def test_serve_on_a_busy_port_says_why():
