@@ -119,6 +119,11 @@ class ObstoreBackend(Backend):
     Options = ObstoreOptions
     options: ObstoreOptions
 
+    @classmethod
+    def usable_here(cls) -> bool:
+        """False in a process forked after obstore was used here (see :func:`usable_here`)."""
+        return usable_here()
+
     def _make_client(self) -> dict[str, Any]:
         return {}
 
@@ -250,6 +255,13 @@ class ObstoreBackend(Backend):
                         yield _object_info(loc.bucket, meta)
         except Exception as exc:
             self._raise(exc, loc, url, "list")
+
+    def list_before_fork(self, url: str) -> Iterator[ObjectInfo]:
+        if _runtime_pid == os.getpid():
+            return self.list(url)  # the runtime is live here already: nothing left to keep
+        from pipeflow.backends._obstore_list import list_in_child
+
+        return list_in_child(self.options, url)
 
     def info(self, url: str) -> ObjectInfo:
         import obstore

@@ -1,7 +1,7 @@
 """The backend registry: names and URL schemes mapped to lazily imported classes.
 
 Nothing here imports an SDK. Each entry names its class by a dotted path
-(``"pipeflow.backends.boto3:Boto3Backend"``) and says which ``pipeflow[extra]`` installs what it
+(``"pipeflow.backends.boto3:Boto3Backend"``) and says which extra installs what it
 needs, so a missing SDK surfaces as :class:`~pipeflow.errors.MissingDependencyError` carrying the
 ``pip install`` line, and an unknown name as :class:`~pipeflow.errors.UnknownBackendError`
 listing the known ones.
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, InvalidURLError, MissingDependencyError, UnknownBackendError
+from ._optional import installed
 from .base import Backend, scheme_of
 
 __all__ = [
@@ -44,7 +45,7 @@ class BackendSpec:
         name: the backend name users pass as ``backend=``.
         target: ``"module:Class"`` of the implementation, imported on first use.
         package: the top-level module of the SDK it needs (None: standard library only).
-        extra: the ``pipeflow[extra]`` that installs ``package``.
+        extra: the extra that installs ``package``.
         schemes: URL schemes this backend is the default for.
         description: one line for tables and error messages.
     """
@@ -128,6 +129,9 @@ def backend_class(name: str) -> type[Backend]:
         return cls
     spec = _spec(name)
     module_name, _, attr = spec.target.partition(":")
+    if spec.package and not installed(spec.package):
+        # backends import their SDK on first use; say so now, not from inside the first request
+        raise MissingDependencyError(spec.package, spec.extra or name)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
@@ -178,14 +182,15 @@ def preferred_backend_for_url(url: str) -> str:
     For ``s3://`` that is ``obstore`` (object_store) for both access patterns, one stream per
     shard and many small objects in flight (docs/backends.md has the table); without obstore
     installed, or in a process forked after obstore was used (its runtime does not survive a
-    fork), it is the scheme's default, ``boto3``. Other schemes take their default.
+    fork), it is the scheme's default, ``boto3``; with obstore the only S3 client installed, it
+    stays obstore (in a forked process its error says what to do). Other schemes take their
+    default.
     """
     name = backend_for_url(url)
-    if name == "boto3" and "obstore" in _specs:
-        from .obstore import usable_here  # imports no SDK
-
-        if usable_here():
-            return "obstore"
+    if name != "boto3" or "obstore" not in _specs or not installed("obstore"):
+        return name
+    if backend_class("obstore").usable_here() or not installed("boto3"):
+        return "obstore"
     return name
 
 

@@ -58,7 +58,8 @@ class Stage(Generic[T]):
     pulls_in_background: bool = False
     #: True for stages whose resume pulls items of their input again from an earlier position
     #: and tells them apart by their count (a shuffle buffer, the rest of a batch or an object,
-    #: the items a shard passed): their input must deliver the same items in the same order
+    #: the items an unordered map delivered ahead): their input must deliver the same items in
+    #: the same order
     replays_input: bool = False
     #: False for stages whose output order depends on timing (an unordered ``map``): no stage
     #: that replays its input can resume exactly downstream of one

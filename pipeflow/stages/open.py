@@ -33,6 +33,10 @@ __all__ = ["OpenFn", "Opener", "default_backend"]
 default_backend = preferred_backend_for_url
 
 
+#: ``open()``'s own options; the rest of its keywords are backend options
+_OWN_OPTIONS = ("backend", "workers", "read", "on_error", "max_inflight")
+
+
 class OpenFn:
     """The per-item work of :class:`Opener`: pick the backend, open (and maybe read) one object.
 
@@ -41,7 +45,8 @@ class OpenFn:
 
     def __init__(self, backend: str | Backend | None, read: bool, options: Mapping[str, Any]) -> None:
         self.read = read
-        self.backends = BackendsByScheme(backend, options, what="open", choose=default_backend)
+        self.backends = BackendsByScheme(backend, options, what="open", choose=default_backend,
+                                         stage_options=_OWN_OPTIONS)
         #: ``(stats, stage label)`` to count requests, bytes and retries into; set per run
         self.counts: tuple[Stats, str] | None = None
 
