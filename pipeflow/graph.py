@@ -21,12 +21,13 @@ from typing import Any
 from ._once import first_time
 from .errors import OptionError
 from .run_context import RunContext
+from .stages.assigned import AssignedSource
 from .stages.base import Stage
 from .stages.group import PairGrouper
 from .stages.shard import Sharder
 from .stages.untar import Untarrer
 
-__all__ = ["Node", "build", "find_sharder", "fingerprint", "format_value", "has_sharder",
+__all__ = ["Node", "build", "plan", "find_sharder", "fingerprint", "format_value", "has_sharder",
            "check_options", "checks_options", "draw", "is_secret", "known_total", "make_label",
            "short_labels", "validate", "walk"]
 
@@ -187,6 +188,8 @@ def has_sharder(node: Node) -> bool:
 def build(node: Node, ctx: RunContext) -> Stage[Any]:
     """Instantiate the stage graph described by ``node`` for ``ctx``.
 
+    Random-access sources are read by assignment first (:func:`plan`).
+
     Automatic sharding: when the graph contains no sharding stage and ``ctx`` says this process
     is one of several shards (ranks x DataLoader workers), every source (a stage without
     inputs) is followed by a ``Sharder``, so each item is read by exactly one shard instead of
@@ -195,6 +198,7 @@ def build(node: Node, ctx: RunContext) -> Stage[Any]:
     to choose the place.
     """
     auto = ctx.num_shards > 1 and not has_sharder(node)
+    node = plan(node)
     # one line for the whole run: from the first shard only, and once across worker processes
     if auto and ctx.shard_index == 0 and first_time("auto_shard"):
         log.info("pipeflow: no shard_by_rank() in the pipeline; sharding each source across "
@@ -216,7 +220,8 @@ def _groups_objects(node: Node, grouped: bool) -> bool:
 def _build(node: Node, ctx: RunContext, auto: bool, labels: dict[int, str],
            auto_shards: dict[str, int], grouped: bool = False) -> tuple[Stage[Any], bool]:
     grouped = _groups_objects(node, grouped)
-    inputs = [_build(i, ctx, auto, labels, auto_shards, grouped) for i in node.inputs]
+    below = auto and not node.stage.is_sharder  # what a sharder reads is not sharded again
+    inputs = [_build(i, ctx, below, labels, auto_shards, grouped) for i in node.inputs]
     kwargs = node.kwargs
     if issubclass(node.stage, Sharder) and kwargs.get("by", "auto") == "auto":
         kwargs = {**kwargs, "by": "key" if grouped else "item"}  # keep grouped objects together
@@ -235,6 +240,60 @@ def _build(node: Node, ctx: RunContext, auto: bool, labels: dict[int, str],
         sharder.name = "auto_shard" if n == 1 else f"auto_shard#{n}"
         return sharder, True
     return stage, sharded
+
+
+# ---- reading random-access sources by assignment ---------------------------------------------------
+def plan(node: Node) -> Node:
+    """The description as it runs: each random-access source (``random_access``: ``from_items``,
+    ``list_objects``), with the ``shuffle`` right after it, read through one
+    :class:`~pipeflow.stages.assigned.AssignedSource` that deals the places of one global order
+    over ranks x workers, instead of every shard pulling every item and keeping its share.
+
+    It applies where the source is split by item: right under a ``shard_by_rank()`` that splits
+    across ranks and workers by item, or anywhere when the pipeline has no ``shard_by_rank()``
+    (automatic sharding) and no ``group_pairs()`` of whole objects above. The unit each rank
+    takes from a global step is the size of the first ``batch(n)`` above, reached through
+    stages that keep one item per item in order (``keeps_steps``); else 1.
+    """
+    return _plan(node, has_sharder(node), False, None)
+
+
+def _plan(node: Node, explicit: bool, grouped: bool, unit: int | None) -> Node:
+    grouped = _groups_objects(node, grouped)
+    folded = _fold(node, explicit, grouped, unit or 1)
+    if folded is not None:
+        return folded
+    below = node.stage.step_size(node.args, node.kwargs)
+    if below is None and node.stage.keeps_steps(node.args, node.kwargs):
+        below = unit
+    inputs = tuple(_plan(i, explicit, grouped, below) for i in node.inputs)
+    if all(a is b for a, b in zip(inputs, node.inputs)):
+        return node
+    return Node(node.stage, node.args, node.kwargs, inputs, node.label)
+
+
+def _random_access(node: Node) -> bool:
+    return node.stage.random_access and not node.inputs
+
+
+def _fold(node: Node, explicit: bool, grouped: bool, unit: int) -> Node | None:
+    """``node`` and the source (and shuffle) below it as one assigned source, or None."""
+    under = node
+    if explicit:
+        if not (node.stage.splits_by_place(node.kwargs, grouped) and len(node.inputs) == 1):
+            return None
+        under = node.inputs[0]
+    elif grouped:
+        return None  # group_pairs of whole objects above: sharded by sample key instead
+    mixing = under.stage.mixing(under.args, under.kwargs)
+    if mixing is not None and len(under.inputs) == 1 and _random_access(under.inputs[0]):
+        source = under.inputs[0]
+    elif _random_access(under):
+        mixing, source = {}, under
+    else:
+        return None
+    label = node.label if explicit or under is not source else "assign"
+    return Node(AssignedSource, (), {**mixing, "unit": unit}, (source,), label)
 
 
 # ---- walks over built stages --------------------------------------------------------------------------

@@ -97,6 +97,11 @@ class Stage(Generic[T]):
     #: True for stages that pull their sources on a thread of their own (``prefetch``): their
     #: consumer-side time is waiting on the input, not work
     pulls_in_background: bool = False
+    #: True for sources that give item ``i`` directly: ``len(stage)`` and ``stage.at(i)`` work
+    #: once the stage is started. The builder then reads them by assignment
+    #: (:mod:`pipeflow.stages.assigned`): each shard computes its own places of one global order
+    #: instead of pulling every item and keeping its share.
+    random_access: bool = False
 
     def __init__(self, *sources: Stage[Any]) -> None:
         self.sources: tuple[Stage[Any], ...] = sources
@@ -128,6 +133,32 @@ class Stage(Generic[T]):
     def source(self) -> Stage[Any]:
         """The single input of a one-input stage."""
         return self.sources[0]
+
+    # ---- what a description of this stage promises (read by the builder) -------------------
+    @classmethod
+    def keeps_steps(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """True when this stage, with these options, turns every input item into exactly one
+        output item, in order: a batch downstream then holds the same places of the global
+        order as at its input (see :mod:`pipeflow.assign`). Defaults to ``one_to_one``."""
+        return cls.one_to_one
+
+    @classmethod
+    def mixing(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """For a stage that only reorders items at random (``shuffle``): the ``buffer_size`` and
+        ``seed`` an assigned source folds in when this stage sits right after it; else None."""
+        return None
+
+    @classmethod
+    def splits_by_place(cls, kwargs: dict[str, Any], grouped: bool) -> bool:
+        """True for a sharding stage whose split, with these options, an assigned source can
+        take over: by item, across ranks and workers. ``grouped``: a ``group_pairs()`` of
+        whole objects lies downstream."""
+        return False
+
+    @classmethod
+    def step_size(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+        """The number of input items one output item groups (``batch(n)``: ``n``), or None."""
+        return None
 
     # ---- hooks, implemented by subclasses -----------------------------------------------
     def start(self, state: dict[str, Any] | None) -> None:

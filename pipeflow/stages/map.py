@@ -88,6 +88,11 @@ class WindowedStage(Stage[Any]):
         self._undelivered = 0
         self._dropped = 0  # inline: items pulled and not delivered (skipped, or raised)
 
+    @classmethod
+    def keeps_steps(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        # skips would shift every later item, and an unordered window reorders them
+        return kwargs.get("on_error", "raise") == "raise" and kwargs.get("in_order", True) is True
+
     def _check_picklable(self) -> None:
         try:
             pickle.dumps(self._fn)

@@ -37,6 +37,12 @@ class Sharder(Stage[Any]):
 
     is_sharder = True
 
+    @classmethod
+    def splits_by_place(cls, kwargs: dict[str, Any], grouped: bool) -> bool:
+        by = kwargs.get("by", "auto")
+        by_item = by == "item" or (by == "auto" and not grouped)
+        return by_item and kwargs.get("ranks", True) is True and kwargs.get("workers", True) is True
+
     def __init__(self, source: Stage[Any], *, ranks: bool = True, workers: bool = True,
                  by: Literal["auto", "item", "key"] = "auto", auto: bool = False) -> None:
         super().__init__(source)

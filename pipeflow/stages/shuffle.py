@@ -32,6 +32,15 @@ class Shuffler(Stage[Any]):
 
     one_to_one = True
 
+    @classmethod
+    def keeps_steps(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        return False  # one item out per item in, but not in order
+
+    @classmethod
+    def mixing(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        size = args[0] if args else kwargs.get("buffer_size")
+        return {"buffer_size": size, "seed": kwargs.get("seed", 0)}
+
     def __init__(self, source: Stage[Any], buffer_size: int, *, seed: int = 0) -> None:
         super().__init__(source)
         check_int(buffer_size, "shuffle(buffer_size=...)", low=1)

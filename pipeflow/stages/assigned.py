@@ -1,0 +1,150 @@
+"""Reading a random-access source by assignment: each shard takes its own places of one global order.
+
+A source that can give its item ``i`` directly (``from_items`` over a sequence, ``list_objects``:
+any stage with ``random_access = True``, ``len()`` and ``at(i)``) does not need to be pulled
+item by item by every rank and DataLoader worker, each keeping one item in ``ranks x workers``
+(a shard after a shuffle has to do that today to stay exact). The builder reads such a source,
+with the ``shuffle`` right after it and the ``shard_by_rank()`` (or automatic sharding) after
+those, through one :class:`AssignedSource`: the epoch's order is a pure function of the seed and
+the epoch (:class:`pipeflow.assign.Order`), the places each shard reads a pure function of its
+rank and worker (:class:`pipeflow.assign.Split`), and a shard computes only its own.
+
+The first run of an epoch reads the global order; a restart within the epoch (``repeat()``,
+the wrap-around of ``equalize``/``with_epoch``) reads the same shard's places again in a new
+random order, so every shard keeps its own items, as with a shuffle after the shard.
+
+State: the round and how many items this shard delivered, whatever the buffer size: a few
+bytes.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+from typing import Any
+
+from .._checks import check_int
+from .._rng import derive_seed
+from ..assign import Order, Split, permute
+from .base import SOURCES_KEY, Stage
+
+__all__ = ["AssignedSource", "Remaining"]
+
+
+class Remaining:
+    """The places of an epoch's order not delivered before an elastic resume, renumbered from 0.
+
+    Every place before ``start`` was delivered, and so were the places in ``done`` (sorted,
+    all ``>= start``): the few that ranks saved at a later step than the slowest one delivered.
+    """
+
+    def __init__(self, n: int, start: int, done: Sequence[int]) -> None:
+        self.start = start
+        self.done = sorted(done)
+        self.n = n - start - len(self.done)
+        # place q of the rest is start + q + (the done places at or before it)
+        self._shifted = [p - start - i for i, p in enumerate(self.done)]
+
+    def __len__(self) -> int:
+        return max(0, self.n)
+
+    def __getitem__(self, q: int) -> int:
+        return self.start + q + bisect_right(self._shifted, q)
+
+
+class AssignedSource(Stage[Any]):
+    """This shard's items of a random-access source, in the epoch's global order.
+
+    Args:
+        source: a stage with ``random_access = True`` (``len()``, ``at(i)``).
+        buffer_size: items mixed together (the ``shuffle`` folded in); 1 keeps the source order.
+        seed: the shuffle's seed, combined with the epoch and the round.
+        unit: positions a rank takes from each global step (the per-rank batch size the
+            builder found downstream; 1 when there is none).
+        split: deal the places over ranks x DataLoader workers (False: one shard reads all).
+        rest: in an elastic resume, ``(epoch, start, done)``: in that epoch only the places
+            :class:`Remaining` names are dealt.
+    """
+
+    is_sharder = True
+
+    def __init__(self, source: Stage[Any], *, buffer_size: int = 1, seed: int = 0, unit: int = 1,
+                 split: bool = True, rest: tuple[int, int, Sequence[int]] | None = None) -> None:
+        super().__init__(source)
+        check_int(buffer_size, "shuffle(buffer_size=...)", low=1)
+        check_int(seed, "shuffle(seed=...)")
+        check_int(unit, "unit", low=1)
+        self.buffer_size = buffer_size
+        self.seed = seed
+        self.unit = unit
+        self.split_shards = split
+        self.rest = rest
+        self._round = -1  # incremented by every fresh start (repeat() and equalize reshuffle)
+        self._k = 0
+        self._count = 0
+
+    # ---- where this shard reads -------------------------------------------------------------
+    def split(self) -> Split:
+        """How this run deals places over ranks x workers."""
+        ctx = self.context
+        if not self.split_shards:
+            return Split(1, 1, self.unit)
+        return Split(ctx.world_size, max(1, ctx.num_workers), self.unit)
+
+    @property
+    def where(self) -> tuple[int, int]:
+        """``(rank, worker)`` of this process in :meth:`split`."""
+        ctx = self.context
+        return (ctx.rank, ctx.worker_id) if self.split_shards else (0, 0)
+
+    @property
+    def shard(self) -> tuple[int, int]:
+        """``(index, count)`` of this process's shard (as :class:`~pipeflow.stages.shard.Sharder`)."""
+        split = self.split()
+        rank, worker = self.where
+        return rank * split.workers + worker, split.shards
+
+    def order(self) -> Order:
+        """The global order of this epoch (a function of seed and epoch only)."""
+        stream = derive_seed("assign", self.seed, self.context.epoch)
+        return Order(len(self.source), self.buffer_size, stream)
+
+    def places(self) -> Sequence[int] | None:
+        """The places left in an elastic resume's epoch (renumbered), or None for all of them."""
+        if self.rest is None or int(self.rest[0]) != self.context.epoch:
+            return None
+        _, start, done = self.rest
+        return Remaining(len(self.source), int(start), done)
+
+    # ---- contract ---------------------------------------------------------------------------
+    def start(self, state: dict[str, Any] | None) -> None:
+        self._round = int(state["round"]) if state else self._round + 1
+        self._k = int(state["index"]) if state else 0
+        self._order = self.order()
+        self._places = self.places()
+        self._split = self.split()
+        self._rank, self._worker = self.where
+        total = len(self._places) if self._places is not None else self._order.n
+        self._count = self._split.count(self._rank, self._worker, total)
+        # a restart within the epoch (repeat, equalize's wrap-around) reshuffles this shard's
+        # own places: every shard keeps its items, as with a shuffle after the shard
+        self._again = derive_seed("again", self.seed, self.context.epoch, self._round, *self.where) \
+            if self._round > 0 and self.buffer_size > 1 else None
+
+    def next(self) -> Any:
+        k = self._k
+        if k >= self._count:
+            raise StopIteration
+        if self._again is not None:
+            k = permute(k, self._count, self._again)
+        p = self._split.position(self._rank, self._worker, k)
+        if self._places is not None:
+            p = self._places[p]
+        self._k += 1
+        return self.source.at(self._order[p])
+
+    def get_state(self) -> dict[str, Any]:
+        return {"round": self._round, "index": self._k, SOURCES_KEY: [self.source.state_dict()]}
+
+    def known_length(self) -> int | None:
+        return len(self.source)
