@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import ConfigError
-from .graph import Node, build, fingerprint
+from .graph import Node, build, fingerprint, plan
 from .run_context import RunContext
 from .stages._elastic import ElasticDropper, ElasticRemaining, locate
 from .stages._expand import ExpandingStage
@@ -31,6 +31,7 @@ from .stages.group import PairGrouper
 from .stages.listing import ObjectLister
 from .stages.map import WindowedStage
 from .stages.prefetch import Prefetcher
+from .stages.assigned import places_from, rest_of
 from .stages.shard import Sharder, _sample_key
 from .stages.shuffle import Shuffler
 from .stages.source import ItemSource
@@ -128,12 +129,21 @@ def drop_point(chain: list[type]) -> tuple[int, int]:
     return shard, point
 
 
-def _cursor(state: dict[str, Any], chain: list[type], shard: tuple[int, int]) -> dict[str, Any]:
-    """One shard's position: the source indices it completed and its open window."""
-    index, count = shard
-    if state.get("done"):
-        return {"done": [index, None, count], "window": None}
+def _at_depth(state: Any, depth: int) -> Any:
+    for _ in range(depth):
+        if not isinstance(state, dict) or not state.get(SOURCES_KEY):
+            return None
+        state = state[SOURCES_KEY][0]
+    return state
+
+
+def _cursor(state: dict[str, Any], chain: list[type], where: tuple[int, int, int, int]) -> dict[str, Any]:
+    """One shard's position: the source units it completed and its open window."""
     sharder, point = drop_point(chain)
+    cls = chain[sharder]
+    own = _at_depth(state["stages"], sharder) or {}
+    if state.get("done"):
+        return {"done": cls.elastic_done(own, where, None), "window": None}
     window = {"pulled": 0, "buffered": []}
     st = state["stages"]
     for i in range(point + 1):  # from the root down to the drop point's input
@@ -150,9 +160,9 @@ def _cursor(state: dict[str, Any], chain: list[type], shard: tuple[int, int]) ->
     if not st:
         return {"done": None, "window": None}
     # a state is the position before the next item: name the object that item comes from
-    first, offset = locate(chain[point + 1: sharder + 1], st, shard, after=False)
-    return {"done": [index, first, count],
-            "window": {"start": first, "step": count, "skip": offset, **window}}
+    first, offset = locate(chain[point + 1: sharder + 1], st, where, after=False)
+    return {"done": cls.elastic_done(own, where, first),
+            "window": {**cls.elastic_window(own, where, first), "skip": offset, **window}}
 
 
 def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
@@ -186,16 +196,18 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
         shards = [(it, where) for it, (_, where) in zip(started, shards)]
         chain = [c for c in chain if c not in _ELASTIC]
     graph = _fingerprint_of(chain)
-    done: list[list[Any]] = []
+    done: list[Any] = []
     windows: list[dict[str, Any]] = []
+    sharder = chain[drop_point(chain)[0]]
+    template = next((_at_depth(it["stages"], drop_point(chain)[0]) for it, _ in shards
+                     if it and _at_depth(it["stages"], drop_point(chain)[0])), None) or {}
     for it, where in shards:
         if it and list(it.get("shard", where)) != where:
             raise ConfigError(f"merge_states(): state {it.get('shard')} is in the place of {where}; "
                               "pass one state per rank, in rank order")
-        rank, world, wid, workers = where
-        if not it:
-            continue
-        cursor = _cursor(it, chain, (rank * workers + wid, world * workers))
+        cursor = _cursor(it, chain, tuple(where)) if it else {"done": None, "window": None}
+        if cursor["done"] is None and cursor["window"] is None and not (it or {}).get("done"):
+            cursor["done"] = sharder.elastic_untouched(template, tuple(where))
         if cursor["done"] is not None:
             done.append(cursor["done"])
         if cursor["window"] is not None:
@@ -215,7 +227,8 @@ def _node_chain(node: Node) -> list[Node]:
     chain = [n for n in chain if n.stage not in _ELASTIC]
     current = None
     for n in reversed(chain):  # relink: an earlier resume's stages must not stay in the inputs
-        current = Node(n.stage, n.args, n.kwargs, (current,) if current is not None else (), n.label)
+        kwargs = {k: v for k, v in n.kwargs.items() if k != "rest"}  # nor an assigned source's rest
+        current = Node(n.stage, n.args, kwargs, (current,) if current is not None else (), n.label)
     return _linked(current)
 
 
@@ -231,7 +244,7 @@ def _check_graph(stages: list[Stage[Any]], sharder: int, point: int) -> None:
     for i, stage in enumerate(stages):
         allowed = _PRE_SHARD if i > sharder else _TO_DROP_POINT if i > point else _AFTER_DROP_POINT
         if i == sharder:
-            if not (isinstance(stage, Sharder) and stage._ranks and stage._workers):
+            if not getattr(stage, "splits_all", False):
                 raise ConfigError(f"elastic resume needs {stage.name} to split across ranks and workers")
             continue
         ok = isinstance(stage, allowed) and not (i < point and isinstance(stage, Shuffler))
@@ -251,7 +264,7 @@ def _check_graph(stages: list[Stage[Any]], sharder: int, point: int) -> None:
 def _source_units(node: Node, epoch: int, by: str) -> list[list[Any]]:
     """The stream before the shard, in order (the same on every rank for a seed and epoch), in
     the units the shard splits: single items, or with ``by="key"`` the items of one sample."""
-    stage = build(node, RunContext(epoch=epoch))
+    stage = build(node, RunContext(epoch=epoch), assign=False)
     units: list[list[Any]] = []
     last: Any = None
     try:
@@ -286,7 +299,7 @@ def _offsets(unit: list[Any], to_point: list[Node], epoch: int, by: str) -> list
                 next(top)
             except StopIteration:
                 return out
-            out.append(locate(classes, before, (0, 1), after=False)[1] if before else 0)
+            out.append(locate(classes, before, (0, 1, 0, 1), after=False)[1] if before else 0)
     finally:
         top.close()
 
@@ -297,7 +310,7 @@ def _resolve(window: dict[str, Any], items: list[list[Any]], to_point: list[Node
     first item and, from it on, the ones pulled into the buffer and no longer in it."""
     pulled, skip, buffered = int(window["pulled"]), int(window["skip"]), set(window["buffered"])
     seq, first = 0, True
-    for g in range(int(window["start"]), len(items), int(window["step"])):
+    for g in _old_places(window, len(items)):
         offsets = _offsets(items[g], to_point, epoch, by)
         delivered = []
         for j, offset in enumerate(offsets):
@@ -316,6 +329,13 @@ def _resolve(window: dict[str, Any], items: list[list[Any]], to_point: list[Node
             return
 
 
+def _old_places(window: dict[str, Any], n: int) -> Any:
+    """The source units an old shard reads from its window's start on."""
+    if "places" in window:
+        return places_from(window, n)
+    return range(int(window["start"]), n, int(window["step"]))
+
+
 def resume_node(node: Node, merged: dict[str, Any]) -> Node:
     """The description of the rest of the merged state's epoch (see ``Pipeline.resume_from``).
 
@@ -326,7 +346,7 @@ def resume_node(node: Node, merged: dict[str, Any]) -> Node:
     if not isinstance(merged, dict) or merged.get(FORMAT) != 1:
         raise ConfigError("resume_from() needs the value merge_states() returned")
     epoch = int(merged["epoch"])
-    nodes = _node_chain(node)
+    nodes = _node_chain(plan(node))
     node = nodes[0]
     root = build(node, RunContext(epoch=epoch))
     try:
@@ -339,16 +359,24 @@ def resume_node(node: Node, merged: dict[str, Any]) -> Node:
                               f"{merged['graph']}, resuming {fingerprint(root)}")
         _check_graph(stages, sharder, point)
         by = stages[sharder].by
+        by_place = getattr(stages[sharder], "reads_by_place", False)
     finally:
         root.close()
-    items = _source_units(nodes[sharder + 1], epoch, by)
-    done = [list(r) for r in merged["done"]]
+    n = nodes[sharder]
+    before_shard = Node(n.stage, n.args, {**n.kwargs, "split": False}, n.inputs) if by_place \
+        else nodes[sharder + 1]
+    items = _source_units(before_shard, epoch, by)
+    done = [r if isinstance(r, dict) else list(r) for r in merged["done"]]
     partial: dict[str, list[int]] = {}
     for window in merged["windows"]:
         _resolve(window, items, nodes[point + 1: sharder], epoch, by, done, partial)
-    current = Node(ElasticRemaining, (done,), {"epoch": epoch, "by": by}, (nodes[sharder + 1],),
-                   f"resume_remaining(epoch={epoch})")
-    for i in range(sharder, -1, -1):
+    if by_place:  # the assigned source deals what is left itself
+        start, extra = rest_of(len(items), done)
+        current = Node(n.stage, n.args, {**n.kwargs, "rest": (epoch, start, extra)}, n.inputs, n.label)
+    else:
+        current = Node(ElasticRemaining, (done,), {"epoch": epoch, "by": by}, (nodes[sharder + 1],),
+                       f"resume_remaining(epoch={epoch})")
+    for i in range(sharder - by_place, -1, -1):
         if i == point:
             current = Node(ElasticDropper, (partial,), {"epoch": epoch}, (current,),
                            f"resume_dropper(epoch={epoch})")

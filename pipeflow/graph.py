@@ -185,10 +185,11 @@ def has_sharder(node: Node) -> bool:
     return getattr(node.stage, "is_sharder", False) or any(has_sharder(i) for i in node.inputs)
 
 
-def build(node: Node, ctx: RunContext) -> Stage[Any]:
+def build(node: Node, ctx: RunContext, *, assign: bool = True) -> Stage[Any]:
     """Instantiate the stage graph described by ``node`` for ``ctx``.
 
-    Random-access sources are read by assignment first (:func:`plan`).
+    Random-access sources are read by assignment first (:func:`plan`; ``assign=False`` for a
+    description that already went through it).
 
     Automatic sharding: when the graph contains no sharding stage and ``ctx`` says this process
     is one of several shards (ranks x DataLoader workers), every source (a stage without
@@ -198,7 +199,8 @@ def build(node: Node, ctx: RunContext) -> Stage[Any]:
     to choose the place.
     """
     auto = ctx.num_shards > 1 and not has_sharder(node)
-    node = plan(node)
+    if assign:
+        node = plan(node)
     # one line for the whole run: from the first shard only, and once across worker processes
     if auto and ctx.shard_index == 0 and first_time("auto_shard"):
         log.info("pipeflow: no shard_by_rank() in the pipeline; sharding each source across "

@@ -19,8 +19,8 @@ bytes.
 
 from __future__ import annotations
 
-from bisect import bisect_right
-from collections.abc import Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .._checks import check_int
@@ -28,7 +28,7 @@ from .._rng import derive_seed
 from ..assign import Order, Split, permute
 from .base import SOURCES_KEY, Stage
 
-__all__ = ["AssignedSource", "Remaining"]
+__all__ = ["AssignedSource", "Remaining", "places_from", "rest_of"]
 
 
 class Remaining:
@@ -51,6 +51,15 @@ class Remaining:
     def __getitem__(self, q: int) -> int:
         return self.start + q + bisect_right(self._shifted, q)
 
+    def index_of(self, p: int) -> int | None:
+        """The renumbered place of place ``p``, or None when it was delivered."""
+        if p < self.start:
+            return None
+        i = bisect_left(self.done, p)
+        if i < len(self.done) and self.done[i] == p:
+            return None
+        return p - self.start - i
+
 
 class AssignedSource(Stage[Any]):
     """This shard's items of a random-access source, in the epoch's global order.
@@ -67,6 +76,10 @@ class AssignedSource(Stage[Any]):
     """
 
     is_sharder = True
+    #: the unit elastic resume names is a place of the global order (see :meth:`elastic_place`)
+    reads_by_place = True
+    #: it splits by item, never by sample key
+    by = "item"
 
     def __init__(self, source: Stage[Any], *, buffer_size: int = 1, seed: int = 0, unit: int = 1,
                  split: bool = True, rest: tuple[int, int, Sequence[int]] | None = None) -> None:
@@ -144,7 +157,87 @@ class AssignedSource(Stage[Any]):
         return self.source.at(self._order[p])
 
     def get_state(self) -> dict[str, Any]:
-        return {"round": self._round, "index": self._k, SOURCES_KEY: [self.source.state_dict()]}
+        state = {"round": self._round, "index": self._k, "unit": self.unit}
+        if self._places is not None:
+            state["resumed_epoch"] = self.context.epoch
+        return {**state, SOURCES_KEY: [self.source.state_dict()]}
+
+    # ---- elastic resume: this stage reads its own state ---------------------------------------
+    @property
+    def splits_all(self) -> bool:
+        """True when the places are dealt over ranks and workers."""
+        return self.split_shards
+
+    def owns(self, q: int) -> bool:
+        """True when this shard reads (renumbered) place ``q``."""
+        return self._split.owner(q) == (self._rank, self._worker)
+
+    @classmethod
+    def elastic_place(cls, state: dict[str, Any], where: tuple[int, int, int, int], *,
+                      following: bool) -> int:
+        """The place of the global order a state saved by shard ``where`` = ``(rank, world,
+        worker, workers)`` names: the next one it reads (``following``), else the last it read."""
+        rank, world, worker, workers = where
+        split = Split(world, max(1, workers), int(state.get("unit", 1)))
+        k = int(state["index"])
+        return split.position(rank, worker, k if following else k - 1)
+
+    @classmethod
+    def elastic_done(cls, state: dict[str, Any], where: tuple[int, int, int, int],
+                     before: int | None) -> dict[str, Any]:
+        """The places shard ``where`` delivered: all of its places before place ``before``
+        (None: every one), resolved when resuming, where the item count is known (:func:`rest_of`).
+        ``state`` is any state of this stage in the job (for the unit)."""
+        return {"places": [*where, int(state.get("unit", 1))], "before": before}
+
+    @classmethod
+    def elastic_untouched(cls, state: dict[str, Any], where: tuple[int, int, int, int]) -> Any:
+        """The entry of a shard that never started (``state``: another shard's, for the unit):
+        nothing delivered, and its first place bounds where the rest starts."""
+        rank, world, worker, workers = where
+        first = Split(world, max(1, workers), int(state.get("unit", 1))).position(rank, worker, 0)
+        return cls.elastic_done(state, where, first)
+
+    @classmethod
+    def elastic_window(cls, state: dict[str, Any], where: tuple[int, int, int, int],
+                       first: int) -> dict[str, Any]:
+        """Which places an old shard reads from ``first`` on (see :func:`places_from`)."""
+        return {"start": first, "places": [*where, int(state.get("unit", 1))]}
 
     def known_length(self) -> int | None:
         return len(self.source)
+
+
+def rest_of(n: int, done: Sequence[Any]) -> tuple[int, list[int]]:
+    """``(start, done places >= start)`` of what a merged elastic state says was delivered: the
+    ``elastic_done`` entry of every old shard and the single places of partly read windows."""
+    shards = [d for d in done if isinstance(d, dict)]
+    befores = [n if d["before"] is None else int(d["before"]) for d in shards]
+    start = min(befores, default=0)
+    extra: set[int] = set()
+    for d, before in zip(shards, befores):
+        rank, world, worker, workers, unit = (int(x) for x in d["places"])
+        split = Split(world, max(1, workers), unit)
+        first, last = split.ordinal(rank, worker, start), split.ordinal(rank, worker, min(before, n))
+        extra.update(split.position(rank, worker, k) for k in range(first, last))
+    for d in done:
+        if not isinstance(d, dict):
+            first, stop, step = (int(x) if x is not None else None for x in d)
+            stop = n if stop is None else min(stop, n)
+            if first < start:  # the first of the range's places at or after start
+                first += -(-(start - first) // step) * step
+            extra.update(range(first, stop, step))
+    return start, sorted(g for g in extra if g >= start)
+
+
+def places_from(window: dict[str, Any], n: int) -> Iterator[int]:
+    """The places an old shard reads from ``window["start"]`` on, in order (below ``n``)."""
+    rank, world, worker, workers, unit = (int(x) for x in window["places"])
+    split = Split(world, max(1, workers), unit)
+    k = split.ordinal(rank, worker, int(window["start"]))
+    while True:
+        p = split.position(rank, worker, k)
+        if p >= n:
+            return
+        yield p
+        k += 1

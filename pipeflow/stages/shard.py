@@ -8,7 +8,18 @@ from .._checks import check_choice
 from ..formats.keys import split_key
 from .base import SOURCES_KEY, Stage
 
-__all__ = ["Sharder"]
+__all__ = ["Sharder", "owned_after", "owned_before"]
+
+
+def owned_after(pos: int, index: int, count: int) -> int:
+    """The first source index >= ``pos`` that shard ``index`` of ``count`` keeps."""
+    return pos + (index - pos) % count
+
+
+def owned_before(pos: int, index: int, count: int) -> int:
+    """The last source index < ``pos`` that shard ``index`` of ``count`` keeps."""
+    last = pos - 1
+    return last - (last - index) % count
 
 
 class Sharder(Stage[Any]):
@@ -54,6 +65,44 @@ class Sharder(Stage[Any]):
         self._pos = 0
         self._sample = -1      # by="key": index of the current sample
         self._key: str | None = None
+
+    # ---- elastic resume: how this stage's state names the units it split ----------------------
+    @property
+    def splits_all(self) -> bool:
+        """True when this sharder splits across ranks and workers (what elastic resume needs)."""
+        return self._ranks and self._workers
+
+    @classmethod
+    def elastic_place(cls, state: dict[str, Any], where: tuple[int, int, int, int], *,
+                      following: bool) -> int:
+        """The unit (item, or sample with ``by="key"``) of the stream before the shard that a
+        state saved by shard ``where`` = ``(rank, world, worker, workers)`` names: the next one
+        it would keep (``following``), else the last one it kept."""
+        rank, world, worker, workers = where
+        index, count = rank * workers + worker, world * workers
+        # by="key" shards whole samples: the unit is the sample, "sample" the current one
+        pos = int(state["sample"]) + 1 if "sample" in state else int(state["pos"])
+        return owned_after(pos, index, count) if following else owned_before(pos, index, count)
+
+    @classmethod
+    def elastic_done(cls, state: dict[str, Any], where: tuple[int, int, int, int],
+                     before: int | None) -> list[Any]:
+        """The units shard ``where`` delivered: all of its units before ``before`` (None: every
+        one), as a ``[start, stop, step]`` range."""
+        rank, world, worker, workers = where
+        return [rank * workers + worker, before, world * workers]
+
+    @classmethod
+    def elastic_untouched(cls, state: dict[str, Any], where: tuple[int, int, int, int]) -> Any:
+        """The entry of a shard that never started: None (it delivered nothing)."""
+        return None
+
+    @classmethod
+    def elastic_window(cls, state: dict[str, Any], where: tuple[int, int, int, int],
+                       first: int) -> dict[str, Any]:
+        """Which units an old shard reads from ``first`` on: every ``count``-th."""
+        rank, world, worker, workers = where
+        return {"start": first, "step": world * workers}
 
     @property
     def shard(self) -> tuple[int, int]:

@@ -13,6 +13,8 @@ import pytest
 
 import pipeflow as pf
 from pipeflow.errors import ConfigError
+from pipeflow.graph import Node
+from pipeflow.stages.base import Stage
 from tests.reliability import _data
 
 EPOCH = 2
@@ -143,7 +145,8 @@ def test_a_finished_rank_counts_as_done(monkeypatch):
     _, done_state = run_rank(monkeypatch, census(False), 0, 2)
     got, state = run_rank(monkeypatch, census(False), 1, 2, batches=2)
     merged = pf.merge_states([done_state, state])
-    assert [0, None, 2] in merged["done"]
+    # rank 0 of 2 (no DataLoader workers, unit 1) delivered every place it reads
+    assert {"places": [0, 2, 0, 1, 1], "before": None} in merged["done"]
     after = []
     for rank in range(3):
         after += run_rank(monkeypatch, census(False).resume_from(merged), rank, 3)[0]
@@ -162,10 +165,38 @@ def test_graphs_that_cannot_be_repartitioned_name_the_stage(monkeypatch):
         states = [run_rank(monkeypatch, pipe, r, 2, batches=1, flatten=False)[1] for r in range(2)]
         with pytest.raises(ConfigError, match=stage):
             pipe.resume_from(pf.merge_states(states))
-    auto = pf.from_items(range(10)).batch(2)
+    auto = pf.Pipeline(Node(_Stream, (10,), {}, (), "stream(10)")).batch(2)  # not random-access
     states = [run_rank(monkeypatch, auto, r, 2, batches=1)[1] for r in range(2)]
     with pytest.raises(ConfigError, match="shard_by_rank"):
         auto.resume_from(pf.merge_states(states))
+
+
+class _Stream(Stage):
+    """A source that can only be read in order (no ``at(i)``): sharded by pulling."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.n = n
+        self.i = 0
+
+    def start(self, state):
+        self.i = state["i"] if state else 0
+
+    def next(self):
+        if self.i >= self.n:
+            raise StopIteration
+        self.i += 1
+        return self.i - 1
+
+    def get_state(self):
+        return {"i": self.i}
+
+
+def test_automatic_sharding_of_a_random_access_source_resumes_elastically(monkeypatch):
+    # no shard_by_rank(): from_items is read by assignment, which elastic resume re-deals
+    before, after, _ = save_and_resume(monkeypatch, lambda: pf.from_items(_data.all_keys(10)).shuffle(
+        64, seed=3).map(str.upper).batch(4), 2, 3, 2)
+    assert_exactly_once(before + after, [k.upper() for k in _data.all_keys(10)])
 
 
 def test_merge_refuses_states_of_different_moments_or_kinds(monkeypatch):
