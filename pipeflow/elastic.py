@@ -152,10 +152,9 @@ def _cursor(state: dict[str, Any], chain: list[type], where: tuple[int, int, int
         if REPLAY_KEY in st:
             raise ConfigError(f"elastic resume cannot read a state saved after an error ended an "
                               f"item mid-way (at {chain[i].__name__}); resume it on the same topology")
-        if chain[i] is Shuffler:
-            base = int(st["base"])
-            window = {"pulled": int(st["pulled"]) - base,
-                      "buffered": sorted(int(s) - base for s in st["buffer"])}
+        held = chain[i].elastic_buffer(st)
+        if held is not None:
+            window = held
         st = st[SOURCES_KEY][0]
     if not st:
         return {"done": None, "window": None}

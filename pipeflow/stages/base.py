@@ -160,6 +160,14 @@ class Stage(Generic[T]):
         """The number of input items one output item groups (``batch(n)``: ``n``), or None."""
         return None
 
+    @classmethod
+    def elastic_buffer(cls, state: dict[str, Any]) -> dict[str, Any] | None:
+        """For a stage that holds items back and hands them out later (``shuffle``): from one of
+        its states, ``{"pulled": n, "buffered": [i, ...]}``, the items it pulled since its
+        oldest held one and which of those (counted from it) it still held. Elastic resume
+        reads it; None for a stage that holds nothing."""
+        return None
+
     # ---- hooks, implemented by subclasses -----------------------------------------------
     def start(self, state: dict[str, Any] | None) -> None:
         """Begin a run from the beginning (None) or from ``state``; the sources are reset."""
