@@ -27,7 +27,7 @@ from .stages.group import PairGrouper
 from .stages.shard import Sharder
 from .stages.untar import Untarrer
 
-__all__ = ["Node", "build", "plan", "find_sharder", "fingerprint", "format_value", "has_sharder",
+__all__ = ["Node", "build", "order_note", "plan", "find_sharder", "fingerprint", "format_value", "has_sharder",
            "check_options", "checks_options", "draw", "is_secret", "known_total", "make_label",
            "short_labels", "validate", "walk"]
 
@@ -296,6 +296,42 @@ def _fold(node: Node, explicit: bool, grouped: bool, unit: int) -> Node | None:
         return None
     label = node.label if explicit or under is not source else "assign"
     return Node(AssignedSource, (), {**mixing, "unit": unit}, (source,), label)
+
+
+def order_note(node: Node) -> str:
+    """One line for ``explain()``: whether the pipeline delivers one global order at any number
+    of ranks x DataLoader workers (:mod:`pipeflow.assign`), and if not, why."""
+    labels = short_labels(node)
+    planned = plan(node)
+    notes: list[str] = []
+
+    def visit(current: Node, breaker: str | None, unit: int | None) -> None:
+        if current.stage is AssignedSource:
+            if breaker is not None:
+                notes.append(f"{breaker} does not keep one item per item in order between the "
+                             "source and the batch")
+            elif unit is None:
+                notes.append("no batch(n) in the pipeline: with DataLoader workers, batch in the "
+                             "pipeline (DataLoader batch_size=None) for it to hold")
+            return
+        if not current.inputs:
+            name = labels.get(id(current), current.short())
+            notes.append(f"{name} is read as a stream, not by place")
+            return
+        size = current.stage.step_size(current.args, current.kwargs)
+        if size is not None and unit is None:  # the batch: what is above it does not matter
+            unit, breaker = size, None
+        elif breaker is None and not current.stage.keeps_steps(current.args, current.kwargs):
+            breaker = current.short()
+        for inp in current.inputs:
+            visit(inp, breaker, unit)
+
+    visit(planned, None, None)
+    if not notes:
+        return "order: one global order at any number of ranks x workers (seed and epoch only)"
+    if all(n.startswith("no batch(n)") for n in notes):
+        return "order: one global order at any number of ranks without DataLoader workers; " + notes[0]
+    return "order: depends on ranks x workers: " + notes[0]
 
 
 # ---- walks over built stages --------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import torch.utils.data
 from ._checks import check_int
 from .elastic import resume_node
 from .formats.images import resolve_jpeg_decoder
-from .graph import Node, checks_options, draw, format_value, make_label, validate
+from .graph import Node, checks_options, draw, format_value, make_label, order_note, validate
 from .iterator import PipelineIterator
 from .sinks import shards as _shards
 from .stages.base import Stage
@@ -336,11 +336,13 @@ class Pipeline(torch.utils.data.IterableDataset):
 
     def explain(self) -> str:
         """A text drawing of the stage graph: each stage's short label (the key of its counters
-        in :meth:`stats`, ``map#2`` for the second ``map``) and options."""
-        return draw(self._node)
+        in :meth:`stats`, ``map#2`` for the second ``map``) and options, and a last line saying
+        whether the order is the same at any number of ranks x DataLoader workers (and if not,
+        why: see docs/guarantees.md)."""
+        return draw(self._node) + "\n" + order_note(self._node)
 
     def __repr__(self) -> str:
-        return "Pipeline:\n" + self.explain()
+        return "Pipeline:\n" + draw(self._node)
 
     # pickling for DataLoader workers: descriptions only, never a live iterator
     def __getstate__(self) -> dict[str, Any]:
