@@ -161,7 +161,10 @@ class Split:
     Args:
         ranks: distributed ranks.
         workers: DataLoader workers per rank (1 without workers).
-        unit: positions a rank takes from each global step (its batch size; 1 when unknown).
+        unit: positions a rank takes from each global step (its batch size). 0 when there is
+            no batch to follow: position ``p`` then goes to shard ``p % (ranks * workers)``,
+            shard ``rank * workers + worker`` (as ``shard_by_rank()`` splits), which is the
+            same thing as ``unit=1`` without DataLoader workers.
     """
 
     ranks: int = 1
@@ -169,8 +172,8 @@ class Split:
     unit: int = 1
 
     def __post_init__(self) -> None:
-        if self.ranks < 1 or self.workers < 1 or self.unit < 1:
-            raise ValueError(f"a split needs ranks, workers and unit >= 1, got {self}")
+        if self.ranks < 1 or self.workers < 1 or self.unit < 0:
+            raise ValueError(f"a split needs ranks and workers >= 1 and unit >= 0, got {self}")
 
     @property
     def shards(self) -> int:
@@ -178,21 +181,29 @@ class Split:
 
     @property
     def step(self) -> int:
-        """Positions in one global step (the global batch size)."""
-        return self.unit * self.ranks
+        """Positions in one global step (the global batch size; one round of shards for
+        ``unit=0``)."""
+        return self.unit * self.ranks if self.unit else self.shards
 
     def owner(self, p: int) -> tuple[int, int]:
         """``(rank, worker)`` that reads position ``p``."""
+        if not self.unit:
+            return divmod(p % self.shards, self.workers)
         s, o = divmod(p, self.step)
         return o // self.unit, s % self.workers
 
     def position(self, rank: int, worker: int, k: int) -> int:
         """The position of the ``k``-th item (from 0) of shard ``(rank, worker)``."""
+        if not self.unit:
+            return rank * self.workers + worker + k * self.shards
         m, j = divmod(k, self.unit)
         return (worker + m * self.workers) * self.step + rank * self.unit + j
 
     def ordinal(self, rank: int, worker: int, p: int) -> int:
         """How many positions before ``p`` shard ``(rank, worker)`` owns (its ``k`` at ``p``)."""
+        if not self.unit:
+            index = rank * self.workers + worker
+            return (p - index + self.shards - 1) // self.shards if p > index else 0
         s, o = divmod(p, self.step)
         full = (s - worker + self.workers - 1) // self.workers if s > worker else 0
         here = min(self.unit, max(0, o - rank * self.unit)) if s % self.workers == worker else 0

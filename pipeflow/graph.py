@@ -255,14 +255,15 @@ def plan(node: Node) -> Node:
     across ranks and workers by item, or anywhere when the pipeline has no ``shard_by_rank()``
     (automatic sharding) and no ``group_pairs()`` of whole objects above. The unit each rank
     takes from a global step is the size of the first ``batch(n)`` above, reached through
-    stages that keep one item per item in order (``keeps_steps``); else 1.
+    stages that keep one item per item in order (``keeps_steps``); else 0 (item by item, as
+    ``shard_by_rank()`` splits: see :class:`~pipeflow.assign.Split`).
     """
     return _plan(node, has_sharder(node), False, None)
 
 
 def _plan(node: Node, explicit: bool, grouped: bool, unit: int | None) -> Node:
     grouped = _groups_objects(node, grouped)
-    folded = _fold(node, explicit, grouped, unit or 1)
+    folded = _fold(node, explicit, grouped, unit or 0)
     if folded is not None:
         return folded
     below = node.stage.step_size(node.args, node.kwargs)

@@ -69,7 +69,8 @@ class AssignedSource(Stage[Any]):
         buffer_size: items mixed together (the ``shuffle`` folded in); 1 keeps the source order.
         seed: the shuffle's seed, combined with the epoch and the round.
         unit: positions a rank takes from each global step (the per-rank batch size the
-            builder found downstream; 1 when there is none).
+            builder found downstream); 0 when there is none: item by item, as
+            ``shard_by_rank()`` splits (:class:`~pipeflow.assign.Split`).
         split: deal the places over ranks x DataLoader workers (False: one shard reads all).
         rest: in an elastic resume, ``(epoch, start, done)``: in that epoch only the places
             :class:`Remaining` names are dealt.
@@ -81,12 +82,12 @@ class AssignedSource(Stage[Any]):
     #: it splits by item, never by sample key
     by = "item"
 
-    def __init__(self, source: Stage[Any], *, buffer_size: int = 1, seed: int = 0, unit: int = 1,
+    def __init__(self, source: Stage[Any], *, buffer_size: int = 1, seed: int = 0, unit: int = 0,
                  split: bool = True, rest: tuple[int, int, Sequence[int]] | None = None) -> None:
         super().__init__(source)
         check_int(buffer_size, "shuffle(buffer_size=...)", low=1)
         check_int(seed, "shuffle(seed=...)")
-        check_int(unit, "unit", low=1)
+        check_int(unit, "unit", low=0)
         self.buffer_size = buffer_size
         self.seed = seed
         self.unit = unit
@@ -178,7 +179,7 @@ class AssignedSource(Stage[Any]):
         """The place of the global order a state saved by shard ``where`` = ``(rank, world,
         worker, workers)`` names: the next one it reads (``following``), else the last it read."""
         rank, world, worker, workers = where
-        split = Split(world, max(1, workers), int(state.get("unit", 1)))
+        split = Split(world, max(1, workers), int(state.get("unit", 0)))
         k = int(state["index"])
         return split.position(rank, worker, k if following else k - 1)
 
@@ -188,21 +189,21 @@ class AssignedSource(Stage[Any]):
         """The places shard ``where`` delivered: all of its places before place ``before``
         (None: every one), resolved when resuming, where the item count is known (:func:`rest_of`).
         ``state`` is any state of this stage in the job (for the unit)."""
-        return {"places": [*where, int(state.get("unit", 1))], "before": before}
+        return {"places": [*where, int(state.get("unit", 0))], "before": before}
 
     @classmethod
     def elastic_untouched(cls, state: dict[str, Any], where: tuple[int, int, int, int]) -> Any:
         """The entry of a shard that never started (``state``: another shard's, for the unit):
         nothing delivered, and its first place bounds where the rest starts."""
         rank, world, worker, workers = where
-        first = Split(world, max(1, workers), int(state.get("unit", 1))).position(rank, worker, 0)
+        first = Split(world, max(1, workers), int(state.get("unit", 0))).position(rank, worker, 0)
         return cls.elastic_done(state, where, first)
 
     @classmethod
     def elastic_window(cls, state: dict[str, Any], where: tuple[int, int, int, int],
                        first: int) -> dict[str, Any]:
         """Which places an old shard reads from ``first`` on (see :func:`places_from`)."""
-        return {"start": first, "places": [*where, int(state.get("unit", 1))]}
+        return {"start": first, "places": [*where, int(state.get("unit", 0))]}
 
     def known_length(self) -> int | None:
         return len(self.source)

@@ -35,7 +35,7 @@ def test_an_order_is_a_permutation_and_a_function_of_its_seed(n, window):
         assert order == list(range(n))
 
 
-@pytest.mark.parametrize("ranks,workers,unit", [(1, 1, 1), (2, 3, 1), (3, 2, 4), (4, 1, 5)])
+@pytest.mark.parametrize("ranks,workers,unit", [(1, 1, 1), (2, 3, 1), (3, 2, 4), (4, 1, 5), (2, 3, 0), (1, 1, 0)])
 @pytest.mark.parametrize("n", [0, 1, 23, 97])
 def test_a_split_deals_every_place_once_and_each_shard_counts_its_own(ranks, workers, unit, n):
     split = Split(ranks, workers, unit)

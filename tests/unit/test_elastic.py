@@ -145,8 +145,8 @@ def test_a_finished_rank_counts_as_done(monkeypatch):
     _, done_state = run_rank(monkeypatch, census(False), 0, 2)
     got, state = run_rank(monkeypatch, census(False), 1, 2, batches=2)
     merged = pf.merge_states([done_state, state])
-    # rank 0 of 2 (no DataLoader workers, unit 1) delivered every place it reads
-    assert {"places": [0, 2, 0, 1, 1], "before": None} in merged["done"]
+    # rank 0 of 2 (no DataLoader workers, item by item: unit 0) delivered every place it reads
+    assert {"places": [0, 2, 0, 1, 0], "before": None} in merged["done"]
     after = []
     for rank in range(3):
         after += run_rank(monkeypatch, census(False).resume_from(merged), rank, 3)[0]
