@@ -143,7 +143,7 @@ GLOBAL_BATCH = 8
 
 def order_pipeline(per_rank: int) -> pf.Pipeline:
     """A random-access source shuffled and batched: one global order at any topology."""
-    return (pf.from_items(_data.all_keys(NUM_SHARDS)).shuffle(50, seed=9).map(_data.slow_identity)
+    return (pf.from_items(_data.all_keys(NUM_SHARDS)).shuffle(50, seed=9).map(str.upper)
             .batch(per_rank))
 
 
