@@ -17,34 +17,26 @@ neither the pipeline nor the data.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from .errors import ConfigError
 from .graph import Node, build, fingerprint, plan
 from .run_context import RunContext
 from .stages._elastic import ElasticDropper, ElasticRemaining, locate
-from .stages._expand import ExpandingStage
-from .stages.base import REPLAY_KEY, SOURCES_KEY, Stage
-from .stages.batch import Batcher
-from .stages.filter import Filterer
-from .stages.group import PairGrouper
-from .stages.listing import ObjectLister
-from .stages.map import WindowedStage
-from .stages.prefetch import Prefetcher
 from .stages.assigned import places_from, rest_of
+from .stages.base import _OWN, REPLAY_KEY, SOURCES_KEY, Stage
 from .stages.shard import Sharder, _sample_key
-from .stages.shuffle import Shuffler
 from .stages.source import ItemSource
-from .stages.unbatch import Unbatcher
 
 __all__ = ["FORMAT", "merge_states", "resume_node"]
+
+#: ``(rank, world size, DataLoader worker, workers)`` of the shard that saved a state
+Where = tuple[int, int, int, int]
 
 #: the key and version that mark a merged state
 FORMAT = "pipeflow_elastic"
 
-_PRE_SHARD = (ItemSource, ObjectLister, Shuffler, Filterer, WindowedStage)
-_TO_DROP_POINT = (WindowedStage, ExpandingStage, PairGrouper, Unbatcher, Filterer, Prefetcher)
-_AFTER_DROP_POINT = (Shuffler, Batcher, WindowedStage, Prefetcher, Filterer)
 
 
 # ---- the per-shard states of one moment ------------------------------------------------------
@@ -70,7 +62,7 @@ def _loader_shards(state: dict[str, Any], rank: int, world: int) -> list[tuple[A
                       f"PipelineIterator.state_dict() values, got keys {sorted(state)[:6]}")
 
 
-def _chain_classes(graph: str) -> list[type]:
+def _chain_classes(graph: str) -> list[type[Stage[Any]]]:
     """The stage classes of a fingerprint, root first; refuses graphs that branch."""
     names: list[str] = []
     rest = graph
@@ -80,28 +72,37 @@ def _chain_classes(graph: str) -> list[type]:
             raise ConfigError(f"elastic resume needs a single chain of stages, not {graph}")
         names.append(head)
         rest = rest[:-1] if rest.endswith(")") else rest
-    classes = {c.__name__: c for c in _subclasses(Stage)}
-    missing = [n for n in names if n not in classes]
-    if missing:
-        raise ConfigError(f"elastic resume does not know the stage {missing[0]} in {graph}")
-    return [classes[n] for n in names]
+    return [_stage_class(n, graph) for n in names]
 
 
-def _subclasses(cls: type) -> list[type]:
-    out = []
-    for sub in cls.__subclasses__():
-        out += [sub, *_subclasses(sub)]
-    return out
+def _stage_class(name: str, graph: str) -> type:
+    """The class a graph's shape names (:meth:`Stage.kind`): one of pipeflow's by its name, any
+    other by ``module:QualName``, imported."""
+    module, _, qualname = name.rpartition(":")
+    found: Any = None
+    if not module:
+        found = _OWN.get(name)
+    else:
+        try:
+            found = importlib.import_module(module)
+            for part in qualname.split("."):
+                found = getattr(found, part)
+        except (ImportError, AttributeError):
+            found = None
+    if not (isinstance(found, type) and issubclass(found, Stage)):
+        raise ConfigError(f"elastic resume does not know the stage {name} in {graph} (a stage "
+                          "class of your own must be importable where merge_states runs)")
+    return found
 
 
 _ELASTIC = (ElasticRemaining, ElasticDropper)
 
 
-def _fingerprint_of(chain: list[type]) -> str:
-    return "".join(f"{c.__name__}(" for c in chain[:-1]) + chain[-1].__name__ + ")" * (len(chain) - 1)
+def _fingerprint_of(chain: list[type[Stage[Any]]]) -> str:
+    return "".join(f"{c.kind()}(" for c in chain[:-1]) + chain[-1].kind() + ")" * (len(chain) - 1)
 
 
-def _strip(state: dict[str, Any], chain: list[type], epoch: int) -> dict[str, Any]:
+def _strip(state: dict[str, Any], chain: list[type[Stage[Any]]], epoch: int) -> dict[str, Any]:
     """An iterator state of a resumed pipeline without the levels of its two elastic stages."""
     def strip(st: Any, level: int) -> Any:
         if level >= len(chain) or not isinstance(st, dict) or not st.get(SOURCES_KEY):
@@ -117,7 +118,7 @@ def _strip(state: dict[str, Any], chain: list[type], epoch: int) -> dict[str, An
     return {**state, "stages": strip(state["stages"], 0)}
 
 
-def drop_point(chain: list[type]) -> tuple[int, int]:
+def drop_point(chain: list[type[Stage[Any]]]) -> tuple[int, int]:
     """``(index of the sharder, index of the drop point)`` in a root-first chain: the drop point
     is the first ``shuffle``/``batch`` above the sharder (its input is where items are named),
     or -1 when there is none (items are named at the end)."""
@@ -125,7 +126,7 @@ def drop_point(chain: list[type]) -> tuple[int, int]:
     if shard is None:
         raise ConfigError("elastic resume needs shard_by_rank() in the pipeline (automatic "
                           "sharding cannot be re-partitioned): add it where items split")
-    point = next((i for i in range(shard - 1, -1, -1) if issubclass(chain[i], (Shuffler, Batcher))), -1)
+    point = next((i for i in range(shard - 1, -1, -1) if "drop_point" in chain[i].elastic_roles), -1)
     return shard, point
 
 
@@ -137,7 +138,7 @@ def _at_depth(state: Any, depth: int) -> Any:
     return state
 
 
-def _cursor(state: dict[str, Any], chain: list[type], where: tuple[int, int, int, int]) -> dict[str, Any]:
+def _cursor(state: dict[str, Any], chain: list[type[Stage[Any]]], where: Where) -> dict[str, Any]:
     """One shard's position: the source units it completed and its open window."""
     sharder, point = drop_point(chain)
     cls = chain[sharder]
@@ -204,9 +205,10 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
         if it and list(it.get("shard", where)) != where:
             raise ConfigError(f"merge_states(): state {it.get('shard')} is in the place of {where}; "
                               "pass one state per rank, in rank order")
-        cursor = _cursor(it, chain, tuple(where)) if it else {"done": None, "window": None}
+        at: Where = (where[0], where[1], where[2], where[3])
+        cursor = _cursor(it, chain, at) if it else {"done": None, "window": None}
         if cursor["done"] is None and cursor["window"] is None and not (it or {}).get("done"):
-            cursor["done"] = sharder.elastic_untouched(template, tuple(where))
+            cursor["done"] = sharder.elastic_untouched(template, at)
         if cursor["done"] is not None:
             done.append(cursor["done"])
         if cursor["window"] is not None:
@@ -241,23 +243,27 @@ def _linked(node: Node | None) -> list[Node]:
 
 def _check_graph(stages: list[Stage[Any]], sharder: int, point: int) -> None:
     for i, stage in enumerate(stages):
-        allowed = _PRE_SHARD if i > sharder else _TO_DROP_POINT if i > point else _AFTER_DROP_POINT
         if i == sharder:
             if not getattr(stage, "splits_all", False):
                 raise ConfigError(f"elastic resume needs {stage.name} to split across ranks and workers")
             continue
-        ok = isinstance(stage, allowed) and not (i < point and isinstance(stage, Shuffler))
-        if isinstance(stage, WindowedStage) and not stage.window.in_order:
-            ok = False
-        if not ok:
+        role = ("before_shard" if i > sharder else "to_drop_point" if i > point
+                else "drop_point" if i == point else "after_drop_point")
+        if role not in type(stage).elastic_roles or not stage.elastic_supported():
             raise ConfigError(f"elastic resume cannot re-partition this pipeline at stage "
                               f"{stage.name} ({type(stage).__name__}); supported: sources, shuffle "
                               "and filter before shard_by_rank(), then open/untar/group_pairs/"
                               "decode/map (in order)/unbatch/prefetch, then one shuffle and batch")
-    expanders = [s for s in stages[point + 1:sharder] if isinstance(s, (ExpandingStage, Unbatcher))]
+    plain = Stage.__dict__["elastic_expansion"]
+    expanders = [s for s in stages[point + 1:sharder] if _defined(type(s), "elastic_expansion") is not plain]
     if len(expanders) > 1:
         raise ConfigError(f"elastic resume supports one expanding stage per object, found "
                           f"{', '.join(s.name for s in expanders)}")
+
+
+def _defined(cls: type, name: str) -> Any:
+    """The attribute ``name`` as the nearest class of ``cls`` defines it (not bound)."""
+    return next(c.__dict__[name] for c in cls.__mro__ if name in c.__dict__)
 
 
 def _source_units(node: Node, epoch: int, by: str) -> list[list[Any]]:
@@ -304,7 +310,7 @@ def _offsets(unit: list[Any], to_point: list[Node], epoch: int, by: str) -> list
 
 
 def _resolve(window: dict[str, Any], items: list[list[Any]], to_point: list[Node], epoch: int,
-             by: str, done: list[list[Any]], partial: dict[str, list[int]]) -> None:
+             by: str, done: list[Any], partial: dict[str, list[int]]) -> None:
     """Which items of an old shard's window were delivered: every one before the window's
     first item and, from it on, the ones pulled into the buffer and no longer in it."""
     pulled, skip, buffered = int(window["pulled"]), int(window["skip"]), set(window["buffered"])
@@ -358,7 +364,7 @@ def resume_node(node: Node, merged: dict[str, Any]) -> Node:
                               f"{merged['graph']}, resuming {fingerprint(root)}")
         _check_graph(stages, sharder, point)
         by = stages[sharder].by
-        by_place = getattr(stages[sharder], "reads_by_place", False)
+        by_place = stages[sharder].reads_by_place
     finally:
         root.close()
     n = nodes[sharder]

@@ -21,14 +21,12 @@ from typing import Any
 from ._once import first_time
 from .errors import OptionError
 from .run_context import RunContext
-from .stages.assigned import AssignedSource
+from .stages.assigned import AssignedSource, ShuffledSource
 from .stages.base import Stage
-from .stages.group import PairGrouper
 from .stages.shard import Sharder
-from .stages.untar import Untarrer
 
-__all__ = ["Node", "build", "order_note", "plan", "find_sharder", "fingerprint", "format_value", "has_sharder",
-           "check_options", "checks_options", "draw", "is_secret", "known_total", "make_label",
+__all__ = ["Node", "build", "check_options", "checks_options", "draw", "find_sharder", "fingerprint",
+           "format_value", "has_sharder", "is_secret", "known_total", "make_label", "order_notes", "plan",
            "short_labels", "validate", "walk"]
 
 log = logging.getLogger("pipeflow")
@@ -74,14 +72,17 @@ def _described(node: Node, labels: dict[int, str]) -> str:
     return labels[id(node)] + node.title()[len(node.short()):]
 
 
-def draw(node: Node) -> str:
-    """A text drawing of the description: one line per stage, its short label and options."""
+def draw(node: Node, notes: dict[int, str] | None = None) -> str:
+    """A text drawing of the description: one line per stage, its short label and options,
+    and after a stage its note in ``notes`` (by ``id``), if any, as ``  # note``."""
     labels = short_labels(node)
     lines: list[str] = []
+    notes = notes or {}
 
     def visit(current: Node, prefix: str, last: bool, root: bool) -> None:
         connector = "" if root else ("└─ " if last else "├─ ")
-        lines.append(prefix + connector + _described(current, labels))
+        note = notes.get(id(current))
+        lines.append(prefix + connector + _described(current, labels) + (f"  # {note}" if note else ""))
         child_prefix = prefix + ("" if root else ("   " if last else "│  "))
         for i, inp in enumerate(current.inputs):
             visit(inp, child_prefix, i == len(current.inputs) - 1, False)
@@ -200,7 +201,7 @@ def build(node: Node, ctx: RunContext, *, assign: bool = True) -> Stage[Any]:
     """
     auto = ctx.num_shards > 1 and not has_sharder(node)
     if assign:
-        node = plan(node)
+        node = plan(node, split=ctx.num_shards > 1)
     # one line for the whole run: from the first shard only, and once across worker processes
     if auto and ctx.shard_index == 0 and first_time("auto_shard"):
         log.info("pipeflow: no shard_by_rank() in the pipeline; sharding each source across "
@@ -212,9 +213,9 @@ def build(node: Node, ctx: RunContext, *, assign: bool = True) -> Stage[Any]:
 def _groups_objects(node: Node, grouped: bool) -> bool:
     """Whether the inputs of ``node`` feed a ``group_pairs`` of whole objects: a grouping stage
     downstream with no archive expansion (``untar``) in between, where grouping is per archive."""
-    if issubclass(node.stage, PairGrouper):
+    if node.stage.groups_by_key:
         return True
-    if issubclass(node.stage, Untarrer):
+    if node.stage.splits_objects:
         return False
     return grouped
 
@@ -224,9 +225,7 @@ def _build(node: Node, ctx: RunContext, auto: bool, labels: dict[int, str],
     grouped = _groups_objects(node, grouped)
     below = auto and not node.stage.is_sharder  # what a sharder reads is not sharded again
     inputs = [_build(i, ctx, below, labels, auto_shards, grouped) for i in node.inputs]
-    kwargs = node.kwargs
-    if issubclass(node.stage, Sharder) and kwargs.get("by", "auto") == "auto":
-        kwargs = {**kwargs, "by": "key" if grouped else "item"}  # keep grouped objects together
+    kwargs = node.stage.built_options(node.kwargs, grouped=grouped)
     stage = node.stage(*(s for s, _ in inputs), *node.args, **kwargs)
     stage.context = ctx
     stage.name = labels[id(node)]
@@ -245,7 +244,7 @@ def _build(node: Node, ctx: RunContext, auto: bool, labels: dict[int, str],
 
 
 # ---- reading random-access sources by assignment ---------------------------------------------------
-def plan(node: Node) -> Node:
+def plan(node: Node, *, split: bool = True) -> Node:
     """The description as it runs: each random-access source (``random_access``: ``from_items``,
     ``list_objects``), with the ``shuffle`` right after it, read through one
     :class:`~pipeflow.stages.assigned.AssignedSource` that deals the places of one global order
@@ -256,20 +255,21 @@ def plan(node: Node) -> Node:
     (automatic sharding) and no ``group_pairs()`` of whole objects above. The unit each rank
     takes from a global step is the size of the first ``batch(n)`` above, reached through
     stages that keep one item per item in order (``keeps_steps``); else 0 (item by item, as
-    ``shard_by_rank()`` splits: see :class:`~pipeflow.assign.Split`).
+    ``shard_by_rank()`` splits: see :class:`~pipeflow.assign.Split`). ``split=False`` (one
+    process, nothing to split) leaves a source without a shuffle as it is.
     """
-    return _plan(node, has_sharder(node), False, None)
+    return _plan(node, has_sharder(node), False, None, split)
 
 
-def _plan(node: Node, explicit: bool, grouped: bool, unit: int | None) -> Node:
+def _plan(node: Node, explicit: bool, grouped: bool, unit: int | None, split: bool) -> Node:
     grouped = _groups_objects(node, grouped)
-    folded = _fold(node, explicit, grouped, unit or 0)
+    folded = _fold(node, explicit, grouped, unit or 0, split)
     if folded is not None:
         return folded
     below = node.stage.step_size(node.args, node.kwargs)
     if below is None and node.stage.keeps_steps(node.args, node.kwargs):
         below = unit
-    inputs = tuple(_plan(i, explicit, grouped, below) for i in node.inputs)
+    inputs = tuple(_plan(i, explicit, grouped, below, split) for i in node.inputs)
     if all(a is b for a, b in zip(inputs, node.inputs)):
         return node
     return Node(node.stage, node.args, node.kwargs, inputs, node.label)
@@ -279,7 +279,7 @@ def _random_access(node: Node) -> bool:
     return node.stage.random_access and not node.inputs
 
 
-def _fold(node: Node, explicit: bool, grouped: bool, unit: int) -> Node | None:
+def _fold(node: Node, explicit: bool, grouped: bool, unit: int, split: bool) -> Node | None:
     """``node`` and the source (and shuffle) below it as one assigned source, or None."""
     under = node
     if explicit:
@@ -291,33 +291,34 @@ def _fold(node: Node, explicit: bool, grouped: bool, unit: int) -> Node | None:
     mixing = under.stage.mixing(under.args, under.kwargs)
     if mixing is not None and len(under.inputs) == 1 and _random_access(under.inputs[0]):
         source = under.inputs[0]
-    elif _random_access(under):
+    elif _random_access(under) and (explicit or split):
         mixing, source = {}, under
     else:
         return None
-    label = node.label if explicit or under is not source else "assign"
-    return Node(AssignedSource, (), {**mixing, "unit": unit}, (source,), label)
+    label = node.label if explicit or under is not source else "auto_shard"
+    cls = ShuffledSource if mixing else AssignedSource
+    return Node(cls, (), {**mixing, "unit": unit}, (source,), label)
 
 
-def order_note(node: Node) -> str:
-    """One line for ``explain()``: whether the pipeline delivers one global order at any number
-    of ranks x DataLoader workers (:mod:`pipeflow.assign`), and if not, why."""
-    labels = short_labels(node)
-    planned = plan(node)
-    notes: list[str] = []
+def order_notes(node: Node) -> dict[int, str]:
+    """For ``explain()``, per source of the description (by ``id``): whether its items come in
+    one global order at any number of ranks x DataLoader workers (:mod:`pipeflow.assign`), and
+    if not, why."""
+    notes: dict[int, str] = {}
 
     def visit(current: Node, breaker: str | None, unit: int | None) -> None:
-        if current.stage is AssignedSource:
+        if current.stage.reads_by_place:
+            leaf = current.inputs[0]
             if breaker is not None:
-                notes.append(f"{breaker} does not keep one item per item in order between the "
-                             "source and the batch")
+                notes[id(leaf)] = f"order: depends on ranks x workers ({breaker} after the source)"
             elif unit is None:
-                notes.append("no batch(n) in the pipeline: with DataLoader workers, batch in the "
-                             "pipeline (DataLoader batch_size=None) for it to hold")
+                notes[id(leaf)] = ("order: the same at any number of ranks; with DataLoader workers, "
+                                   "batch(n) in the pipeline keeps it")
+            else:
+                notes[id(leaf)] = "order: the same at any number of ranks x workers"
             return
         if not current.inputs:
-            name = labels.get(id(current), current.short())
-            notes.append(f"{name} is read as a stream, not by place")
+            notes[id(current)] = "order: depends on ranks x workers (read as a stream, not by place)"
             return
         size = current.stage.step_size(current.args, current.kwargs)
         if size is not None and unit is None:  # the batch: what is above it does not matter
@@ -327,12 +328,8 @@ def order_note(node: Node) -> str:
         for inp in current.inputs:
             visit(inp, breaker, unit)
 
-    visit(planned, None, None)
-    if not notes:
-        return "order: one global order at any number of ranks x workers (seed and epoch only)"
-    if all(n.startswith("no batch(n)") for n in notes):
-        return "order: one global order at any number of ranks without DataLoader workers; " + notes[0]
-    return "order: depends on ranks x workers: " + notes[0]
+    visit(plan(node), None, None)
+    return notes
 
 
 # ---- walks over built stages --------------------------------------------------------------------------
@@ -352,7 +349,8 @@ def walk(stage: Stage[Any]) -> Iterator[Stage[Any]]:
 def fingerprint(stage: Stage[Any]) -> str:
     """The graph's shape by stage class (options left out, so they may change on resume)."""
     inner = ",".join(fingerprint(s) for s in stage.sources)
-    return f"{type(stage).__name__}({inner})" if inner else type(stage).__name__
+    name = type(stage).kind()
+    return f"{name}({inner})" if inner else name
 
 
 def find_sharder(stage: Stage[Any]) -> Any:

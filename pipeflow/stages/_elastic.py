@@ -12,13 +12,12 @@ delivered objects that were delivered before. Both act only in the resumed epoch
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from ..errors import ConfigError
-from ._expand import ExpandingStage
+from .assigned import AssignedSource
 from .base import REPLAY_KEY, SOURCES_KEY, Stage
 from .shard import _sample_key, owned_after, owned_before
-from .unbatch import Unbatcher
 
 __all__ = ["ElasticDropper", "ElasticRemaining", "in_ranges", "locate", "owned_after", "owned_before"]
 
@@ -31,7 +30,7 @@ def in_ranges(g: int, ranges: Sequence[Sequence[Any]]) -> bool:
     return False
 
 
-def locate(chain: Sequence[type], state: dict[str, Any], where: Sequence[int], *,
+def locate(chain: Sequence[type[Stage[Any]]], state: dict[str, Any], where: tuple[int, int, int, int], *,
            after: bool) -> tuple[int, int]:
     """``(source index, record offset)`` a state of ``chain[0]`` points at.
 
@@ -42,7 +41,7 @@ def locate(chain: Sequence[type], state: dict[str, Any], where: Sequence[int], *
     ``where`` is ``(rank, world, worker, workers)`` of the shard that saved the state; the
     sharder's class reads its own state (``elastic_place``).
     """
-    rule = "prev" if after else "next"
+    following = not after
     offset = 0
     expanded = False
     st = state
@@ -50,20 +49,13 @@ def locate(chain: Sequence[type], state: dict[str, Any], where: Sequence[int], *
         if not isinstance(st, dict) or REPLAY_KEY in st:
             raise ConfigError("elastic resume cannot read a state saved after an error ended an "
                               f"item mid-way (at {cls.__name__}); resume it on the same topology")
-        if getattr(cls, "is_sharder", False):
-            return cls.elastic_place(st, tuple(where), following=rule == "next"), offset
-        if not expanded and issubclass(cls, ExpandingStage):
+        if cls.is_sharder:
+            return cls.elastic_place(st, where, following=following), offset
+        split = None if expanded else cls.elastic_expansion(st, after)
+        if split is not None:  # the first expanding stage names the item within its input
             expanded = True
-            rule = "next"
-            if "last" in st:  # between objects: after an item it came from the one just finished
-                offset = 0
-                st = st["last"] if after else st[SOURCES_KEY][0]
-                continue
-            offset = int(st.get("items", 0))
-        elif not expanded and issubclass(cls, Unbatcher):
-            expanded = True
-            offset = int(st.get("offset", 0))
-            rule = "next" if offset or not after else "prev"
+            offset, st, following = split
+            continue
         st = st[SOURCES_KEY][0]
     raise ConfigError("elastic resume found no shard_by_rank() below the drop point")
 
@@ -150,7 +142,7 @@ class ElasticDropper(Stage[Any]):
         self._where = (ctx.rank, ctx.world_size, ctx.worker_id, max(1, ctx.num_workers))
         self._chain = [type(s) for s in chain]
         self._active = self.context.epoch == self.epoch and bool(self.partial)
-        self._unit_at, self._last = _renumbering(sharder, self.partial) if self._active else (None, -1)
+        self._unit_at, self._last = _renumbering(sharder, self.partial) if self._active else (int, -1)
         self._active = self._last >= 0
 
     def next(self) -> Any:
@@ -181,9 +173,12 @@ def _renumbering(sharder: Stage[Any], partial: dict[int, Any]) -> tuple[Callable
     """How the resumed sharder numbers the units left: ``(position -> source unit, the position
     of the last partly delivered unit this shard gets)``; past that position nothing is dropped,
     and naming each item's unit costs a state per item."""
-    if getattr(sharder, "reads_by_place", False):  # an assigned source deals the rest itself
-        places = sharder.places()
-        owned = [q for q in (places.index_of(g) for g in partial) if q is not None and sharder.owns(q)]
+    if sharder.reads_by_place:  # an assigned source deals the rest itself
+        places = cast(AssignedSource, sharder).places()
+        if places is None:
+            raise ConfigError("elastic resume: the assigned source has nothing to resume")
+        owns = cast(AssignedSource, sharder).owns
+        owned = [q for q in (places.index_of(g) for g in partial) if q is not None and owns(q)]
         return places.__getitem__, max(owned, default=-1)
     remaining = sharder.sources[0] if sharder.sources else None
     if not isinstance(remaining, ElasticRemaining):

@@ -21,14 +21,22 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol, cast
 
 from .._checks import check_int
 from .._rng import derive_seed
 from ..assign import Order, Split, permute
 from .base import SOURCES_KEY, Stage
 
-__all__ = ["AssignedSource", "Remaining", "places_from", "rest_of"]
+__all__ = ["AssignedSource", "Remaining", "ShuffledSource", "places_from", "rest_of"]
+
+
+class RandomAccess(Protocol):
+    """What an assigned source reads: a stage with ``random_access = True``."""
+
+    def __len__(self) -> int: ...
+
+    def at(self, i: int) -> Any: ...
 
 
 class Remaining:
@@ -91,6 +99,7 @@ class AssignedSource(Stage[Any]):
         self.buffer_size = buffer_size
         self.seed = seed
         self.unit = unit
+        self._unit = unit  # the unit of this run: a resumed run keeps the one it was saved with
         self.split_shards = split
         self.rest = rest
         self._round = -1  # incremented by every fresh start (repeat() and equalize reshuffle)
@@ -102,8 +111,8 @@ class AssignedSource(Stage[Any]):
         """How this run deals places over ranks x workers."""
         ctx = self.context
         if not self.split_shards:
-            return Split(1, 1, self.unit)
-        return Split(ctx.world_size, max(1, ctx.num_workers), self.unit)
+            return Split(1, 1, self._unit)
+        return Split(ctx.world_size, max(1, ctx.num_workers), self._unit)
 
     @property
     def where(self) -> tuple[int, int]:
@@ -121,19 +130,26 @@ class AssignedSource(Stage[Any]):
     def order(self) -> Order:
         """The global order of this epoch (a function of seed and epoch only)."""
         stream = derive_seed("assign", self.seed, self.context.epoch)
-        return Order(len(self.source), self.buffer_size, stream)
+        return Order(len(self._items), self.buffer_size, stream)
 
-    def places(self) -> Sequence[int] | None:
+    @property
+    def _items(self) -> RandomAccess:
+        return cast(RandomAccess, self.source)
+
+    def places(self) -> Remaining | None:
         """The places left in an elastic resume's epoch (renumbered), or None for all of them."""
         if self.rest is None or int(self.rest[0]) != self.context.epoch:
             return None
         _, start, done = self.rest
-        return Remaining(len(self.source), int(start), done)
+        return Remaining(len(self._items), int(start), done)
 
     # ---- contract ---------------------------------------------------------------------------
     def start(self, state: dict[str, Any] | None) -> None:
         self._round = int(state["round"]) if state else self._round + 1
         self._k = int(state["index"]) if state else 0
+        # batch(n) may change between save and load: the rest of the epoch keeps the split the
+        # state was saved with (its places are what the count means), the next epochs use n
+        self._unit = int(state.get("unit", self.unit)) if state else self.unit
         self._order = self.order()
         self._places = self.places()
         self._split = self.split()
@@ -155,10 +171,10 @@ class AssignedSource(Stage[Any]):
         if self._places is not None:
             p = self._places[p]
         self._k += 1
-        return self.source.at(self._order[p])
+        return self._items.at(self._order[p])
 
     def get_state(self) -> dict[str, Any]:
-        state = {"round": self._round, "index": self._k, "unit": self.unit}
+        state = {"round": self._round, "index": self._k, "unit": self._unit}
         if self._places is not None:
             state["resumed_epoch"] = self.context.epoch
         return {**state, SOURCES_KEY: [self.source.state_dict()]}
@@ -206,7 +222,7 @@ class AssignedSource(Stage[Any]):
         return {"start": first, "places": [*where, int(state.get("unit", 0))]}
 
     def known_length(self) -> int | None:
-        return len(self.source)
+        return len(self._items)
 
 
 def rest_of(n: int, done: Sequence[Any]) -> tuple[int, list[int]]:
@@ -223,8 +239,8 @@ def rest_of(n: int, done: Sequence[Any]) -> tuple[int, list[int]]:
         extra.update(split.position(rank, worker, k) for k in range(first, last))
     for d in done:
         if not isinstance(d, dict):
-            first, stop, step = (int(x) if x is not None else None for x in d)
-            stop = n if stop is None else min(stop, n)
+            first, step = int(d[0]), int(d[2])
+            stop = n if d[1] is None else min(int(d[1]), n)
             if first < start:  # the first of the range's places at or after start
                 first += -(-(start - first) // step) * step
             extra.update(range(first, stop, step))
@@ -242,3 +258,10 @@ def places_from(window: dict[str, Any], n: int) -> Iterator[int]:
             return
         yield p
         k += 1
+
+
+class ShuffledSource(AssignedSource):
+    """An :class:`AssignedSource` that folds a ``shuffle`` in: the same stage, under its own
+    name, so a graph's shape (what a saved state is checked against) still says whether the
+    pipeline shuffles."""
+

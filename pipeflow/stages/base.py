@@ -28,13 +28,16 @@ from random import getrandbits
 from time import perf_counter
 from typing import Any, Generic, TypeVar
 
-from ..errors import StageContractError
+from ..errors import ConfigError, StageContractError
 from ..items import describe_item
 from ..run_context import RunContext
 
 __all__ = ["REPLAY_KEY", "SOURCES_KEY", "Rewind", "Stage", "describe_item"]
 
 T = TypeVar("T")
+
+#: pipeflow's own stage classes by class name (see :meth:`Stage.kind`)
+_OWN: dict[str, type] = {}
 
 #: the key under which every stage's state holds its sources' states (a list, one per source)
 SOURCES_KEY = "sources"
@@ -102,6 +105,39 @@ class Stage(Generic[T]):
     #: (:mod:`pipeflow.stages.assigned`): each shard computes its own places of one global order
     #: instead of pulling every item and keeping its share.
     random_access: bool = False
+    #: True for a stage that groups consecutive records by sample key (``group_pairs``): the
+    #: builder then shards whole samples below it (``by="key"``), unless an archive expansion
+    #: lies between (``splits_objects``)
+    #: True for a sharder that deals places of one global order and re-deals what is left
+    #: after an elastic resume itself (``AssignedSource``), instead of a ``shard_by_rank()``
+    #: over a stream that elastic resume filters below it
+    reads_by_place: bool = False
+    groups_by_key: bool = False
+    #: True for a stage that turns each object into the records inside it (``untar``): a
+    #: grouping above it groups records of one object, so sharding below it stays by item
+    splits_objects: bool = False
+    #: Where elastic resume (:mod:`pipeflow.elastic`) can re-partition a single chain around
+    #: this stage, by its place relative to the ``shard_by_rank()`` and the *drop point* (the
+    #: first ``shuffle``/``batch`` above the shard, where items are named): ``"before_shard"``,
+    #: ``"to_drop_point"`` (between the shard and the drop point), ``"drop_point"``,
+    #: ``"after_drop_point"``. Empty (the default): elastic resume refuses the pipeline,
+    #: naming the stage. A stage that holds a position between items also implements
+    #: :meth:`elastic_expansion` or :meth:`elastic_buffer` when those apply to it.
+    elastic_roles: frozenset[str] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__module__.startswith("pipeflow."):
+            _OWN.setdefault(cls.__name__, cls)
+
+    @classmethod
+    def kind(cls) -> str:
+        """The name of this class in a graph's shape (``fingerprint``): the class name for
+        pipeflow's own stages, ``module:QualName`` for any other (a user's class named
+        ``Batcher`` is not pipeflow's)."""
+        if _OWN.get(cls.__name__) is cls:
+            return cls.__name__
+        return f"{cls.__module__}:{cls.__qualname__}"
 
     def __init__(self, *sources: Stage[Any]) -> None:
         self.sources: tuple[Stage[Any], ...] = sources
@@ -159,6 +195,61 @@ class Stage(Generic[T]):
     def step_size(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
         """The number of input items one output item groups (``batch(n)``: ``n``), or None."""
         return None
+
+    @classmethod
+    def declared_length(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+        """Items per rank and epoch a stage described with these options promises whatever
+        its input (``with_epoch(n)``: ``n``); ``len(pipeline)`` reads it. None: not known."""
+        return None
+
+    @classmethod
+    def built_options(cls, kwargs: dict[str, Any], *, grouped: bool) -> dict[str, Any]:
+        """The options to build this stage with, given whether a grouping by sample key of
+        whole objects lies downstream (``shard_by_rank(by="auto")`` resolves here)."""
+        return kwargs
+
+    @classmethod
+    def elastic_expansion(cls, state: dict[str, Any], after: bool) -> tuple[int, Any, bool] | None:
+        """For a stage that turns one input into several items (``untar``, ``unbatch``), how
+        one of its states splits its position for elastic resume: ``(offset, source state,
+        following)``: how many items of the current input were delivered, the state of the
+        source that names that input, and whether that input is the one the next item comes
+        from (else, with ``after``, the one just finished). None for other stages."""
+        return None
+
+    # a sharding stage (``is_sharder``) that takes part in elastic resume reads its own state
+    # with the four hooks below; ``shard_by_rank()`` (stages/shard.py) and the assigned source
+    # (stages/assigned.py) implement them. ``where`` is ``(rank, world, worker, workers)`` of
+    # the shard that saved the state.
+    @classmethod
+    def elastic_place(cls, state: dict[str, Any], where: tuple[int, int, int, int], *,
+                      following: bool) -> int:
+        """The unit of the stream before the split that a state names: the next one this
+        shard would deliver (``following``), else the last one it delivered."""
+        raise ConfigError(f"elastic resume cannot re-partition {cls.__name__}")
+
+    @classmethod
+    def elastic_done(cls, state: dict[str, Any], where: tuple[int, int, int, int],
+                     before: int | None) -> Any:
+        """An entry of the merged state's ``done``: the units shard ``where`` delivered, all of
+        its units before ``before`` (None: every one)."""
+        raise ConfigError(f"elastic resume cannot re-partition {cls.__name__}")
+
+    @classmethod
+    def elastic_untouched(cls, state: dict[str, Any], where: tuple[int, int, int, int]) -> Any:
+        """The ``done`` entry of a shard that never started (``state``: another shard's), or None."""
+        raise ConfigError(f"elastic resume cannot re-partition {cls.__name__}")
+
+    @classmethod
+    def elastic_window(cls, state: dict[str, Any], where: tuple[int, int, int, int],
+                       first: int) -> dict[str, Any]:
+        """Which units an old shard reads from unit ``first`` on, for the merged state."""
+        raise ConfigError(f"elastic resume cannot re-partition {cls.__name__}")
+
+    def elastic_supported(self) -> bool:
+        """False when these options keep elastic resume from naming this stage's items (an
+        unordered map); the class's ``elastic_roles`` say where it may stand."""
+        return True
 
     @classmethod
     def elastic_buffer(cls, state: dict[str, Any]) -> dict[str, Any] | None:

@@ -159,6 +159,7 @@ class ObjectLister(Stage[ObjectInfo]):
 
     #: the listing gives object ``i`` directly: the builder reads it by assignment
     random_access = True
+    elastic_roles = frozenset({"before_shard"})
 
     def at(self, i: int) -> ObjectInfo:
         """Object ``i`` of the sorted listing (for reading by assignment)."""

@@ -49,6 +49,12 @@ class Sharder(Stage[Any]):
     is_sharder = True
 
     @classmethod
+    def built_options(cls, kwargs: dict[str, Any], *, grouped: bool) -> dict[str, Any]:
+        if kwargs.get("by", "auto") == "auto":  # keep grouped objects together
+            return {**kwargs, "by": "key" if grouped else "item"}
+        return kwargs
+
+    @classmethod
     def splits_by_place(cls, kwargs: dict[str, Any], grouped: bool) -> bool:
         by = kwargs.get("by", "auto")
         by_item = by == "item" or (by == "auto" and not grouped)

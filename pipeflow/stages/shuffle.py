@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from .._checks import check_int
-from ..errors import ConfigError
 from .._rng import derive_seed, draw
+from ..errors import ConfigError
 from .base import SOURCES_KEY, Stage
 
 __all__ = ["Shuffler", "replay"]
@@ -51,6 +51,8 @@ class Shuffler(Stage[Any]):
     """
 
     one_to_one = True
+    #: before the shard (identical on every rank), or the one buffer after it (the drop point)
+    elastic_roles = frozenset({"before_shard", "drop_point"})
 
     @classmethod
     def keeps_steps(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:

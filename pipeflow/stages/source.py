@@ -63,9 +63,11 @@ class ItemSource(Stage[T]):
         return self._items[i]
 
     random_access = True
+    elastic_roles = frozenset({"before_shard"})
 
     def at(self, i: int) -> T:
-        """Item ``i`` (for reading by assignment)."""
+        """Item ``i`` (for reading by assignment; counted as delivered by this source)."""
+        self._earlier += 1
         return self._items[i]
 
     def get_state(self) -> dict[str, Any]:
