@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ._rng import derive_seed
 
 __all__ = ["BLOCKS_PER_WINDOW", "Order", "Split", "permute", "unpermute"]
 
@@ -35,7 +34,9 @@ _MASK = (1 << 64) - 1
 #: a window mixes this many blocks (fewer when the window is small): blocks are
 #: ``window // BLOCKS_PER_WINDOW`` consecutive keys
 BLOCKS_PER_WINDOW = 64
-_ROUNDS = 6
+#: Feistel rounds: four make a pseudo-random permutation of the domain (Luby-Rackoff)
+_ROUNDS = 4
+_ODD = 0xD1B54A32D192ED03
 
 
 def _mix(x: int) -> int:
@@ -48,11 +49,6 @@ def _mix(x: int) -> int:
 @lru_cache(maxsize=256)
 def _round_keys(key: int) -> tuple[int, ...]:
     return tuple(_mix(key ^ (r * 0xD1B54A32D192ED03 & _MASK)) for r in range(_ROUNDS))
-
-
-@lru_cache(maxsize=256)
-def _key(*parts: object) -> int:
-    return derive_seed(*parts)
 
 
 def _half_bits(n: int) -> int:
@@ -112,15 +108,25 @@ class Order:
     window: int
     seed: int
 
+    def __post_init__(self) -> None:
+        # everything a lookup needs that does not depend on the position, computed once
+        block = max(1, self.window // BLOCKS_PER_WINDOW)
+        blocks = max(1, -(-self.n // block))
+        key = _mix(self.seed ^ 0x5851F42D4C957F2D)
+        short = self.n - (blocks - 1) * block  # the size of the last block (block when it is full)
+        at = unpermute(blocks - 1, blocks, key) if short != block else blocks  # where it lands
+        span = max(1, self.window // block) * block
+        object.__setattr__(self, "_fixed", (block, blocks, key, short, at, span))
+
     @property
     def block(self) -> int:
         """Consecutive source indices that travel together."""
-        return max(1, self.window // BLOCKS_PER_WINDOW)
+        return self._fixed[0]  # type: ignore[attr-defined, no-any-return]
 
     @property
     def span(self) -> int:
         """Items of one shuffled window (whole blocks)."""
-        return max(1, self.window // self.block) * self.block
+        return self._fixed[5]  # type: ignore[attr-defined, no-any-return]
 
     def __len__(self) -> int:
         return self.n
@@ -130,21 +136,10 @@ class Order:
             raise IndexError(p)
         if self.window <= 1:
             return p
-        span = self.span
+        block, blocks, key, short, at, span = self._fixed  # type: ignore[attr-defined]
         start = p - p % span
-        s = start + permute(p - start, min(span, self.n - start), _key("window", self.seed, start))
-        return self._from_stream(s)
-
-    def _from_stream(self, s: int) -> int:
-        """The source index at place ``s`` of the stream of permuted blocks."""
-        block, n = self.block, self.n
-        blocks = -(-n // block)
-        short = n - (blocks - 1) * block  # the size of the last block (block when it is full)
-        key = _key("blocks", self.seed)
-        if short == block:
-            slot, offset = divmod(s, block)
-            return permute(slot, blocks, key) * block + offset
-        at = unpermute(blocks - 1, blocks, key)  # where the short block lands
+        s = start + permute(p - start, min(span, self.n - start), _mix(self.seed ^ (start * _ODD & _MASK)))
+        # the source index at place s of the stream of permuted blocks
         if s < at * block:
             slot, offset = divmod(s, block)
         elif s < at * block + short:
