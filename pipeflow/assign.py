@@ -27,7 +27,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-
 __all__ = ["BLOCKS_PER_WINDOW", "Order", "Split", "permute", "unpermute"]
 
 _MASK = (1 << 64) - 1

@@ -18,13 +18,13 @@ neither the pipeline nor the data.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, cast
 
 from .errors import ConfigError
 from .graph import Node, build, fingerprint, plan
 from .run_context import RunContext
 from .stages._elastic import ElasticDropper, ElasticRemaining, locate
-from .stages.assigned import places_from, rest_of
+from .stages.assigned import AssignedSource, places_from, rest_of
 from .stages.base import _OWN, REPLAY_KEY, SOURCES_KEY, Stage
 from .stages.shard import Sharder, _sample_key
 from .stages.source import ItemSource
@@ -266,6 +266,20 @@ def _defined(cls: type, name: str) -> Any:
     return next(c.__dict__[name] for c in cls.__mro__ if name in c.__dict__)
 
 
+class _Places:
+    """The units before the split of an assigned source (one item each), looked up by place."""
+
+    def __init__(self, stage: Stage[Any]) -> None:
+        self.stage = cast(AssignedSource, stage)
+        self.n = stage.known_length() or 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, place: int) -> list[Any]:
+        return [self.stage.at_place(place)]
+
+
 def _source_units(node: Node, epoch: int, by: str) -> list[list[Any]]:
     """The stream before the shard, in order (the same on every rank for a seed and epoch), in
     the units the shard splits: single items, or with ``by="key"`` the items of one sample."""
@@ -368,13 +382,20 @@ def resume_node(node: Node, merged: dict[str, Any]) -> Node:
     finally:
         root.close()
     n = nodes[sharder]
-    before_shard = Node(n.stage, n.args, {**n.kwargs, "split": False}, n.inputs) if by_place \
-        else nodes[sharder + 1]
-    items = _source_units(before_shard, epoch, by)
+    if by_place:  # the global order, looked up place by place: nothing of size N is built
+        whole = build(Node(n.stage, n.args, {**n.kwargs, "split": False}, n.inputs),
+                      RunContext(epoch=epoch), assign=False)
+        items: Any = _Places(whole)
+    else:
+        whole, items = None, _source_units(nodes[sharder + 1], epoch, by)
     done = [r if isinstance(r, dict) else list(r) for r in merged["done"]]
     partial: dict[str, list[int]] = {}
-    for window in merged["windows"]:
-        _resolve(window, items, nodes[point + 1: sharder], epoch, by, done, partial)
+    try:
+        for window in merged["windows"]:
+            _resolve(window, items, nodes[point + 1: sharder], epoch, by, done, partial)
+    finally:
+        if whole is not None:
+            whole.close()
     if by_place:  # the assigned source deals what is left itself
         start, extra = rest_of(len(items), done)
         current = Node(n.stage, n.args, {**n.kwargs, "rest": (epoch, start, extra)}, n.inputs, n.label)

@@ -136,6 +136,10 @@ class AssignedSource(Stage[Any]):
     def _items(self) -> RandomAccess:
         return cast(RandomAccess, self.source)
 
+    def at_place(self, p: int) -> Any:
+        """The item at place ``p`` of this epoch's global order (elastic resume names items so)."""
+        return self._items.at(self.order()[p])
+
     def places(self) -> Remaining | None:
         """The places left in an elastic resume's epoch (renumbered), or None for all of them."""
         if self.rest is None or int(self.rest[0]) != self.context.epoch:
