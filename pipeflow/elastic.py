@@ -145,7 +145,7 @@ def _cursor(state: dict[str, Any], chain: list[type[Stage[Any]]], where: Where) 
     own = _at_depth(state["stages"], sharder) or {}
     if state.get("done"):
         return {"done": cls.elastic_done(own, where, None), "window": None}
-    window = {"pulled": 0, "buffered": []}
+    window: dict[str, Any] = {}
     st = state["stages"]
     for i in range(point + 1):  # from the root down to the drop point's input
         if not st:
@@ -153,9 +153,8 @@ def _cursor(state: dict[str, Any], chain: list[type[Stage[Any]]], where: Where) 
         if REPLAY_KEY in st:
             raise ConfigError(f"elastic resume cannot read a state saved after an error ended an "
                               f"item mid-way (at {chain[i].__name__}); resume it on the same topology")
-        held = chain[i].elastic_buffer(st)
-        if held is not None:
-            window = held
+        if i == point:  # what the drop point held: read by its class when resuming (elastic_buffer)
+            window = {"held": {k: v for k, v in st.items() if k != SOURCES_KEY}}
         st = st[SOURCES_KEY][0]
     if not st:
         return {"done": None, "window": None}
@@ -324,10 +323,12 @@ def _offsets(unit: list[Any], to_point: list[Node], epoch: int, by: str) -> list
 
 
 def _resolve(window: dict[str, Any], items: list[list[Any]], to_point: list[Node], epoch: int,
-             by: str, done: list[Any], partial: dict[str, list[int]]) -> None:
+             by: str, done: list[Any], partial: dict[str, list[int]], point: Node | None) -> None:
     """Which items of an old shard's window were delivered: every one before the window's
     first item and, from it on, the ones pulled into the buffer and no longer in it."""
-    pulled, skip, buffered = int(window["pulled"]), int(window["skip"]), set(window["buffered"])
+    held = point.stage.elastic_buffer(window["held"]) if point is not None and "held" in window else None
+    held = held or {"pulled": 0, "buffered": []}
+    pulled, skip, buffered = int(held["pulled"]), int(window["skip"]), set(held["buffered"])
     seq, first = 0, True
     for g in _old_places(window, len(items)):
         offsets = _offsets(items[g], to_point, epoch, by)
@@ -392,7 +393,8 @@ def resume_node(node: Node, merged: dict[str, Any]) -> Node:
     partial: dict[str, list[int]] = {}
     try:
         for window in merged["windows"]:
-            _resolve(window, items, nodes[point + 1: sharder], epoch, by, done, partial)
+            _resolve(window, items, nodes[point + 1: sharder], epoch, by, done, partial,
+                     nodes[point] if point >= 0 else None)
     finally:
         if whole is not None:
             whole.close()
