@@ -55,6 +55,7 @@ class ExpandingStage(Stage[Any]):
 
     #: the method name shown in messages ("untar", "read_tfrecord")
     verb = "expand"
+    replays_input = True
 
     elastic_roles = frozenset({"to_drop_point"})
 

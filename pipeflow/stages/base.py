@@ -105,13 +105,13 @@ class Stage(Generic[T]):
     #: (:mod:`pipeflow.stages.assigned`): each shard computes its own places of one global order
     #: instead of pulling every item and keeping its share.
     random_access: bool = False
-    #: True for a stage that groups consecutive records by sample key (``group_pairs``): the
-    #: builder then shards whole samples below it (``by="key"``), unless an archive expansion
-    #: lies between (``splits_objects``)
     #: True for a sharder that deals places of one global order and re-deals what is left
     #: after an elastic resume itself (``AssignedSource``), instead of a ``shard_by_rank()``
     #: over a stream that elastic resume filters below it
     reads_by_place: bool = False
+    #: True for a stage that groups consecutive records by sample key (``group_pairs``): the
+    #: builder then shards whole samples below it (``by="key"``), unless an archive expansion
+    #: lies between (``splits_objects``)
     groups_by_key: bool = False
     #: True for a stage that turns each object into the records inside it (``untar``): a
     #: grouping above it groups records of one object, so sharding below it stays by item
@@ -124,6 +124,14 @@ class Stage(Generic[T]):
     #: naming the stage. A stage that holds a position between items also implements
     #: :meth:`elastic_expansion` or :meth:`elastic_buffer` when those apply to it.
     elastic_roles: frozenset[str] = frozenset()
+    #: True for stages whose resume pulls items of their input again from an earlier position
+    #: and tells them apart by their count (a shuffle buffer, the rest of a batch or an object,
+    #: the items an unordered map delivered ahead): their input must deliver the same items in
+    #: the same order
+    replays_input: bool = False
+    #: False for stages whose output order depends on timing (an unordered ``map``): no stage
+    #: that replays its input can resume exactly downstream of one
+    ordered_output: bool = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -73,6 +73,9 @@ class WindowedStage(Stage[Any]):
         self._skippable = skippable
         #: skips would make equalize's count an overestimate
         self.one_to_one = on_error == "raise"
+        #: unordered, the state names the items delivered ahead by their count in the input
+        self.ordered_output = in_order
+        self.replays_input = not in_order
         if workers and method == "process":
             self._check_picklable()
         self._prestart = bool(workers) and method == "process"

@@ -51,6 +51,7 @@ class Shuffler(Stage[Any]):
     """
 
     one_to_one = True
+    replays_input = True
     #: before the shard (identical on every rank), or the one buffer after it (the drop point)
     elastic_roles = frozenset({"before_shard", "drop_point"})
 

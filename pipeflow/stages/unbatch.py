@@ -17,6 +17,8 @@ class Unbatcher(Stage[Any]):
     already yielded; resuming re-reads that one batch and skips what was delivered.
     """
 
+    replays_input = True
+
     elastic_roles = frozenset({"to_drop_point"})
 
     @classmethod

@@ -403,3 +403,28 @@ def test_a_stage_without_elastic_roles_is_named_in_the_refusal(monkeypatch):
     states = [run_rank(monkeypatch, own_stage_pipeline(Undeclared), r, 2, batches=1)[1] for r in range(2)]
     with pytest.raises(ConfigError, match="Undeclared"):
         own_stage_pipeline(Undeclared).resume_from(pf.merge_states(states))
+
+
+@pytest.mark.parametrize("new", [3, 1])
+def test_stateful_dataloader_states_of_several_ranks_with_several_workers(monkeypatch, new):
+    # 2 ranks x 2 workers: the merge must give each worker's state its own shard,
+    # rank * workers + worker of ranks * workers (a rank or a worker alone cannot tell)
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    before, states = [], []
+    for rank, batches in ((0, 3), (1, 6)):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        pipe = census(True)
+        pipe.set_epoch(EPOCH)
+        loader = StatefulDataLoader(pipe, batch_size=None, num_workers=2)
+        it = iter(loader)
+        before += [k for _ in range(batches) for k in next(it)]
+        states.append(loader.state_dict())
+        del it, loader
+    merged = pf.merge_states(json.loads(json.dumps(states)))
+    assert sorted(w["start"] % 4 for w in merged["windows"]) == [0, 1, 2, 3]
+    after = []
+    for rank in range(new):
+        after += run_rank(monkeypatch, census(True).resume_from(merged), rank, new)[0]
+    assert_exactly_once(before + after, _data.all_keys(10))
