@@ -101,7 +101,8 @@ def main() -> None:
     args = parser.parse_args()
     n = 20_000 if args.quick else 400_000
     out: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                           "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+                           "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+                                      f"Python {platform.python_version()}",
                            "pipeflow": os.path.dirname(pf.__file__)}
     out["state_bytes_8_workers"] = state_sizes(workers=2 if args.quick else 8)
     out[f"shard_cpu_s_rank0_of_8_n{n}"] = round(shard_cost(n), 3)

@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("pipeflow._cli.run", "run one recipe through a DataLoader and report throughput"),
     "recipes": ("pipeflow._cli.recipes", "list the named recipes"),
     "make-data": ("pipeflow._cli.make_data", "generate the articles' synthetic datasets"),
+    "upload": ("pipeflow._cli.upload", "copy a local folder into a bucket, many files at once"),
     "convert": ("pipeflow._cli.convert", "turn a prefix of single-sample objects into tar/TFRecord shards"),
     "serve": ("pipeflow._cli.serve", "run a local S3-compatible server on 127.0.0.1"),
     "bench": ("pipeflow._cli.bench", "benchmark pipeflow against peer libraries"),

@@ -19,6 +19,7 @@ __all__ = [
     "IncompleteSampleError",
     "InvalidURLError",
     "MissingDependencyError",
+    "MissingFieldError",
     "ObjectNotFoundError",
     "OptionError",
     "PipeflowError",
@@ -144,6 +145,29 @@ class DecodeError(StageError):
 
 class IncompleteSampleError(StageError):
     """A grouped sample lacks a required field or repeats one."""
+
+
+class MissingFieldError(IncompleteSampleError):
+    """A sample dict lacks a field a stage asked for by name (``to_tuple``, ``rename``,
+    ``map_dict``).
+
+    Attributes:
+        field: the field asked for (``"jpg;png"`` for alternatives).
+        fields: the fields the sample has.
+    """
+
+    def __init__(self, message: str, *, stage: str = "", key: str = "", field: str = "",
+                 fields: tuple[str, ...] = ()) -> None:
+        self.field = field
+        self.fields = tuple(fields)
+        super().__init__(message, stage=stage, key=key)
+
+    def __reduce__(self):
+        return (_rebuild_missing_field, (self.message, self.stage, self.key, self.field, self.fields))
+
+
+def _rebuild_missing_field(message, stage, key, field, fields):
+    return MissingFieldError(message, stage=stage, key=key, field=field, fields=fields)
 
 
 class WorkerCrashedError(PipeflowError, RuntimeError):

@@ -256,7 +256,7 @@ def _backend(url: str, backend: str | Backend | None, options: dict[str, Any]) -
     store = get_backend(backend, url=url, **options)
     if not isinstance(store, Uploader):
         raise ConfigError(f"backend {store.name!r} cannot write objects; write_shards() needs a "
-                          "backend with upload(): 'local' or 'boto3'")
+                          "backend with upload(): 'local', 'boto3' or 'obstore'")
     return store
 
 

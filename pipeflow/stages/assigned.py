@@ -87,6 +87,8 @@ class AssignedSource(Stage[Any]):
     is_sharder = True
     #: the unit elastic resume names is a place of the global order (see :meth:`elastic_place`)
     reads_by_place = True
+    #: its split is a rule over places of the global order, which elastic resume re-deals
+    elastic_roles = frozenset({"shard"})
     #: it splits by item, never by sample key
     by = "item"
 

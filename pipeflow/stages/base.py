@@ -120,7 +120,8 @@ class Stage(Generic[T]):
     #: this stage, by its place relative to the ``shard_by_rank()`` and the *drop point* (the
     #: first ``shuffle``/``batch`` above the shard, where items are named): ``"before_shard"``,
     #: ``"to_drop_point"`` (between the shard and the drop point), ``"drop_point"``,
-    #: ``"after_drop_point"``. Empty (the default): elastic resume refuses the pipeline,
+    #: ``"after_drop_point"``, and ``"shard"`` for a sharder whose split elastic resume can
+    #: re-deal (with the ``elastic_place`` hooks). Empty (the default): elastic resume refuses the pipeline,
     #: naming the stage. A stage that holds a position between items also implements
     #: :meth:`elastic_expansion` or :meth:`elastic_buffer` when those apply to it.
     elastic_roles: frozenset[str] = frozenset()

@@ -47,6 +47,8 @@ class Sharder(Stage[Any]):
     """
 
     is_sharder = True
+    #: its split is a rule over source indices, which elastic resume re-deals
+    elastic_roles = frozenset({"shard"})
 
     @classmethod
     def built_options(cls, kwargs: dict[str, Any], *, grouped: bool) -> dict[str, Any]:

@@ -184,3 +184,15 @@ def test_missing_bucket_is_a_typed_error_naming_the_url(s3, tmp_path):
     with pytest.raises(pf.errors.ObjectNotFoundError) as err:
         pf.from_items(samples(3)).write_shards("s3://no-such-bucket-for-shards/x")
     assert "s3://no-such-bucket-for-shards/x/" in str(err.value)
+
+
+def test_write_shards_through_obstore_and_a_rerun_adds_nothing(s3, s3_bucket):
+    pytest.importorskip("obstore")
+    data = samples(20)
+    url = f"s3://{s3_bucket}/obstore/"
+    manifest = pf.from_items(data).write_shards(url, max_count=8, backend="obstore")
+    assert manifest.complete and manifest.samples == 20 and len(manifest.shards) == 3
+    back = list(pf.from_items(manifest.urls()).open("boto3").untar().group_pairs())
+    assert [s["bin"] for s in back] == [s["bin"] for s in data]
+    again = pf.from_items(data).write_shards(url, max_count=8, backend="obstore")
+    assert again == manifest

@@ -35,7 +35,8 @@ def test_an_order_is_a_permutation_and_a_function_of_its_seed(n, window):
         assert order == list(range(n))
 
 
-@pytest.mark.parametrize("ranks,workers,unit", [(1, 1, 1), (2, 3, 1), (3, 2, 4), (4, 1, 5), (2, 3, 0), (1, 1, 0)])
+@pytest.mark.parametrize("ranks,workers,unit",
+                         [(1, 1, 1), (2, 3, 1), (3, 2, 4), (4, 1, 5), (2, 3, 0), (1, 1, 0)])
 @pytest.mark.parametrize("n", [0, 1, 23, 97])
 def test_a_split_deals_every_place_once_and_each_shard_counts_its_own(ranks, workers, unit, n):
     split = Split(ranks, workers, unit)
@@ -116,7 +117,8 @@ def test_explain_says_which_order_a_pipeline_gets():
     drawing = pipeline(4).explain().splitlines()
     assert drawing[-1].endswith("# order: the same at any number of ranks x workers")
     tars = pf.from_items(["a.tar", "b.tar"]).shuffle(2).shard_by_rank().open().untar().batch(4)
-    assert tars.explain().splitlines()[-1].endswith("# order: depends on ranks x workers (untar after the source)")
+    last = tars.explain().splitlines()[-1]
+    assert last.endswith("# order: depends on ranks x workers (untar after the source)")
     stream = pf.tfrecord_stream("/dev/null").batch(2).explain()
     assert stream.endswith("# order: depends on ranks x workers (read as a stream, not by place)")
 
