@@ -25,6 +25,7 @@ def replay(seed: int, size: int, draws: int, pulled: int) -> list[int]:
         j = draw(seed, step, len(buffer))
         buffer[j] = buffer[-1]
         buffer.pop()
+    buffer.extend(range(taken, pulled))  # pulled after the last draw (a fill an error ended)
     return buffer
 
 

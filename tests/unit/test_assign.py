@@ -152,3 +152,23 @@ def test_an_assigned_source_state_is_a_count():
     assert next(resumed) == next(it)
     it.close()
     resumed.close()
+
+
+def _fails_at_5(x):
+    if x == 5:
+        raise ValueError(x)
+    return x
+
+
+def test_a_shuffle_state_saved_after_an_error_mid_fill_replays_exactly():
+    # the error ends the first fill of the buffer: items pulled after the last draw are buffered too
+    it = iter(pf.from_items(range(40)).map(_fails_at_5).shuffle(8, seed=4))
+    got = []
+    with pytest.raises(ValueError):
+        for x in it:
+            got.append(x)
+    state = json.loads(json.dumps(it.state_dict()))
+    resumed = iter(pf.from_items(range(40)).map(abs).shuffle(8, seed=4))
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert sorted(got + rest) == list(range(40))
