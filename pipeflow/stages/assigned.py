@@ -27,6 +27,7 @@ from .._checks import check_int
 from .._rng import derive_seed
 from ..assign import Order, Split, permute
 from .base import SOURCES_KEY, Stage
+from .shard import warn_if_some_shards_idle
 
 __all__ = ["AssignedSource", "Remaining", "ShuffledSource", "places_from", "rest_of"]
 
@@ -162,6 +163,10 @@ class AssignedSource(Stage[Any]):
         self._rank, self._worker = self.where
         total = len(self._places) if self._places is not None else self._order.n
         self._count = self._split.count(self._rank, self._worker, total)
+        if state is None and self.context.rank == 0 and self.split_shards:
+            ctx = self.context
+            warn_if_some_shards_idle(self.name, total, self._split.shards, ctx.world_size,
+                                     max(1, ctx.num_workers))
         # a restart within the epoch (repeat, equalize's wrap-around) reshuffles this shard's
         # own places: every shard keeps its items, as with a shuffle after the shard
         self._again = derive_seed("again", self.seed, self.context.epoch, self._round, *self.where) \

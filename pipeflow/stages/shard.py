@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 from .._checks import check_choice
+from .._once import first_time
 from ..formats.keys import split_key
 from .base import SOURCES_KEY, Stage
 
-__all__ = ["Sharder", "owned_after", "owned_before"]
+__all__ = ["Sharder", "owned_after", "owned_before", "warn_if_some_shards_idle"]
+
+log = logging.getLogger("pipeflow")
+
+
+def warn_if_some_shards_idle(name: str, total: int | None, count: int, world: int, workers: int) -> None:
+    """One warning per run when ``total`` items are split over more shards (``count``, of
+    ``world`` ranks x ``workers``): the data stays correct, but some workers read nothing and
+    the run is slower than it looks."""
+    if total is None or total >= count or not first_time("idle_shards"):
+        return
+    log.warning("pipeflow: %s: %d items (shards or objects) split over %d ranks x workers "
+                "(%d rank%s x %d DataLoader worker%s): %d of them read nothing; use at most %d "
+                "ranks x workers, or split the data into more shards", name, total, count, world,
+                "" if world == 1 else "s", workers, "" if workers == 1 else "s", count - total, total)
 
 
 def owned_after(pos: int, index: int, count: int) -> int:
@@ -20,6 +36,7 @@ def owned_before(pos: int, index: int, count: int) -> int:
     """The last source index < ``pos`` that shard ``index`` of ``count`` keeps."""
     last = pos - 1
     return last - (last - index) % count
+
 
 
 class Sharder(Stage[Any]):
@@ -125,6 +142,26 @@ class Sharder(Stage[Any]):
         self._sample = int(state.get("sample", -1)) if state else -1
         self._key = state.get("key") if state else None
         self._index, self._count = self.shard
+        if state is None and self.context.rank == 0:
+            self._warn_if_some_shards_idle()
+
+    def _known_total(self) -> int | None:
+        """Items reaching this sharder in an epoch, when a source knows it through one-to-one
+        stages (``from_items``, ``list_objects``, a shuffle of either); None otherwise."""
+        stage = self.source
+        for _ in range(64):
+            total = stage.known_length()
+            if total is not None or not (stage.one_to_one and len(stage.sources) == 1):
+                return total
+            stage = stage.sources[0]
+        return None
+
+    def _warn_if_some_shards_idle(self) -> None:
+        total = self._known_total() if self.by == "item" else None
+        ctx = self.context
+        world = ctx.world_size if self._ranks else 1
+        workers = ctx.num_workers if self._workers else 1
+        warn_if_some_shards_idle(self.name or "shard_by_rank", total, self._count, world, workers)
 
     def next(self) -> Any:
         if self.by == "key":
