@@ -146,6 +146,16 @@ class WindowedStage(Stage[Any]):
         self._undelivered = 0
         self._dropped = 0  # inline: items pulled and not delivered (skipped, or raised)
 
+    elastic_roles = frozenset({"before_shard", "to_drop_point", "after_drop_point"})
+
+    def elastic_supported(self) -> bool:
+        return self._window.in_order  # unordered: a state cannot name which items were delivered
+
+    @classmethod
+    def keeps_steps(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        # skips would shift every later item, and an unordered window reorders them
+        return kwargs.get("on_error", "raise") == "raise" and kwargs.get("in_order", True) is True
+
     def _check_picklable(self) -> None:
         try:
             pickle.dumps(self._fn)
