@@ -149,7 +149,7 @@ class WindowedStage(Stage[Any]):
     elastic_roles = frozenset({"before_shard", "to_drop_point", "after_drop_point"})
 
     def elastic_supported(self) -> bool:
-        return self._window.in_order  # unordered: a state cannot name which items were delivered
+        return self.window_options.in_order  # unordered: a state cannot name which items were delivered
 
     @classmethod
     def keeps_steps(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
