@@ -193,8 +193,10 @@ def test_key_shuffle_resumed_after_an_error_inside_a_sample_delivers_each_item_o
             for item in it:
                 head.append(item)
         tail = list(_resumed(_key_shuffled(size), it.state_dict()))
-        assert sorted(u for u, n in Counter(head + tail).items() if n > 1) == [], bad
-        assert head + tail == full, bad
+        twice = sorted(u for u, n in Counter(head + tail).items() if n > 1)
+        assert twice == [], f"failing on {bad}: delivered twice"
+        assert sorted(head + tail) == sorted(full), f"failing on {bad}: lost"
+        assert head + tail == full, f"failing on {bad}: another order"
 
 
 @pytest.mark.parametrize("size", [1, 3])
