@@ -383,7 +383,7 @@ def resume_node(node: Node, merged: dict[str, Any]) -> Node:
             raise ConfigError(f"this merged state belongs to a pipeline of another shape: saved "
                               f"{merged['graph']}, resuming {fingerprint(root)}")
         _check_graph(stages, sharder, point)
-        shard_stage = cast(Any, stages[sharder])  # a sharder, by its declarations (checked above)
+        shard_stage: Any = stages[sharder]  # a sharder by its declared trait, of any class
         by = shard_stage.by
         by_place = shard_stage.reads_by_place
     finally:

@@ -27,9 +27,9 @@ from .stages.assigned import AssignedSource, ShuffledSource
 from .stages.base import Stage
 from .stages.shard import Sharder
 
-__all__ = ["Node", "build", "check_options", "checks_options", "draw", "find_sharder", "fingerprint",
-           "format_value", "has_sharder", "is_secret", "known_total", "make_label", "order_notes", "plan",
-           "short_labels", "stage_names", "validate", "walk"]
+__all__ = ["Node", "build", "check_options", "checks_options", "draw", "find_sharder",
+           "fingerprint", "format_value", "has_sharder", "is_secret", "known_total", "make_label",
+           "order_notes", "plan", "short_labels", "stage_names", "validate", "walk"]
 
 log = logging.getLogger("pipeflow")
 @dataclass(frozen=True)
@@ -373,3 +373,4 @@ def fingerprint(stage: Stage[Any]) -> str:
     inner = ",".join(fingerprint(s) for s in stage.sources)
     name = type(stage).kind()
     return f"{name}({inner})" if inner else name
+
