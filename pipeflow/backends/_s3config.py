@@ -130,8 +130,9 @@ class S3Options(BackendOptions):
         return resolve_region(self.region)
 
     def endpoint_label(self) -> str:
-        """The endpoint for error messages: the resolved URL, or AWS's default."""
-        return self.resolved_endpoint() or "the AWS default endpoint"
+        """The endpoint requests go to: the resolved URL, or AWS's regional endpoint. Named in
+        error messages, and the key of the first-contact rule (:mod:`pipeflow.backends._retry`)."""
+        return self.resolved_endpoint() or f"https://s3.{self.resolved_region()}.amazonaws.com"
 
     def endpoint_for(self, url: str) -> str | None:
         """:meth:`endpoint_label` for an ``s3://`` URL, None for any other (for error messages)."""

@@ -16,6 +16,11 @@ the reader waits at most ``read_timeout`` seconds for the next chunk, so a serve
 in the middle of a body becomes a :class:`TimeoutError` (transient: the caller resumes with a
 new ranged request) instead of a hang.
 
+Versions: some clients' GET streams carry no ETag and take no ``If-Match``. A ``check``
+callback (a HEAD comparing the ETag with the first one seen) then runs before every window after
+the first and once after the last window of a body of several, so an object replaced between
+two windows fails the read instead of splicing two versions together.
+
 The end of the object needs no HEAD request: a window that comes back shorter than asked is
 the last one, and a window that starts exactly at the end is refused by the server (HTTP 416),
 which ``is_past_end`` recognises.
@@ -46,9 +51,12 @@ class _Pump:
     finaliser stops the pump)."""
 
     def __init__(self, fetch: Callable[[int, int], Iterable[bytes]], start: int, end: int | None,
-                 window: int, is_past_end: Callable[[BaseException], bool]) -> None:
+                 window: int, is_past_end: Callable[[BaseException], bool],
+                 check: Callable[[], None] | None = None, check_first: bool = False) -> None:
         self.fetch, self.start, self.end, self.window = fetch, start, end, window
         self.is_past_end = is_past_end
+        self.check = check
+        self.check_first = check_first
         self.queue: queue.Queue[Any] = queue.Queue()
         self.cond = threading.Condition()
         self.stop = False
@@ -58,7 +66,14 @@ class _Pump:
     def _bounds(self, lo: int) -> int:
         return lo + self.window if self.end is None else min(lo + self.window, self.end)
 
+    def _check(self, lo: int) -> None:
+        """The version check before the window at ``lo`` (none before the body's first one
+        unless ``check_first``: a stream resumed mid-object checks at once)."""
+        if self.check is not None and (lo > self.start or self.check_first):
+            self.check()
+
     def request(self, lo: int) -> tuple[Iterable[bytes], int]:
+        self._check(lo)
         hi = self._bounds(lo)
         with self.cond:
             # never more than two windows ahead of the reader: wait until it reaches `lo - window`
@@ -75,6 +90,7 @@ class _Pump:
             if self.stop or self.pos < lo - self.window:
                 return None
             self.peak = max(self.peak, hi - self.pos)
+        self._check(lo)
         return iter(self.fetch(lo, hi)), hi
 
     def run(self) -> None:
@@ -103,6 +119,8 @@ class _Pump:
                     (chunks, hi), ahead = ahead, None
                 else:
                     chunks, hi = self.request(lo)
+            if lo > self.start or self.check_first:
+                self._check(lo)  # the last window came from the version checked before it
             self.queue.put(_END)
         except _Stopped:
             return
@@ -130,16 +148,20 @@ class WindowedBody(io.RawIOBase):
         on_request_error: maps the failure of a request that delivered nothing of the body
             (the first window) to the error to raise; later failures are raised unchanged for
             the caller to resume.
+        check: called (on the request thread) before each window after the first and once
+            after the last one of a body of several; raises when the object has changed.
+        check_first: run ``check`` before the first window too (a body resuming a read).
     """
 
     def __init__(self, fetch: Callable[[int, int], Iterable[bytes]], *, start: int, end: int | None,
                  window: int, read_timeout: float | None,
                  is_past_end: Callable[[BaseException], bool],
-                 on_request_error: Callable[[BaseException], BaseException] | None = None) -> None:
+                 on_request_error: Callable[[BaseException], BaseException] | None = None,
+                 check: Callable[[], None] | None = None, check_first: bool = False) -> None:
         super().__init__()
         self._timeout = read_timeout
         self._on_request_error = on_request_error
-        self._pump = _Pump(fetch, start, end, window, is_past_end)
+        self._pump = _Pump(fetch, start, end, window, is_past_end, check, check_first)
         self._buf = memoryview(b"")
         self._done = False
         threading.Thread(target=self._pump.run, name="pipeflow-window", daemon=True).start()

@@ -26,6 +26,7 @@ from pipeflow.errors import (
     ConfigError,
     InvalidURLError,
     ObjectNotFoundError,
+    PipeflowError,
 )
 from pipeflow.items import ObjectInfo
 
@@ -140,7 +141,7 @@ class FsspecBackend(Backend):
 
     def _error(self, exc: BaseException, url: str, op: str) -> BaseException:
         err = translate_s3_error(exc, url=url, backend=self.name, op=op)
-        if err is exc and isinstance(exc, OSError):
+        if err is exc and isinstance(exc, OSError) and not isinstance(exc, PipeflowError):
             return BackendError(f"{type(exc).__name__} (errno {exc.errno})", url=url, backend=self.name,
                                 op=op)
         return err
