@@ -338,6 +338,8 @@ def retry_call(fn: Callable[[], T], *, policy: RetryPolicy, url: str = "", backe
         except Exception as exc:
             if not classify(exc):
                 raise
+            if s3_error_code(exc) is not None:
+                mark_answered(endpoint)  # an error response (a 503) is an answer too
             delay = timer.failed()
             if delay is None:
                 raise exhausted(timer, exc, what="request", url=url, backend=backend, op=op,

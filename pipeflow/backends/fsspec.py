@@ -20,7 +20,7 @@ from typing import IO, Any, TypeVar
 from pipeflow.backends._resumable import ResumableStream
 from pipeflow.backends._retry import retry_call
 from pipeflow.backends._s3config import S3Options, is_invalid_range, translate_s3_error
-from pipeflow.backends.base import Backend, scheme_of
+from pipeflow.backends.base import Backend, malformed_scheme, scheme_of
 from pipeflow.errors import (
     BackendError,
     ConfigError,
@@ -104,7 +104,12 @@ class FsspecBackend(Backend):
 
     def _fs(self, url: str) -> tuple[Any, str]:
         """The filesystem for ``url`` and the path to give it."""
-        protocol = scheme_of(url) or "file"
+        protocol = scheme_of(url)
+        if not protocol:
+            malformed = malformed_scheme(url, backend=self.name)
+            if malformed is not None:  # "s3:/b/k" is a typo, not a relative local path
+                raise malformed
+            protocol = "file"
         cache = self._client()
         fs = cache.get(protocol)
         if fs is None:

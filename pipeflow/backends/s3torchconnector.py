@@ -50,7 +50,7 @@ from typing import IO, Any, Literal, TypeVar
 
 from pipeflow._checks import check_int, is_int
 from pipeflow.backends._resumable import ResumableStream
-from pipeflow.backends._retry import TRANSIENT_CODES, is_transient, retry_call
+from pipeflow.backends._retry import TRANSIENT_CODES, is_transient, mark_answered, retry_call
 from pipeflow.backends._s3config import S3Options, error_for_status
 from pipeflow.backends._window import WindowedBody
 from pipeflow.backends.base import Backend, S3Location, parse_s3_url
@@ -202,6 +202,8 @@ class S3TorchConnectorBackend(Backend):
             return is_transient(exc)
         codes = crt_error_codes(exc)
         status = codes.status
+        if status is not None or codes.s3:
+            mark_answered(self.options.endpoint_label())  # an error response is an answer too
         return bool(codes.crt & UNREACHABLE_CRT_CODES or codes.kind == "Request throttled"
                     or codes.s3 in TRANSIENT_CODES
                     or (status is not None and (status >= 500 or status == 429)))
