@@ -27,6 +27,7 @@ from ..errors import (
     BackendError,
     ConfigError,
     InvalidURLError,
+    ObjectChangedError,
     ObjectNotFoundError,
     PipeflowError,
     RetryExhaustedError,
@@ -205,6 +206,9 @@ def error_for_status(status: int | None, code: str, *, url: str, backend: str, o
                                    op=op)
     if code in DENIED_CODES or status == 403:
         return AccessDeniedError(f"access denied ({code or 403})", url=url, backend=backend, op=op)
+    if code == "PreconditionFailed" or status == 412:  # If-Match: the object was replaced
+        return ObjectChangedError("the object changed while it was read (its ETag no longer "
+                                  "matches): read it again", url=url, backend=backend, op=op)
     if code in INVALID_CODES:
         return InvalidURLError(f"invalid bucket or key ({code})", url=url, backend=backend, op=op)
     return BackendError(detail, url=url, backend=backend, op=op)
