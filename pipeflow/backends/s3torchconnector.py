@@ -22,8 +22,9 @@ and maps them as the other S3 backends do: 403 and missing credentials to
 structurally: the backend lists the key's prefix; if the bucket lists but the key is absent,
 the error is :class:`~pipeflow.errors.ObjectNotFoundError`.
 
-Retries: the CRT makes one attempt per request (``crt_max_attempts``, default 1: the CRT counts
-attempts, not time); every request runs under the backend's
+Retries: the CRT makes as few attempts per request as it can (``crt_max_attempts``, default 2:
+the binding reads 1 as "the CRT's default", which is 4; the CRT counts attempts, not time);
+every request runs under the backend's
 :class:`~pipeflow.backends._retry.RetryPolicy`, the same time budget as on every backend, with the
 first-contact rule for an endpoint that never answered. A body that breaks off or stalls
 mid-way is resumed with a ranged GET from the byte already delivered; each window after the
@@ -67,6 +68,9 @@ from pipeflow.items import ObjectInfo
 __all__ = ["S3TorchConnectorBackend", "S3TorchConnectorOptions", "crt_error_codes"]
 
 T = TypeVar("T")
+
+#: the fewest attempts per request the CRT binding accepts (it reads 1 as its default, 4)
+_CRT_FEWEST_ATTEMPTS = 2
 
 # the codes the binding renders into its exception (see the module docstring)
 _CRT_NAME = re.compile(r"\b(AWS_(?:IO|ERROR)_[A-Z0-9_]+)\b")
@@ -118,8 +122,9 @@ class S3TorchConnectorOptions(S3Options):
             stream holds at most two windows.
         throughput_target_gbps: the CRT's throughput target.
         crt_max_attempts: attempts the CRT makes per request for retryable errors, inside each
-            attempt of the retry policy; None (the default): 1, so the policy's time budget
-            is the only one.
+            attempt of the retry policy; None (the default): 2, the fewest the binding accepts
+            (it reads 1 as its own default, 4), so the policy's time budget is the one that
+            counts.
     """
 
     reader: Literal["sequential", "range_based"] = "sequential"
@@ -143,8 +148,8 @@ class S3TorchConnectorOptions(S3Options):
 
     @property
     def effective_crt_attempts(self) -> int:
-        """The attempts the CRT makes per request: ``crt_max_attempts``, else 1 (the policy retries)."""
-        return self.crt_max_attempts if self.crt_max_attempts is not None else 1
+        """The attempts the CRT makes per request: ``crt_max_attempts``, else 2 (the policy retries)."""
+        return self.crt_max_attempts if self.crt_max_attempts is not None else _CRT_FEWEST_ATTEMPTS
 
     @property
     def effective_window(self) -> int:
