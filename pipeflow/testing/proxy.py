@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import random
 import signal
@@ -817,6 +818,15 @@ class DelayProxy:
 
     async def _go_down(self) -> None:
         assert self._server is not None
+        # shutdown() acts on the socket, not on this process's descriptor: processes forked
+        # since (DataLoader workers) hold copies that would keep it listening (and the port
+        # bound) with nobody accepting, and keep its connections open
+        sockets = [s for s in self._server.sockets]
+        sockets += [c.client.get_extra_info("socket") for c in self._core.connections if c.client]
+        for sock in sockets:
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
         self._server.close()
         for conn in list(self._core.connections):
             conn._abort()
