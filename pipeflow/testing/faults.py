@@ -14,6 +14,9 @@ byte-identical. The faults:
   longer than the read timeout (the test runs with ``timeout=(1, 1)``);
 * the outage under ``DataLoader(num_workers=2)`` (each worker has read before it starts).
 
+The outages run under the default retry policy; the other cases cap the backoff at 0.5 s
+(:data:`QUICK_RETRY`, same budget) to keep the suite short.
+
 Subclass :class:`BackendFaults` in a pytest module, name the backend, and provide an ``s3``
 fixture (a :class:`~pipeflow.testing.LocalS3`, as :func:`~pipeflow.testing.local_s3` yields)::
 
@@ -54,12 +57,15 @@ STORM_S = 1.5
 STALL_S = 2.5
 #: ``timeout=`` of the stall cases: (connect, read) seconds
 STALL_TIMEOUT = (1.0, 1.0)
+#: ``retry=`` of the storm, cut and stall cases: the default budget, a shorter backoff cap (the
+#: outage cases use the default policy as it is)
+QUICK_RETRY = {"max_delay": 0.5}
 
 
-def fault_objects() -> dict[str, bytes]:
+def fault_objects(count: int = OBJECT_COUNT) -> dict[str, bytes]:
     """The suite's objects by key: deterministic random bytes."""
     rng = random.Random(2323)
-    return {f"faults/object-{i:02d}.bin": rng.randbytes(OBJECT_SIZE) for i in range(OBJECT_COUNT)}
+    return {f"faults/object-{i:03d}.bin": rng.randbytes(OBJECT_SIZE) for i in range(count)}
 
 
 def digest(record: Any) -> tuple[str, str]:
@@ -194,21 +200,21 @@ class BackendFaults:
 
     def test_503_storm(self, fault_data: dict[str, bytes], s3: Any) -> None:
         storm = _Storm(after=2, seconds=STORM_S)
-        self.run(fault_data, s3, hook=storm)
+        self.run(fault_data, s3, hook=storm, retry=QUICK_RETRY)
         assert storm.answered > 0
 
     # ---- cut bodies ----------------------------------------------------------------------------
     @pytest.mark.parametrize("action", ["reset", "close"])
     def test_body_cut_mid_object(self, fault_data: dict[str, bytes], s3: Any, action: Action) -> None:
         hook = _FirstGets(action, limit=OBJECT_COUNT)
-        _, _, stats = self.run(fault_data, s3, hook=hook)
+        _, _, stats = self.run(fault_data, s3, hook=hook, retry=QUICK_RETRY)
         assert stats["faults"].get(action, 0) > 0, stats
 
     # ---- stalls --------------------------------------------------------------------------------
     @pytest.mark.parametrize("action", ["stall", "stall_body"])
     def test_stall(self, fault_data: dict[str, bytes], s3: Any, action: Action) -> None:
         hook = _FirstGets(action, limit=2)
-        _, _, stats = self.run(fault_data, s3, hook=hook, timeout=STALL_TIMEOUT)
+        _, _, stats = self.run(fault_data, s3, hook=hook, timeout=STALL_TIMEOUT, retry=QUICK_RETRY)
         assert stats["faults"].get(action, 0) > 0, stats
 
     # ---- DataLoader workers --------------------------------------------------------------------
