@@ -20,7 +20,7 @@ iopath's ``ls`` (one level per call) recursively; iopath reports no sizes, so li
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableSequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -108,7 +108,7 @@ class IopathBackend(Backend):
                           etag=etag.strip('"') if isinstance(etag, str) else None,
                           mtime=mtime.timestamp() if mtime is not None else None)
 
-    def _open_at(self, url: str, offset: int, etag: list[str] | None = None) -> IO[bytes]:
+    def _open_at(self, url: str, offset: int, etag: MutableSequence[str] | None = None) -> IO[bytes]:
         loc = parse_s3_url(url, backend=self.name, op="open")
         manager, client = self._client()
         chunk = self.options.chunk_size
@@ -136,7 +136,7 @@ class IopathBackend(Backend):
             raise
 
     def open(self, url: str, *, start: int = 0) -> IO[bytes]:
-        etag: list[str] = []  # the ETag of the first chunk read: every later one must match
+        etag: MutableSequence[str] = []  # the first chunk's ETag: every later one must match
         first = self._open_at(url, start, etag)
         return ResumableStream(lambda off: self._open_at(url, off, etag), start=start,
                                policy=self.options.retry,
@@ -155,7 +155,7 @@ class _OneOpen:
     first seen (shared with the stream's later resumptions through ``etag``).
     """
 
-    def __init__(self, client: Any, offset: int, chunk: int, etag: list[str] | None) -> None:
+    def __init__(self, client: Any, offset: int, chunk: int, etag: MutableSequence[str] | None) -> None:
         self._client = client
         self._offset = offset
         self._chunk = chunk

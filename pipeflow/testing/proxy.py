@@ -821,7 +821,7 @@ class DelayProxy:
         # shutdown() acts on the socket, not on this process's descriptor: processes forked
         # since (DataLoader workers) hold copies that would keep it listening (and the port
         # bound) with nobody accepting, and keep its connections open
-        sockets = [s for s in self._server.sockets]
+        sockets = list(getattr(self._server, "sockets", ()))
         sockets += [c.client.get_extra_info("socket") for c in self._core.connections if c.client]
         for sock in sockets:
             if sock is not None:
