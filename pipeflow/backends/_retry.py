@@ -162,7 +162,7 @@ class RetryPolicy:
 
     def sdk_attempts(self, *, sdk_base_delay: float | None = None,
                      sdk_max_delay: float | None = None) -> int:
-        """Attempts to give an SDK that can only count attempts, not time (the CRT, s5cmd run).
+        """Attempts to give an SDK that can only count attempts, not time (s5cmd's batched run).
 
         ``max_attempts`` when set; otherwise the number of tries whose average backoff fits in
         the budget (capped at 50), computed with the SDK's own backoff (``sdk_base_delay`` and
