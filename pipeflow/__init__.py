@@ -26,6 +26,8 @@ _EXPORTS: dict[str, str] = {
     "Opened": "items",
     "Record": "items",
     "Pipeline": "pipeline",
+    "MapDataset": "map_dataset",
+    "upload": "sinks.upload",
     "from_items": "pipeline",
     "interleave": "pipeline",
     "list_objects": "pipeline",
@@ -34,11 +36,12 @@ _EXPORTS: dict[str, str] = {
     "Stage": "stages.base",
     "merge_states": "elastic",
     "RetryPolicy": "backends._retry",
+    "ShardManifest": "sinks.manifest",
     **{name: "errors" for name in (
         "AccessDeniedError", "BackendError", "CommandError", "ConfigError", "CorruptDataError",
         "DecodeError", "EmptyShardError", "EndpointUnreachableError", "IncompleteSampleError",
-        "InvalidURLError", "MissingDependencyError", "ObjectChangedError", "ObjectNotFoundError",
-        "OptionError", "PipeflowError",
+        "InvalidURLError", "MissingDependencyError", "MissingFieldError", "ObjectChangedError",
+        "ObjectNotFoundError", "OptionError", "PipeflowError",
         "RetryExhaustedError", "StageContractError", "StageError", "UnknownBackendError",
         "WorkerCrashedError")},
 }
@@ -56,7 +59,9 @@ __all__ = [
     "EndpointUnreachableError",
     "IncompleteSampleError",
     "InvalidURLError",
+    "MapDataset",
     "MissingDependencyError",
+    "MissingFieldError",
     "ObjectChangedError",
     "ObjectInfo",
     "ObjectNotFoundError",
@@ -68,6 +73,7 @@ __all__ = [
     "RetryExhaustedError",
     "RetryPolicy",
     "RunContext",
+    "ShardManifest",
     "Stage",
     "StageContractError",
     "StageError",
@@ -85,6 +91,7 @@ __all__ = [
     "recipes",
     "testing",
     "tfrecord_stream",
+    "upload",
 ]
 
 if _TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ loads on demand
@@ -103,6 +110,7 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ l
         IncompleteSampleError,
         InvalidURLError,
         MissingDependencyError,
+        MissingFieldError,
         ObjectChangedError,
         ObjectNotFoundError,
         OptionError,
@@ -114,8 +122,11 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ l
         WorkerCrashedError,
     )
     from .items import ObjectInfo, Opened, Record
+    from .map_dataset import MapDataset
     from .pipeline import Pipeline, from_items, interleave, list_objects, mix, tfrecord_stream
     from .run_context import RunContext
+    from .sinks.manifest import ShardManifest
+    from .sinks.upload import upload
     from .stages.base import Stage
     from .stats import Stats
 

@@ -230,6 +230,31 @@ class ObstoreBackend(Backend):
             return False
         return isinstance(exc, BaseError) or is_transient(exc)
 
+    # ---- writing ---------------------------------------------------------------------------
+    def upload(self, path: str, url: str) -> None:
+        """Upload the local file ``path`` as ``url``: one PUT, or a multipart upload for files
+        larger than object_store's part size (aborted on failure). S3 makes the object visible
+        only once it completes, so readers never see a part of it."""
+        import pathlib
+
+        import obstore
+
+        loc = parse_s3_url(url, backend=self.name, op="upload")
+
+        def put() -> None:
+            # no HEAD probe as for reads (the object is not expected to exist yet): a missing
+            # bucket or refused credentials are typed by obstore; its generic error is retried
+            try:
+                obstore.put(self._store(loc.bucket), loc.key, pathlib.Path(path))
+            except Exception as exc:
+                typed = self._typed(exc, url, "upload")
+                if typed is None or typed is exc:
+                    raise
+                raise typed from exc
+
+        retry_call(put, policy=self.options.retry, url=url, backend=self.name, op="upload",
+                   endpoint=self.options.endpoint_label(), classify=self._transient)
+
     # ---- listing ---------------------------------------------------------------------------
     def list(self, url: str) -> Iterator[ObjectInfo]:
         import obstore
@@ -261,6 +286,13 @@ class ObstoreBackend(Backend):
                 last[:] = [meta["path"]]
                 if meta["path"].startswith(loc.key):
                     yield _object_info(loc.bucket, meta)
+
+    def list_before_fork(self, url: str) -> Iterator[ObjectInfo]:
+        if _runtime_pid == os.getpid():
+            return self.list(url)  # the runtime is live here already: nothing left to keep
+        from pipeflow.backends._obstore_list import list_in_child
+
+        return list_in_child(self.options, url)
 
     def info(self, url: str) -> ObjectInfo:
         import obstore
