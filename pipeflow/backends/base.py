@@ -36,7 +36,11 @@ from ..errors import ConfigError, InvalidURLError
 from ..items import ObjectInfo
 from .batch import BatchHandle, ThreadPoolBatch
 
-__all__ = ["Backend", "BackendOptions", "S3Location", "bucket_name_problem", "parse_s3_url", "scheme_of"]
+__all__ = ["Backend", "BackendOptions", "S3Location", "bucket_name_problem", "malformed_scheme",
+           "parse_s3_url", "scheme_of"]
+
+#: schemes that only ever name remote stores; "s3:/x" is a typo for "s3://x", never a local path
+REMOTE_SCHEMES = frozenset({"s3", "gs", "gcs", "az", "abfs", "abfss", "http", "https", "hf"})
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,19 @@ def scheme_of(url: str) -> str:
     if not sep or len(head) <= 1 or not head.replace("+", "").replace("-", "").replace(".", "").isalnum():
         return ""
     return head.lower()
+
+
+def malformed_scheme(url: str, *, schemes: frozenset[str] | set[str] = REMOTE_SCHEMES,
+                     backend: str = "", op: str = "") -> InvalidURLError | None:
+    """The error for a URL whose scheme lacks its ``//`` (``s3:/bucket/key``), with the URL it
+    probably meant; None for any other. Checked before any I/O, so such a URL is never read as
+    a relative local path."""
+    head, sep, rest = url.partition(":")
+    if sep and not rest.startswith("//") and head.lower() in schemes:
+        fixed = f"{head}://{rest.lstrip('/')}"
+        return InvalidURLError(f"malformed URL: the scheme {head!r} must be followed by '://' "
+                               f"(did you mean {fixed!r}?)", url=url, backend=backend, op=op)
+    return None
 
 
 @dataclass(frozen=True)
@@ -98,6 +115,9 @@ def parse_s3_url(url: str, *, backend: str = "", op: str = "") -> S3Location:
         InvalidURLError: not an ``s3://`` URL, or no bucket.
     """
     if scheme_of(url) != "s3":
+        malformed = malformed_scheme(url, backend=backend, op=op)
+        if malformed is not None:
+            raise malformed
         raise InvalidURLError("expected an s3://bucket/key URL", url=url, backend=backend, op=op)
     rest = url.split("://", 1)[1]
     bucket, _, key = rest.partition("/")
@@ -110,6 +130,9 @@ def local_path(url: str, *, backend: str = "", op: str = "") -> str:
     """The filesystem path of a ``file://`` URL or a bare path (returned unchanged)."""
     scheme = scheme_of(url)
     if scheme == "":
+        malformed = malformed_scheme(url, backend=backend, op=op)
+        if malformed is not None:
+            raise malformed
         return url
     if scheme != "file":
         raise InvalidURLError("expected a local path or file:// URL", url=url, backend=backend, op=op)

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
 
 from pipeflow._checks import check_bool, is_int
+from pipeflow._fs import create_temp
 from pipeflow._io import read_exact
 from pipeflow.backends.base import Backend, BackendOptions, local_path, scheme_of
 from pipeflow.errors import AccessDeniedError, BackendError, ConfigError, ObjectNotFoundError
 from pipeflow.items import ObjectInfo
 
 __all__ = ["LocalBackend", "LocalOptions"]
+
+#: the temporary files of uploads in progress (``.upload-{host}-{pid}-{random}``)
+_UPLOAD_PREFIX = ".upload-"
 
 
 @dataclass(frozen=True)
@@ -137,10 +140,9 @@ class LocalBackend(Backend):
         directory = os.path.dirname(dest) or "."
         try:
             os.makedirs(directory, exist_ok=True)
-            # not mkstemp: its files are 0600, and a published file should get the usual
-            # permissions (0666 less the umask), like any file this process writes
-            tmp = os.path.join(directory, f".upload-{secrets.token_hex(8)}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            # the usual permissions (not mkstemp's 0600), and a name that lets the next upload
+            # into this directory remove a temporary file left by a killed process
+            fd, tmp = create_temp(directory, _UPLOAD_PREFIX)
             try:
                 with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
                     shutil.copyfileobj(src, out, 1 << 20)
