@@ -82,7 +82,7 @@ class Stats:
         with self._lock:
             self._counts[(stage, counter)] = self._counts.get((stage, counter), 0) + n
 
-    def count(self, stage: str, counter: str) -> int:
+    def count(self, stage: str, counter: str) -> float:
         """The value of one counter of ``stage`` in this process (0 when never counted)."""
         with self._lock:
             return self._counts[(stage, counter)]

@@ -98,11 +98,11 @@ class Tuner:
         self._doubted = False
         #: how many times the store pushed back (a retried request) and the limit was halved
         self.backoffs = 0
-        self._pressure: Callable[[], int] | None = None
-        self._pushed = 0
+        self._pressure: Callable[[], float] | None = None
+        self._pushed = 0.0
         self.pause()
 
-    def watch(self, pressure: Callable[[], int]) -> None:
+    def watch(self, pressure: Callable[[], float]) -> None:
         """Back off when ``pressure()`` (a count of retried requests: 503 SlowDown, throttling,
         5xx, resets) grows: the store is saying "fewer", which no gain in throughput shows
         in time (a retried request still delivers, late, and the others pay for it)."""
