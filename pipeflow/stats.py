@@ -85,7 +85,7 @@ class Stats:
     def count(self, stage: str, counter: str) -> float:
         """The value of one counter of ``stage`` in this process (0 when never counted)."""
         with self._lock:
-            return self._counts[(stage, counter)]
+            return self._counts.get((stage, counter), 0)
 
     def counting(self, stage: str) -> _Counting:
         """A context in which :func:`note` counts into ``stage`` (on this thread)."""
