@@ -339,3 +339,12 @@ def test_stateful_dataloader_states_of_several_ranks_with_several_workers(monkey
     for rank in range(new):
         after += run_rank(monkeypatch, census(True).resume_from(merged), rank, new)[0]
     assert_exactly_once(before + after, _data.all_keys(10))
+
+
+def test_merge_refuses_states_of_different_epochs_of_one_pipeline(monkeypatch):
+    a = run_rank(monkeypatch, census(False), 0, 2, batches=1)[1]
+    monkeypatch.setattr(sys.modules[__name__], "EPOCH", EPOCH + 1)
+    b = run_rank(monkeypatch, census(False), 1, 2, batches=1)[1]
+    assert a["graph"] == b["graph"]
+    with pytest.raises(ConfigError, match=r"one epoch and one pipeline, got epochs \[2, 3\]"):
+        pf.merge_states([a, b])
