@@ -16,19 +16,22 @@ from typing import Any, Literal
 
 import torch.utils.data
 
-from ._checks import check_int
+from ._braces import expand_url_items
+from ._checks import check_choice, check_int
 from .elastic import resume_node
 from .formats.images import resolve_jpeg_decoder
-from .graph import Node, checks_options, draw, format_value, make_label, validate
+from .graph import Node, checks_options, draw, format_value, make_label, order_notes, validate
 from .iterator import PipelineIterator
 from .sinks import shards as _shards
 from .stages.base import Stage
 from .stages.batch import Batcher
 from .stages.cache import Cacher
 from .stages.decode import Decoder
+from .stages.device import DeviceMover
 from .stages.epoch import EpochSizer
 from .stages.equalize import Equalizer
 from .stages.fetch_batch import BatchFetcher
+from .stages.fields import FieldMapper, Renamer, TupleMaker
 from .stages.filter import Filterer
 from .stages.group import PairGrouper
 from .stages.listing import ObjectLister, list_now, write_manifest
@@ -38,6 +41,8 @@ from .stages.open import Opener
 from .stages.prefetch import Prefetcher
 from .stages.read_tfrecord import PerProcessTFRecordStream, TFRecordReader, TFRecordStream
 from .stages.repeat import Repeater
+from .stages.resample import Resampler
+from .stages.sample_shuffle import SampleShuffler
 from .stages.shard import Sharder
 from .stages.shuffle import Shuffler
 from .stages.source import ItemSource
@@ -71,7 +76,7 @@ class Pipeline(torch.utils.data.IterableDataset):
         track_channel(self._channel)
         weakref.finalize(self, remove_channel, self._channel)
 
-    # ---- building -----------------------------------------------------------------------
+    # ---- building ------------------------------------------------------------------------
     def then(self, stage: type[Stage[Any]], *args: Any, label: str | None = None,
              **kwargs: Any) -> Pipeline:
         """Append a custom stage class: ``stage(source_stage, *args, **kwargs)``.
@@ -93,10 +98,14 @@ class Pipeline(torch.utils.data.IterableDataset):
         """The description of the last stage (read-only)."""
         return self._node
 
-    # ---- core stages --------------------------------------------------------------------
+    # ---- core stages ---------------------------------------------------------------------
     @checks_options
-    def shuffle(self, buffer_size: int, *, seed: int = 0) -> Pipeline:
-        """Buffer shuffle, reseeded from ``(seed, epoch)`` every epoch."""
+    def shuffle(self, buffer_size: int, *, seed: int = 0, by: Literal["item", "key"] = "item") -> Pipeline:
+        """Buffer shuffle, reseeded from ``(seed, epoch)`` every epoch; ``by="key"`` moves whole
+        samples (a sample's objects, as ``list_objects`` lists them, stay together)."""
+        if by == "key":
+            return self._then("shuffle", SampleShuffler, buffer_size, seed=seed, by=by)
+        check_choice(by, "shuffle(by=...)", ("item", "key"))
         return self._then("shuffle", Shuffler, buffer_size, seed=seed)
 
     @checks_options
@@ -157,7 +166,41 @@ class Pipeline(torch.utils.data.IterableDataset):
         validate(Zipper, len(nodes), (), {})
         return Pipeline(Node(Zipper, (), {}, nodes, f"zip({len(nodes)} inputs)"))
 
-    # ---- backends (issue: storage backends) ---------------------------------------------
+    # ---- sample dicts, resampling and devices, as webdataset and torchdata users know them --
+    @checks_options
+    def to_tuple(self, *fields: str, on_missing: Literal["raise", "skip", "none"] = "raise") -> Pipeline:
+        """Sample dicts as tuples of the named fields (``"jpg;png"``: the first one present)."""
+        return self._then("to_tuple", TupleMaker, *fields, on_missing=on_missing)
+
+    @checks_options
+    def rename(self, *, keep: bool = True, on_missing: Literal["raise", "skip", "none"] = "raise",
+               **fields: str) -> Pipeline:
+        """Rename sample fields: ``rename(image="jpg;png", label="cls")``."""
+        return self._then("rename", Renamer, keep=keep, on_missing=on_missing, **fields)
+
+    @checks_options
+    def map_dict(self, *, on_missing: Literal["raise", "skip", "none"] = "raise",
+                 **fns: Callable[[Any], Any]) -> Pipeline:
+        """Apply a function to named sample fields: ``map_dict(jpg=decode, cls=int)``."""
+        return self._then("map_dict", FieldMapper, on_missing=on_missing, **fns)
+
+    @checks_options
+    def resample(self, n: int | None = None, *, seed: int = 0) -> Pipeline:
+        """Draw items with replacement (``n`` per rank x worker, forever when None), each rank
+        and worker its own sequence: endless streams over a shard list."""
+        return self._then("resample", Resampler, n, seed=seed)
+
+    @checks_options
+    def pin_memory(self, *, size: int = 2) -> Pipeline:
+        """Pin tensors (in dicts, lists, tuples) on a background thread; without CUDA a no-op."""
+        return self._then("pin_memory", DeviceMover, pin=True, size=size)
+
+    @checks_options
+    def to(self, device: Any, *, non_blocking: bool = True, size: int = 2) -> Pipeline:
+        """Copy tensors (in dicts, lists, tuples) to ``device`` on a background thread."""
+        return self._then("to", DeviceMover, device, non_blocking=non_blocking, size=size)
+
+    # ---- backends ------------------------------------------------------------------------
     @checks_options
     def open(self, backend: str | Any = None, *, workers: int | Literal["auto"] = "auto", read: bool = False,
              on_error: Literal["raise", "skip"] = "raise", **options: Any) -> Pipeline:
@@ -181,7 +224,7 @@ class Pipeline(torch.utils.data.IterableDataset):
                           delete=delete, output=output, workers=workers, on_error=on_error,
                           timeout=timeout, options=options)
 
-    # ---- formats (issue: formats) -------------------------------------------------------
+    # ---- formats -------------------------------------------------------------------------
     @checks_options
     def untar(self, *, on_error: Literal["raise", "skip"] = "raise") -> Pipeline:
         """Expand opened tar shards (plain/gzip/bz2/xz) into ``Record(member, bytes, url)``."""
@@ -218,7 +261,7 @@ class Pipeline(torch.utils.data.IterableDataset):
                           parse_example=parse_example, on_error=on_error, compression=compression)
 
 
-    # ---- recipes support (issue: recipes) -----------------------------------------------
+    # ---- recipes support -----------------------------------------------------------------
     @checks_options
     def cache(self, directory: str, *, max_bytes: int, backend: Any = None, workers: int = 0,
               on_error: Literal["raise", "skip"] = "raise",
@@ -242,7 +285,7 @@ class Pipeline(torch.utils.data.IterableDataset):
         """
         return self._then("equalize", Equalizer, total=total, per_shard=per_shard, mode=mode)
 
-    # ---- epoch length -------------------------------------------------------------------
+    # ---- epoch length --------------------------------------------------------------------
     @checks_options
     def with_epoch(self, n: int) -> Pipeline:
         """Exactly ``n`` items per rank and epoch, split over the DataLoader workers (cut short
@@ -262,15 +305,16 @@ class Pipeline(torch.utils.data.IterableDataset):
         """Items per rank and epoch, when known: after ``with_epoch(n)`` or ``with_length(n)``."""
         if self._length is not None:
             return self._length
-        if self._node.stage is EpochSizer:
-            return int(self._node.args[0])
+        declared = self._node.stage.declared_length(self._node.args, self._node.kwargs)
+        if declared is not None:
+            return declared
         raise TypeError("the length of this pipeline is not known; set it with with_epoch(n) "
                         "(exactly n items per rank) or with_length(n)")
 
     def __bool__(self) -> bool:  # a pipeline is truthy even when len() is unknown or 0
         return True
 
-    # ---- running ------------------------------------------------------------------------
+    # ---- running -------------------------------------------------------------------------
     def resume_from(self, merged: dict[str, Any]) -> Pipeline:
         """The rest of the epoch ``merged`` (:func:`pipeflow.merge_states`) was saved in, on any
         number of ranks x DataLoader workers: every item the old topology had not delivered,
@@ -289,7 +333,7 @@ class Pipeline(torch.utils.data.IterableDataset):
         """The epoch set by :meth:`set_epoch` (0 until then)."""
         return self._epoch
 
-    def __iter__(self):  # type: ignore[override]
+    def __iter__(self) -> PipelineIterator:
         # a weak reference: a live iterator must not keep its pipeline alive
         ref = weakref.ref(self)
 
@@ -336,11 +380,13 @@ class Pipeline(torch.utils.data.IterableDataset):
 
     def explain(self) -> str:
         """A text drawing of the stage graph: each stage's short label (the key of its counters
-        in :meth:`stats`, ``map#2`` for the second ``map``) and options."""
-        return draw(self._node)
+        in :meth:`stats`, ``map#2`` for the second ``map``) and options; each source says
+        whether its order is the same at any number of ranks x DataLoader workers, and if not,
+        why (see docs/guarantees.md)."""
+        return draw(self._node, order_notes(self._node))
 
     def __repr__(self) -> str:
-        return "Pipeline:\n" + self.explain()
+        return "Pipeline:\n" + draw(self._node)
 
     # pickling for DataLoader workers: descriptions only, never a live iterator
     def __getstate__(self) -> dict[str, Any]:
@@ -351,9 +397,7 @@ class Pipeline(torch.utils.data.IterableDataset):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        channel = state.get("_channel")
-        if channel is None:  # pickled by an older version
-            self._channel = channel = StatsChannel()
+        channel = state["_channel"]
         self._stats = Stats(channel=None if channel.is_owner else channel)
 
 
@@ -371,9 +415,13 @@ def _gather_ranks(parts: list[tuple[dict[str, Any], int]]) -> list[tuple[dict[st
 # ---- sources and fan-in ----------------------------------------------------------------------
 @checks_options
 def from_items(items: Iterable[Any]) -> Pipeline:
-    """A pipeline over the items of a collection (materialised once if not a sequence)."""
+    """A pipeline over the items of a collection (materialised once if not a sequence).
+
+    A URL or path string with brace notation (``"s3://b/shard-{000..099}.tar"``) stands for
+    the strings it denotes, in order (see :mod:`pipeflow._braces`); other strings are kept.
+    """
     source = ItemSource(items)  # validates, and materialises a generator once, here
-    items = source.items
+    items = expand_url_items(source.items)
     return Pipeline(Node(ItemSource, (items,), {}, (), f"from_items({format_value(items)})"))
 
 

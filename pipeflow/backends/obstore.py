@@ -40,13 +40,12 @@ from __future__ import annotations
 import datetime as _dt
 import io
 import os
-import queue
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
 from pipeflow._checks import check_int
+from pipeflow._pump import Pump
 from pipeflow.backends._resumable import ResumableStream
 from pipeflow.backends._retry import is_transient
 from pipeflow.backends._s3config import S3Options
@@ -119,6 +118,11 @@ class ObstoreBackend(Backend):
     name = "obstore"
     Options = ObstoreOptions
     options: ObstoreOptions
+
+    @classmethod
+    def usable_here(cls) -> bool:
+        """False in a process forked after obstore was used here (see :func:`usable_here`)."""
+        return usable_here()
 
     def _make_client(self) -> dict[str, Any]:
         return {}
@@ -212,6 +216,28 @@ class ObstoreBackend(Backend):
             raise exc
         raise err from exc
 
+    # ---- writing ---------------------------------------------------------------------------
+    def upload(self, path: str, url: str) -> None:
+        """Upload the local file ``path`` as ``url``: one PUT, or a multipart upload for files
+        larger than object_store's part size (aborted on failure). S3 makes the object visible
+        only once it completes, so readers never see a part of it."""
+        import pathlib
+
+        import obstore
+
+        loc = parse_s3_url(url, backend=self.name, op="upload")
+        try:
+            obstore.put(self._store(loc.bucket), loc.key, pathlib.Path(path))
+        except Exception as exc:
+            # no HEAD probe as for reads: the object is not expected to exist yet; obstore's
+            # generic error comes after its own retries
+            err = self._typed(exc, url, "upload") or RetryExhaustedError(
+                f"the upload kept failing at {self.options.resolved_endpoint() or 'the AWS S3 endpoint'}",
+                url=url, backend=self.name, op="upload")
+            if err is exc:
+                raise
+            raise err from exc
+
     # ---- listing ---------------------------------------------------------------------------
     def list(self, url: str) -> Iterator[ObjectInfo]:
         import obstore
@@ -229,6 +255,13 @@ class ObstoreBackend(Backend):
                         yield _object_info(loc.bucket, meta)
         except Exception as exc:
             self._raise(exc, loc, url, "list")
+
+    def list_before_fork(self, url: str) -> Iterator[ObjectInfo]:
+        if _runtime_pid == os.getpid():
+            return self.list(url)  # the runtime is live here already: nothing left to keep
+        from pipeflow.backends._obstore_list import list_in_child
+
+        return list_in_child(self.options, url)
 
     def info(self, url: str) -> ObjectInfo:
         import obstore
@@ -401,9 +434,6 @@ class _Body(io.RawIOBase):
         super().close()
 
 
-_END = object()
-
-
 class _ReadAhead:
     """A thread that pulls pieces into a queue of at most ``limit`` while the reader works.
 
@@ -414,9 +444,9 @@ class _ReadAhead:
 
     def __init__(self, pieces: Iterator[Any], limit: int) -> None:
         self._pieces: Iterator[Any] | None = pieces
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=limit)
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._pump, name="pipeflow-obstore-read-ahead", daemon=True)
+        # the thread owns the response from its start on; a broken body reaches the reader,
+        # which resumes it
+        self._pump = Pump(self._pull, maxsize=limit, name="pipeflow-obstore-read-ahead")
         self.pulled = 0  # pieces taken from the connection
         self._pulled_bytes = 0
         self._done_bytes = 0  # of pieces the reader has finished
@@ -424,59 +454,28 @@ class _ReadAhead:
         self.peak_held = 0
 
     def start(self) -> None:
-        self._thread.start()
+        self._pump.start()
 
-    def _pump(self) -> None:
-        pieces, self._pieces = self._pieces, None  # the thread owns the response from here on
+    def _pull(self, pump: Pump) -> None:
+        pieces, self._pieces = self._pieces, None
         assert pieces is not None
-        try:
-            for piece in pieces:
-                self.pulled += 1
-                self._pulled_bytes += len(piece)
-                self.peak_held = max(self.peak_held, self._pulled_bytes - self._done_bytes)
-                if not self._put(piece):
-                    return
-            self._put(_END)
-        except BaseException as exc:  # handed to the reader, which resumes a broken body
-            self._put(_Failure(exc))
-
-    def _put(self, item: Any) -> bool:
-        while not self._stopped.is_set():
-            try:
-                self._queue.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
+        for piece in pieces:
+            self.pulled += 1
+            self._pulled_bytes += len(piece)
+            self.peak_held = max(self.peak_held, self._pulled_bytes - self._done_bytes)
+            if not pump.put(piece):
+                return
 
     def next(self, finished: int) -> Any:
-        """The next piece, once the reader has finished the previous one (``finished`` bytes)."""
+        """The next piece, once the reader has finished the previous one (``finished`` bytes);
+        at the end StopIteration, after a failure its exception (on every later call too)."""
         self._done_bytes += finished
-        item = self._queue.get()
-        if item is _END:
-            self._queue.put(_END)  # later reads see the end again
-            raise StopIteration
-        if isinstance(item, _Failure):
-            self._queue.put(item)
-            raise item.exc
-        return item
+        return self._pump.get()
 
     def stop(self) -> None:
         """Stop pulling and drop what was pulled; the thread ends when its current pull returns
         (object_store's read timeout bounds that), dropping the response."""
-        self._stopped.set()
-        while True:
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=1.0)
-
-
-@dataclass(frozen=True)
-class _Failure:
-    exc: BaseException
+        self._pump.stop(join=1.0)
 
 
 def _object_info(bucket: str, meta: Any, url: str | None = None) -> ObjectInfo:

@@ -4,7 +4,7 @@ Two JPEG decoders are supported; both wrap libjpeg-turbo:
 
 * ``"pil"``: Pillow, always installed, the fallback for every format and every case the fast
   decoder does not handle (CMYK JPEGs, data it rejects).
-* ``"simplejpeg"``: ``pip install 'pipeflow[fast-decode]'``. Decodes straight into the
+* ``"simplejpeg"``: ``pip install -e '.[fast-decode]'``. Decodes straight into the
   ``uint8`` array that becomes the result, so a ``torch``/``numpy`` result costs no extra copy.
 
 ``"auto"`` (the default) picks ``simplejpeg`` when it is importable, else ``"pil"``.
@@ -129,6 +129,7 @@ def _rgb_mode(img: Any) -> str:
 def _pil_image(data: bytes, mode: str, resize: tuple[int, int] | None) -> Any:
     from PIL import Image
 
+    img: Image.Image  # an ImageFile until converted
     with Image.open(io.BytesIO(data)) as img:
         if resize is not None and img.format == "JPEG":
             img.draft(img.mode, (resize[1], resize[0]))

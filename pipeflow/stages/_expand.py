@@ -57,6 +57,14 @@ class ExpandingStage(Stage[Any]):
     verb = "expand"
     replays_input = True
 
+    elastic_roles = frozenset({"to_drop_point"})
+
+    @classmethod
+    def elastic_expansion(cls, state: dict[str, Any], after: bool) -> tuple[int, Any, bool] | None:
+        if "last" in state:  # between objects: after an item it came from the one just finished
+            return 0, state["last"] if after else state[SOURCES_KEY][0], True
+        return int(state.get("items", 0)), state[SOURCES_KEY][0], True
+
     def __init__(self, source: Stage[Any], *, on_error: OnError = "raise") -> None:
         super().__init__(source)
         check_choice(on_error, f"{self.verb}(on_error=...)", ("raise", "skip"))

@@ -20,15 +20,19 @@ first item is requested, so ``load_state_dict`` right after construction is chea
 error or ``close()``. A subclass that overrides ``reset`` anyway must call
 ``super().reset(state)``; one that does not is refused with
 :class:`~pipeflow.errors.StageContractError` at its first item instead of restarting forever.
+
+Measurement is not the stage's business: each stage carries a
+:class:`~pipeflow._meter.StageMeter` that times its calls and computes what ``stats()`` shows.
+``__next__`` keeps only the meter's countdown (``_left``), the cheapest place for it, since it
+runs on every item.
 """
 
 from __future__ import annotations
 
-from random import getrandbits
-from time import perf_counter
 from typing import Any, Generic, TypeVar
 
-from ..errors import StageContractError
+from .._meter import StageMeter
+from ..errors import ConfigError, StageContractError
 from ..items import describe_item
 from ..run_context import RunContext
 
@@ -36,55 +40,13 @@ __all__ = ["REPLAY_KEY", "SOURCES_KEY", "Rewind", "Stage", "describe_item"]
 
 T = TypeVar("T")
 
+#: pipeflow's own stage classes by class name (see :meth:`Stage.kind`)
+_OWN: dict[str, type] = {}
+
 #: the key under which every stage's state holds its sources' states (a list, one per source)
 SOURCES_KEY = "sources"
 #: the key under which a state counts source items to pull and drop before resuming (:class:`Rewind`)
 REPLAY_KEY = "replay"
-#: two calls in about this many (a power of two; at least) are timed, in a row, the second one
-#: also measuring the gap since the first returned (the time the output waited on the consumer)
-SAMPLE_EVERY = 256
-#: the first calls of a stage are all timed: a short run gets exact figures, and one call
-#: slowed by the machine (another process got the core) is not multiplied by the sampling ratio
-TIME_ALL_FIRST = 64
-#: a stage's calls between two samples take about this long at least: cheaper calls are
-#: sampled less often (down to one pair in 32 * SAMPLE_EVERY), so that timing them stays well
-#: under 1% of their cost
-SAMPLE_SPAN_S = 2e-3
-_MIN_BITS = SAMPLE_EVERY.bit_length() - 1
-_MAX_BITS = _MIN_BITS + 5
-
-
-def sample_interval(meter: Meter) -> int:
-    """Calls until the next sample: jittered (from half to one and a half times the mean), so
-    a stage with a period of its own (a batch every 8 calls) is not always sampled in the same
-    phase; the mean is :data:`SAMPLE_EVERY`, or more for cheap calls (:data:`SAMPLE_SPAN_S`)."""
-    bits = _MIN_BITS
-    if meter.timed:
-        span = meter.timed_s * SAMPLE_EVERY / meter.timed  # seconds of SAMPLE_EVERY calls
-        while span < SAMPLE_SPAN_S and bits < _MAX_BITS:
-            span *= 2
-            bits += 1
-    return (1 << (bits - 1)) + getrandbits(bits)
-
-
-class Meter:
-    """A stage's measurements: two calls in about :data:`SAMPLE_EVERY` timed, and every call
-    counted unless the stage counts its items itself (``own``, see :meth:`Stage.delivered`)."""
-
-    __slots__ = ("gap_s", "gaps", "issued", "lost", "once_s", "own", "returned", "second",
-                 "slow_calls", "timed", "timed_s")
-
-    def __init__(self) -> None:
-        self.second = self.own = False
-        self.slow_calls = self.issued = self.lost = self.timed = self.gaps = 0
-        self.timed_s = self.gap_s = self.returned = 0.0
-        self.once_s = 0.0  # setup and end-of-run calls, counted unscaled
-
-    def items(self, left: int) -> int:
-        """Items delivered, given the cheap calls ``left`` before the next timed one."""
-        return self.slow_calls + self.issued - max(0, left - 1) - self.lost
-
-
 class Stage(Generic[T]):
     """Base class of all stages. See the module docstring for the contract."""
 
@@ -97,6 +59,31 @@ class Stage(Generic[T]):
     #: True for stages that pull their sources on a thread of their own (``prefetch``): their
     #: consumer-side time is waiting on the input, not work
     pulls_in_background: bool = False
+    #: True for sources that give item ``i`` directly: ``len(stage)`` and ``stage.at(i)`` work
+    #: once the stage is started. The builder then reads them by assignment
+    #: (:mod:`pipeflow.stages.assigned`): each shard computes its own places of one global order
+    #: instead of pulling every item and keeping its share.
+    random_access: bool = False
+    #: True for a sharder that deals places of one global order and re-deals what is left
+    #: after an elastic resume itself (``AssignedSource``), instead of a ``shard_by_rank()``
+    #: over a stream that elastic resume filters below it
+    reads_by_place: bool = False
+    #: True for a stage that groups consecutive records by sample key (``group_pairs``): the
+    #: builder then shards whole samples below it (``by="key"``), unless an archive expansion
+    #: lies between (``splits_objects``)
+    groups_by_key: bool = False
+    #: True for a stage that turns each object into the records inside it (``untar``): a
+    #: grouping above it groups records of one object, so sharding below it stays by item
+    splits_objects: bool = False
+    #: Where elastic resume (:mod:`pipeflow.elastic`) can re-partition a single chain around
+    #: this stage, by its place relative to the ``shard_by_rank()`` and the *drop point* (the
+    #: first ``shuffle``/``batch`` above the shard, where items are named): ``"before_shard"``,
+    #: ``"to_drop_point"`` (between the shard and the drop point), ``"drop_point"``,
+    #: ``"after_drop_point"``, and ``"shard"`` for a sharder whose split elastic resume can
+    #: re-deal (with the ``elastic_place`` hooks). Empty (the default): elastic resume refuses the pipeline,
+    #: naming the stage. A stage that holds a position between items also implements
+    #: :meth:`elastic_expansion` or :meth:`elastic_buffer` when those apply to it.
+    elastic_roles: frozenset[str] = frozenset()
     #: True for stages whose resume pulls items of their input again from an earlier position
     #: and tells them apart by their count (a shuffle buffer, the rest of a batch or an object,
     #: the items an unordered map delivered ahead): their input must deliver the same items in
@@ -105,6 +92,20 @@ class Stage(Generic[T]):
     #: False for stages whose output order depends on timing (an unordered ``map``): no stage
     #: that replays its input can resume exactly downstream of one
     ordered_output: bool = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__module__.startswith("pipeflow."):
+            _OWN.setdefault(cls.__name__, cls)
+
+    @classmethod
+    def kind(cls) -> str:
+        """The name of this class in a graph's shape (``fingerprint``): the class name for
+        pipeflow's own stages, ``module:QualName`` for any other (a user's class named
+        ``Batcher`` is not pipeflow's)."""
+        if _OWN.get(cls.__name__) is cls:
+            return cls.__name__
+        return f"{cls.__module__}:{cls.__qualname__}"
 
     def __init__(self, *sources: Stage[Any]) -> None:
         self.sources: tuple[Stage[Any], ...] = sources
@@ -119,12 +120,11 @@ class Stage(Generic[T]):
         self._needs_reset = True
         self._resume_state: dict[str, Any] | None = None
         self._closed = False
-        # one attribute, not eleven: many instance attributes make every attribute load of
-        # a stage slower (the instance dict stops sharing its keys)
-        self._meter = Meter()
-        # how the next call goes: 0, plainly (the stage counts its own items, no sample is
-        # due); n > 1, counted here and not timed, n - 1 times; 1, the slow way: timed, and
-        # restarting first when a reset is due
+        #: the measurement hook (pipeflow._meter): it times this stage's calls
+        self._meter = StageMeter()
+        # the meter's countdown, read by __next__ on every call: 0, call plainly (the stage
+        # counts its own items, no sample is due); n > 1, count the call here, n - 1 times;
+        # 1, hand the call to the meter (timed, and restarting first when a reset is due)
         self._left = 1
 
     @property
@@ -136,6 +136,95 @@ class Stage(Generic[T]):
     def source(self) -> Stage[Any]:
         """The single input of a one-input stage."""
         return self.sources[0]
+
+    # ---- what a description of this stage promises (read by the builder) -------------------
+    @classmethod
+    def keeps_steps(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """True when this stage, with these options, turns every input item into exactly one
+        output item, in order: a batch downstream then holds the same places of the global
+        order as at its input (see :mod:`pipeflow.assign`). Defaults to ``one_to_one``."""
+        return cls.one_to_one
+
+    @classmethod
+    def mixing(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """For a stage that only reorders items at random (``shuffle``): the ``buffer_size`` and
+        ``seed`` an assigned source folds in when this stage sits right after it; else None."""
+        return None
+
+    @classmethod
+    def splits_by_place(cls, kwargs: dict[str, Any], grouped: bool) -> bool:
+        """True for a sharding stage whose split, with these options, an assigned source can
+        take over: by item, across ranks and workers. ``grouped``: a ``group_pairs()`` of
+        whole objects lies downstream."""
+        return False
+
+    @classmethod
+    def step_size(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+        """The number of input items one output item groups (``batch(n)``: ``n``), or None."""
+        return None
+
+    @classmethod
+    def declared_length(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+        """Items per rank and epoch a stage described with these options promises whatever
+        its input (``with_epoch(n)``: ``n``); ``len(pipeline)`` reads it. None: not known."""
+        return None
+
+    @classmethod
+    def built_options(cls, kwargs: dict[str, Any], *, grouped: bool) -> dict[str, Any]:
+        """The options to build this stage with, given whether a grouping by sample key of
+        whole objects lies downstream (``shard_by_rank(by="auto")`` resolves here)."""
+        return kwargs
+
+    @classmethod
+    def elastic_expansion(cls, state: dict[str, Any], after: bool) -> tuple[int, Any, bool] | None:
+        """For a stage that turns one input into several items (``untar``, ``unbatch``), how
+        one of its states splits its position for elastic resume: ``(offset, source state,
+        following)``: how many items of the current input were delivered, the state of the
+        source that names that input, and whether that input is the one the next item comes
+        from (else, with ``after``, the one just finished). None for other stages."""
+        return None
+
+    # a sharding stage (``is_sharder``) that takes part in elastic resume reads its own state
+    # with the four hooks below; ``shard_by_rank()`` (stages/shard.py) and the assigned source
+    # (stages/assigned.py) implement them. ``where`` is ``(rank, world, worker, workers)`` of
+    # the shard that saved the state.
+    @classmethod
+    def elastic_place(cls, state: dict[str, Any], where: tuple[int, int, int, int], *,
+                      following: bool) -> int:
+        """The unit of the stream before the split that a state names: the next one this
+        shard would deliver (``following``), else the last one it delivered."""
+        raise ConfigError(f"elastic resume cannot re-partition {cls.__name__}")
+
+    @classmethod
+    def elastic_done(cls, state: dict[str, Any], where: tuple[int, int, int, int],
+                     before: int | None) -> Any:
+        """An entry of the merged state's ``done``: the units shard ``where`` delivered, all of
+        its units before ``before`` (None: every one)."""
+        raise ConfigError(f"elastic resume cannot re-partition {cls.__name__}")
+
+    @classmethod
+    def elastic_untouched(cls, state: dict[str, Any], where: tuple[int, int, int, int]) -> Any:
+        """The ``done`` entry of a shard that never started (``state``: another shard's), or None."""
+        raise ConfigError(f"elastic resume cannot re-partition {cls.__name__}")
+
+    @classmethod
+    def elastic_window(cls, state: dict[str, Any], where: tuple[int, int, int, int],
+                       first: int) -> dict[str, Any]:
+        """Which units an old shard reads from unit ``first`` on, for the merged state."""
+        raise ConfigError(f"elastic resume cannot re-partition {cls.__name__}")
+
+    def elastic_supported(self) -> bool:
+        """False when these options keep elastic resume from naming this stage's items (an
+        unordered map); the class's ``elastic_roles`` say where it may stand."""
+        return True
+
+    @classmethod
+    def elastic_buffer(cls, state: dict[str, Any]) -> dict[str, Any] | None:
+        """For a stage that holds items back and hands them out later (``shuffle``): from one of
+        its states, ``{"pulled": n, "buffered": [i, ...]}``, the items it pulled since its
+        oldest held one and which of those (counted from it) it still held. Elastic resume
+        reads it; None for a stage that holds nothing."""
+        return None
 
     # ---- hooks, implemented by subclasses -----------------------------------------------
     def start(self, state: dict[str, Any] | None) -> None:
@@ -158,13 +247,14 @@ class Stage(Generic[T]):
 
     def delivered(self) -> int | None:
         """Items ``next()`` returned so far, over every run of this stage object, when the stage
-        counts them itself; None (the default) has the base class count every call.
+        counts them itself; None (the default) has the meter count every call.
 
         A stage counts itself where its own bookkeeping does it in bulk or for free (a
-        position it keeps anyway, a counter per batch), so its calls skip the base class's
-        per-call counting, the largest cost of recording on a chain of cheap stages. Such a
-        stage also chooses which of its calls are timed: it calls :meth:`_sample_soon` at an
-        item boundary about every :data:`SAMPLE_EVERY` items, as the value it returns says.
+        position it keeps anyway, a counter per batch), so its calls skip the per-call
+        counting, the largest cost of recording on a chain of cheap stages. Such a stage also
+        tells the meter where a sample may begin: it calls :meth:`_sample_soon` at an item
+        boundary as often as the value it returns says (about every
+        :data:`~pipeflow._meter.SAMPLE_EVERY` items).
         """
         return None
 
@@ -172,11 +262,7 @@ class Stage(Generic[T]):
     def reset(self, state: dict[str, Any] | None = None) -> None:
         """Restart from the beginning (falsy ``state``) or from ``state``: stop the current
         run, reset the sources to their part of ``state``, then :meth:`start`."""
-        t0 = perf_counter()
-        try:
-            self._reset(state)
-        finally:
-            self._meter.once_s += perf_counter() - t0
+        self._meter.setup(self._reset, state)
 
     def _reset(self, state: dict[str, Any] | None) -> None:
         self.stop()
@@ -187,7 +273,7 @@ class Stage(Generic[T]):
         self._closed = False
         self._resume_state = None
         self.start(state or None)
-        self._meter.own = self.delivered() is not None
+        self._meter.started(self)
 
     def close(self) -> None:
         """Release resources held by this stage and its sources. Idempotent.
@@ -201,7 +287,9 @@ class Stage(Generic[T]):
             self._resume_state = self.get_state()
         self._closed = True
         self._needs_reset = True
-        self._reset_due()
+        meter = getattr(self, "_meter", None)  # None: __init__ skipped (__next__ says so)
+        if meter is not None:
+            meter.reset_due(self)
         self.stop()
         for src in self.sources:
             src.close()
@@ -224,98 +312,26 @@ class Stage(Generic[T]):
             except BaseException:
                 self._meter.lost += 1  # not an item
                 raise
-        return self._timed_next(self._meter)
-
-    def _timed_next(self, meter: Meter) -> T:
-        t0 = perf_counter()
-        second = meter.second
-        if second and meter.returned:
-            meter.gap_s += t0 - meter.returned
-            meter.gaps += 1
-        meter.returned = 0.0
-        meter.slow_calls += 1
-        # the next call is timed too (measuring the gap), then about SAMPLE_EVERY - 2 are not
-        meter.second = not second
-        if not second or meter.slow_calls < TIME_ALL_FIRST:
-            left = 1
-        elif meter.own:
-            left = 0  # until the stage asks for the next sample
-        else:
-            # a jittered interval, so a stage with a period of its own (a batch every 8
-            # calls) is not always sampled in the same phase
-            left = sample_interval(meter)
-            meter.issued += left - 1
-        self._left = left
-        try:
-            if self._needs_reset:
-                self._restart_lazily()
-            value = self.next()
-        except BaseException:
-            meter.lost += 1
-            meter.once_s += perf_counter() - t0
-            raise
-        t1 = perf_counter()
-        meter.timed_s += t1 - t0
-        meter.timed += 1
-        if not second:
-            meter.returned = t1
-        return value
+        return self._meter.call(self)
 
     def _sample_soon(self) -> int:
-        """Time this stage's next call and the one after it (for a stage that counts its own
-        items); returns in how many items to call again (:func:`sample_interval`)."""
-        if not self._left:
-            self._left = 1
-        return sample_interval(self._meter)
-
-    def _reset_due(self) -> None:
-        # route the next call through the slow path, which resets; unused cheap calls are
-        # taken back so they are not counted as items
-        left = getattr(self, "_left", 1)
-        if left > 1:
-            self._meter.issued -= left - 1
-        self._left = 1
-
-    @property
-    def items_out(self) -> int:
-        """Items delivered by ``next()`` so far (over every run of this stage object)."""
-        own = self.delivered()
-        return self._meter.items(self._left) if own is None else own
+        """Have the meter time this stage's next call and the one after it (for a stage that
+        counts its own items); returns in how many items to call again."""
+        return self._meter.sample_soon(self)
 
     def _restart_lazily(self) -> None:
         state, self._resume_state = self._resume_state, None
-        t0 = perf_counter()
         self.reset(state)
         if self._needs_reset:
             raise StageContractError(
                 f"{type(self).__name__}.reset() did not call super().reset(state), so the stage "
                 "would restart on every item and never end; implement start(state) and stop() "
                 "instead of reset(), or call super().reset(state) first")
-        # reset() counted itself as unscaled time; keep it out of the sampled call
-        self._meter.timed_s -= perf_counter() - t0
-
-    # ---- measurement ----------------------------------------------------------------------
-    def inclusive_s(self) -> float:
-        """Estimated seconds spent in this stage's ``next()`` and setup, its sources' included
-        (when they run on the same thread)."""
-        meter = self._meter
-        sampled = meter.timed_s * self.items_out / meter.timed if meter.timed else 0.0
-        return max(0.0, sampled) + meter.once_s
 
     def measure(self) -> dict[str, float]:
-        """This stage's numbers: ``items`` delivered, ``busy_s`` in its own work, ``wait_s``
-        waiting on its input, ``blocked_s`` its output waited on the consumer, ``lanes`` (how
-        many threads do its work)."""
-        inclusive = self.inclusive_s()
-        if self.pulls_in_background:
-            busy, wait = 0.0, inclusive
-        else:
-            wait = sum(src.inclusive_s() for src in self.sources)
-            busy = max(0.0, inclusive - wait)
-        meter = self._meter
-        items = self.items_out
-        blocked = meter.gap_s * items / meter.gaps if meter.gaps else 0.0
-        return {"items": items, "busy_s": busy, "wait_s": wait, "blocked_s": blocked, "lanes": 1}
+        """This stage's numbers for ``stats()`` (:meth:`~pipeflow._meter.StageMeter.measure`:
+        items, busy, wait and blocked seconds, lanes); a stage may add its own."""
+        return self._meter.measure(self)
 
     def state_dict(self) -> dict[str, Any]:
         """The current position; cheap before the first item, and kept after ``close()``."""
@@ -327,7 +343,7 @@ class Stage(Generic[T]):
         """Resume from ``state`` when the next item is requested."""
         self._resume_state = dict(state) if state else None
         self._needs_reset = True
-        self._reset_due()
+        self._meter.reset_due(self)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"

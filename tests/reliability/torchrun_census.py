@@ -137,7 +137,41 @@ def suite_empty_shard(rank: int) -> dict[str, object]:
     return {"raised": None, "batches": batches}
 
 
-SUITES = {"census": suite_census, "equalize": suite_equalize, "empty_shard": suite_empty_shard}
+def suite_resample(rank: int) -> dict[str, object]:
+    """resample(): every rank x worker draws its own stream of shards; shuffle(by="key") then
+    shard_by_rank(by="key"): whole samples, each once across ranks and workers."""
+    shards = list(_data.shard_sizes(NUM_SHARDS))
+    urls = [f"s3://b/pairs/{i:03d}.{field}" for i in range(40) for field in ("image", "label")]
+    out: dict[str, object] = {}
+    for nw in (0, 2):
+        pipe = pf.from_items(shards).resample(12, seed=3).batch(4)
+        out[f"resample-w{nw}"] = {"epoch0": run_loader(pipe, nw, 0),
+                                  "epoch0_again": run_loader(pipe, nw, 0),
+                                  "epoch1": run_loader(pipe, nw, 1)}
+        pipe = pf.from_items(urls).shuffle(8, seed=2, by="key").shard_by_rank(by="key").batch(4)
+        out[f"key-shuffle-w{nw}"] = run_loader(pipe, nw, 0)
+    return out
+
+
+
+#: the global batch of the order suite: every rank batches GLOBAL_BATCH // world
+GLOBAL_BATCH = 8
+
+
+def order_pipeline(per_rank: int) -> pf.Pipeline:
+    """A random-access source shuffled and batched: one global order at any topology."""
+    return (pf.from_items(_data.all_keys(NUM_SHARDS)).shuffle(50, seed=9).map(str.upper)
+            .batch(per_rank))
+
+
+def suite_order(rank: int) -> dict[str, object]:
+    """Each rank's batches of epoch 1 with 0, 2 and 3 DataLoader workers."""
+    per_rank = GLOBAL_BATCH // dist.get_world_size()
+    return {f"w{nw}": run_loader(order_pipeline(per_rank), nw, 1) for nw in WORKERS}
+
+
+SUITES = {"census": suite_census, "order": suite_order, "equalize": suite_equalize,
+          "empty_shard": suite_empty_shard, "resample": suite_resample}
 
 
 def main() -> int:

@@ -10,18 +10,19 @@ import pytest
 
 import pipeflow as pf
 from pipeflow.executor.chunks import RemoteTraceback
-from pipeflow.executor.window import Window, default_limit
+from pipeflow.executor.window import Window, WindowOptions, default_limit
 
 from ._core_helpers import double, fail_on_13, lambda_on_5, wait_for_file
 
 
 def test_chunk_size_follows_the_in_flight_bound():
-    assert Window(double, workers=2, method="process").limit == default_limit(2, "process") == 4
-    assert Window(double, workers=2, method="process").chunk == 1  # the default: one item per task
-    assert Window(double, workers=2, method="process", limit=16).chunk == 4
-    assert Window(double, workers=2, method="process", limit=9).chunk == 2
-    assert Window(double, workers=2, method="thread").chunk == 1
-    assert Window(double, workers=2, method="thread").limit == 4
+    default = Window(double, WindowOptions(workers=2, method="process"))
+    assert default.limit == default_limit(2, "process") == 4
+    assert default.chunk == 1  # the default: one item per task
+    assert Window(double, WindowOptions(workers=2, method="process", limit=16)).chunk == 4
+    assert Window(double, WindowOptions(workers=2, method="process", limit=9)).chunk == 2
+    assert Window(double, WindowOptions(workers=2, method="thread")).chunk == 1
+    assert Window(double, WindowOptions(workers=2, method="thread")).limit == 4
 
 
 def test_an_error_inside_a_chunk_names_its_own_item_and_keeps_the_worker_traceback():
