@@ -112,6 +112,9 @@ class Backend(abc.ABC):
     name: ClassVar[str] = "base"
     #: the frozen dataclass of options this backend takes
     Options: ClassVar[type[BackendOptions]] = BackendOptions
+    #: True when :meth:`list_page` starts anywhere in the key space for one request (S3's
+    #: ``StartAfter``), so a listing can run as several chains of pages at once
+    pages_from_any_key: ClassVar[bool] = False
 
     def __init__(self, options: BackendOptions | None = None, /, **kwargs: Any) -> None:
         if options is None:
@@ -173,6 +176,22 @@ class Backend(abc.ABC):
         Raises:
             ObjectNotFoundError: the bucket or directory does not exist.
         """
+
+    def list_page(self, url: str, *, start_after: str | None, limit: int = 1000,
+                  ) -> tuple[list[ObjectInfo], bool]:
+        """One page of the listing of ``url``: up to ``limit`` objects whose URL sorts after
+        ``start_after`` (from the first when None), and whether more follow.
+
+        The default walks :meth:`list` (O(N) per page); a backend that can start a page at any
+        key for one request overrides it and sets :attr:`pages_from_any_key`.
+        """
+        page: list[ObjectInfo] = []
+        for info in self.list(url):
+            if start_after is None or info.url > start_after:
+                if len(page) == limit:
+                    return page, True
+                page.append(info)
+        return page, False
 
     @abc.abstractmethod
     def open(self, url: str, *, start: int = 0) -> IO[bytes]:

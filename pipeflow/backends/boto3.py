@@ -57,6 +57,7 @@ class Boto3Backend(Backend):
     name = "boto3"
     Options = Boto3Options
     options: Boto3Options
+    pages_from_any_key = True
 
     def _make_client(self) -> Any:
         return self.options.boto3_client(max_pool_connections=self.options.max_pool_connections)
@@ -90,6 +91,22 @@ class Boto3Backend(Backend):
             token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
             if not token:
                 return
+
+    def list_page(self, url: str, *, start_after: str | None, limit: int = 1000,
+                  ) -> tuple[list[ObjectInfo], bool]:
+        loc = parse_s3_url(url, backend=self.name, op="list")
+        client = self._client()
+        kwargs: dict[str, Any] = {"Bucket": loc.bucket, "Prefix": loc.key,
+                                  "MaxKeys": min(limit, self.options.page_size)}
+        if start_after is not None:
+            after = parse_s3_url(start_after, backend=self.name, op="list")
+            if after.key >= loc.key:
+                kwargs["StartAfter"] = after.key
+        page = self._call(lambda: client.list_objects_v2(**kwargs), url, "list")
+        infos = [ObjectInfo(url=f"s3://{loc.bucket}/{obj['Key']}", size=int(obj["Size"]),
+                            etag=_etag(obj.get("ETag")), mtime=_mtime(obj.get("LastModified")))
+                 for obj in page.get("Contents", ())]
+        return infos, bool(page.get("IsTruncated"))
 
     def info(self, url: str) -> ObjectInfo:
         loc = parse_s3_url(url, backend=self.name, op="info")
