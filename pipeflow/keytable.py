@@ -29,6 +29,7 @@ import mmap
 import os
 import socket
 import struct
+import tempfile
 import weakref
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
@@ -40,7 +41,7 @@ from .errors import ConfigError, CorruptDataError
 from .items import ObjectInfo
 
 __all__ = ["INDEX_MAGIC", "INDEX_VERSION", "IndexMeta", "KeyTable", "is_index_file", "keys_dir",
-           "shareable"]
+           "new_table_file", "shareable", "write_index"]
 
 #: the first 8 bytes of every index file
 INDEX_MAGIC = b"PFINDEX\x00"
@@ -235,7 +236,7 @@ class KeyTable(Sequence[Any]):
     """
 
     def __init__(self, path: str, *, verify: bool = True, expect_digest: str | None = None,
-                 _owned: bool = False) -> None:
+                 owned: bool = False) -> None:
         self.path = os.fspath(path)
         try:
             with open(self.path, "rb") as fh:
@@ -243,8 +244,7 @@ class KeyTable(Sequence[Any]):
                 self._mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
         except OSError as exc:
             raise CorruptDataError(f"cannot open index: {exc}", key=self.path) from exc
-        self._owner_pid = os.getpid() if _owned else None
-        if _owned:
+        if owned:  # made by this process (new_table_file): removed when it exits
             weakref.finalize(self, _cleanup, self.path, os.getpid())
         self._map(size, verify, expect_digest)
 
@@ -296,20 +296,29 @@ class KeyTable(Sequence[Any]):
         """
         if base is None:
             base = _common_prefix(items) if isinstance(items, Sequence) else ""
-        directory = keys_dir()
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        _sweep(directory)
-        prefix = f"{_host()}-{os.getpid()}-"
         path = ""
         try:
-            fd, path = _mkstemp(directory, prefix)
+            fd, path = new_table_file()
             with os.fdopen(fd, "wb") as fh:
                 write_index(fh, items, url=url, pattern=pattern, base=base)
-            return cls(path, verify=False, _owned=True)
+            return cls(path, verify=False, owned=True)
         except BaseException:
             if path:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
+            raise
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> KeyTable:
+        """A table (owned by this process) from the bytes of an index file, checked."""
+        fd, path = new_table_file()
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            return cls(path, owned=True)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
             raise
 
     @classmethod
@@ -318,11 +327,20 @@ class KeyTable(Sequence[Any]):
         """Map an index file at ``path`` (checked against its checksum). With ``check_source``,
         refuse one made for another ``url``/``pattern`` (:class:`ConfigError`)."""
         table = cls(path)
-        if check_source and (table.meta.url, table.meta.pattern) != (url, pattern):
-            raise ConfigError(
-                f"index {path!r} lists {table.meta.url!r} (pattern {table.meta.pattern!r}), not "
-                f"{url!r} (pattern {pattern!r}); delete it (or pass another manifest) to list again")
+        if check_source:
+            table.check_source(url, pattern)
         return table
+
+    def check_source(self, url: str | None, pattern: str | None) -> None:
+        """Refuse an index made for another listing than ``url`` with ``pattern``.
+
+        Raises:
+            ConfigError: the index lists another URL or pattern.
+        """
+        if (self.meta.url, self.meta.pattern) != (url, pattern):
+            raise ConfigError(
+                f"index {self.path!r} lists {self.meta.url!r} (pattern {self.meta.pattern!r}), not "
+                f"{url!r} (pattern {pattern!r}); delete it (or pass another manifest) to list again")
 
     def save(self, fh: BinaryIO) -> None:
         """Copy the index file to the binary file ``fh``."""
@@ -404,10 +422,13 @@ def _host() -> str:
     return "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:40] or "host"
 
 
-def _mkstemp(directory: str, prefix: str) -> tuple[int, str]:
-    import tempfile
-
-    return tempfile.mkstemp(prefix=prefix, suffix=".pfi", dir=directory)
+def new_table_file() -> tuple[int, str]:
+    """A new file (descriptor, path) in :func:`keys_dir`, named after this host and process so
+    that the next build removes it if this process is killed before it can."""
+    directory = keys_dir()
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    _sweep(directory)
+    return tempfile.mkstemp(prefix=f"{_host()}-{os.getpid()}-", suffix=".pfi", dir=directory)
 
 
 def _sweep(directory: str) -> None:

@@ -15,7 +15,7 @@ from typing import IO, Any, Literal
 
 from pipeflow._checks import check_int, is_int
 from pipeflow.backends._resumable import ResumableStream
-from pipeflow.backends._retry import retry_call
+from pipeflow.backends._retry import retry_call, s3_error_code
 from pipeflow.backends._s3config import S3Options, is_invalid_range, translate_s3_error
 from pipeflow.backends.base import Backend, S3Location, parse_s3_url
 from pipeflow.errors import BackendError, ConfigError
@@ -195,6 +195,25 @@ class Boto3Backend(Backend):
                                 max_concurrency=4)
         self._call(lambda: client.upload_file(path, loc.bucket, loc.key, Config=config), url,
                    "upload")
+
+    def upload_new(self, path: str, url: str) -> bool:
+        """Upload the local file ``path`` as ``url`` unless an object is there already (a
+        conditional write, ``If-None-Match: *``): True when this call wrote it, False when
+        another writer was first. Two jobs racing to publish one index both end up reading
+        the same object."""
+        loc = parse_s3_url(url, backend=self.name, op="upload")
+        client = self._client()
+        with open(path, "rb") as fh:
+            data = fh.read()
+        try:
+            self._call(lambda: client.put_object(Bucket=loc.bucket, Key=loc.key, Body=data,
+                                                 IfNoneMatch="*"), url, "upload")
+        except BackendError as exc:
+            code, status = s3_error_code(exc) or ("", None)
+            if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False
+            raise
+        return True
 
     def close(self) -> None:
         client, self._client_obj = self._client_obj, None
