@@ -26,7 +26,7 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
-from typing import IO, Any, ClassVar
+from typing import IO, Any, ClassVar, Protocol, runtime_checkable
 from urllib.parse import unquote, urlsplit
 
 from .._checks import is_int
@@ -35,7 +35,7 @@ from ..errors import ConfigError, InvalidURLError
 from ..items import ObjectInfo
 from .batch import BatchHandle, ThreadPoolBatch
 
-__all__ = ["Backend", "BackendOptions", "S3Location", "parse_s3_url", "scheme_of"]
+__all__ = ["Backend", "BackendOptions", "Publisher", "S3Location", "parse_s3_url", "scheme_of"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,17 @@ class BackendOptions:
 
     def __post_init__(self) -> None:  # subclasses call super().__post_init__()
         pass
+
+
+@runtime_checkable
+class Publisher(Protocol):
+    """The write capability an index or manifest needs from a backend (local, boto3)."""
+
+    def upload(self, path: str, url: str) -> None:
+        """Publish the local file ``path`` as ``url``, atomically, replacing what is there."""
+
+    def upload_new(self, path: str, url: str) -> bool:
+        """Publish ``path`` as ``url`` unless something is there already; False if it was."""
 
 
 def scheme_of(url: str) -> str:

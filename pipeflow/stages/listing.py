@@ -31,7 +31,7 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from ..backends.base import Backend, scheme_of
+from ..backends.base import Backend, Publisher, local_path, scheme_of
 from ..backends.parallel_list import list_parallel
 from ..backends.registry import get_backend
 from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError
@@ -152,8 +152,6 @@ def _is_remote(manifest: str) -> bool:
 
 
 def _local(manifest: str) -> str:
-    from ..backends.base import local_path
-
     return local_path(manifest)
 
 
@@ -213,8 +211,10 @@ def _download(manifest: str, be: Backend) -> str:
     return tmp
 
 
-def publish(manifest: str, be: Backend, url: str, pattern: str | None, infos: Sequence[ObjectInfo]) -> bool:
-    """Write the listing to ``manifest`` unless one is there already: True when this call wrote it.
+def publish(manifest: str, be: Backend, url: str, pattern: str | None, infos: Sequence[ObjectInfo],
+            *, replace: bool = False) -> bool:
+    """Write the listing to ``manifest`` unless one is there already (or over it, with
+    ``replace``): True when this call wrote it.
 
     A name ending in ``.jsonl`` gets JSON lines, anything else the index format.
     """
@@ -228,11 +228,13 @@ def publish(manifest: str, be: Backend, url: str, pattern: str | None, infos: Se
             with os.fdopen(fd, "wb") as fh:
                 base = url if all(i.url.startswith(url) for i in infos) else ""
                 write_index(fh, infos, url=url, pattern=pattern, base=base)
-        upload_new = getattr(be, "upload_new", None)
-        if upload_new is None:
+        if not isinstance(be, Publisher):
             raise ConfigError(f"backend {be.name!r} cannot write the manifest {manifest!r}; use a "
-                              "local path or an s3:// URL")
-        return bool(upload_new(tmp, manifest))
+                              "local path or an s3:// URL with the boto3 backend")
+        if replace:
+            be.upload(tmp, manifest)
+            return True
+        return be.upload_new(tmp, manifest)
     finally:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
