@@ -204,6 +204,12 @@ class Backend(abc.ABC):
                 page.append(info)
         return page, False
 
+    def list_prefixes(self, url: str) -> list[str]:
+        """The "directories" one level below ``url`` (common prefixes up to the next ``/``),
+        sorted, from one request; empty when the backend cannot tell them cheaply. A parallel
+        listing starts its chains at these boundaries."""
+        return []
+
     @abc.abstractmethod
     def open(self, url: str, *, start: int = 0) -> IO[bytes]:
         """Open an object for streaming, starting at byte ``start``.

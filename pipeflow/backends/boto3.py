@@ -108,6 +108,15 @@ class Boto3Backend(Backend):
                  for obj in page.get("Contents", ())]
         return infos, bool(page.get("IsTruncated"))
 
+    def list_prefixes(self, url: str) -> list[str]:
+        loc = parse_s3_url(url, backend=self.name, op="list")
+        client = self._client()
+        kwargs = {"Bucket": loc.bucket, "Prefix": loc.key, "Delimiter": "/", "MaxKeys": 1000}
+        page = self._call(lambda: client.list_objects_v2(**kwargs), url, "list")
+        if page.get("IsTruncated"):
+            return []  # too many to spread evenly from one page: cut by key instead
+        return sorted(f"s3://{loc.bucket}/{p['Prefix']}" for p in page.get("CommonPrefixes", ()))
+
     def info(self, url: str) -> ObjectInfo:
         loc = parse_s3_url(url, backend=self.name, op="info")
         client = self._client()

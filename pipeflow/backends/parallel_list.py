@@ -50,60 +50,92 @@ class _Range:
 
 
 class _Cutter:
-    """Midpoints between two keys, counted in the alphabet the keys are written in."""
+    """Keys as numbers, counted in the alphabet the keys are written in, to estimate how many
+    keys lie between two keys and where to cut between them."""
 
-    def __init__(self, sample: list[str]) -> None:
+    def __init__(self, sample: list[str], prefix: str) -> None:
         chars = sorted({c for key in sample for c in key})
         self.alphabet = chars or ["0"]
+        self.prefix = prefix
+        self.base = len(self.alphabet) + 1
+        # a guess at the last key: the sample's last key with each digit or letter raised to
+        # the highest of its kind ("0000999.jpg" -> "9999999.zzz"); the alphabet's highest
+        # character in every place would guess far too high for numbered keys
+        last = sample[-1] if sample else ""
+        self.top = "".join(_highest(c) for c in last)
 
-    def _digits(self, key: str, width: int) -> list[int]:
-        # digit 0 is "no character" (a shorter key sorts first), digit k is alphabet[k - 1]
-        out = [min(bisect.bisect_left(self.alphabet, c), len(self.alphabet) - 1) + 1 for c in key[:width]]
-        return out + [0] * (width - len(out))
+    def value(self, url: str | None, width: int) -> int:
+        """``url`` (under the prefix; None: the largest key in this alphabet) as a number of
+        ``width`` digits; digit 0 is "no character" (a shorter key sorts first)."""
+        key = (self.top or self.alphabet[-1] * width) if url is None else url[len(self.prefix):]
+        top = len(self.alphabet) - 1
+        number = 0
+        for i in range(width):
+            digit = min(bisect.bisect_left(self.alphabet, key[i]), top) + 1 if i < len(key) else 0
+            number = number * self.base + digit
+        return number
 
-    def midpoint(self, low: str, high: str | None, prefix: str) -> str | None:
-        """A key strictly between ``low`` and ``high`` (``high`` None: the largest key under
-        ``prefix`` in this alphabet), or None when they are too close to cut."""
-        lo = low[len(prefix):]
-        width = max(len(lo), len(high or "") - len(prefix)) + 2
-        top = high[len(prefix):] if high is not None else self.alphabet[-1] * width
-        base = len(self.alphabet) + 1
-        a = b = 0
-        for da, db in zip(self._digits(lo, width), self._digits(top, width)):
-            a, b = a * base + da, b * base + db
-        mid = (a + b) // 2
+    def key(self, number: int, width: int) -> str:
         digits = []
         for _ in range(width):
-            mid, d = divmod(mid, base)
+            number, d = divmod(number, self.base)
             digits.append(d)
-        text = prefix + "".join(self.alphabet[max(d, 1) - 1] for d in reversed(digits)).rstrip(
-            self.alphabet[0])
-        if not low < text or (high is not None and not text < high):
-            return None
-        return text
+        text = "".join(self.alphabet[max(d, 1) - 1] for d in reversed(digits))
+        return self.prefix + text.rstrip(self.alphabet[0])
+
+    def cuts(self, page: list[ObjectInfo], high: str | None, min_keys: int, parts: int) -> list[str]:
+        """Keys that cut ``(last key of page, high]`` into at most ``parts`` equal parts, each
+        estimated to hold ``min_keys`` keys or more (none when it cannot be cut so). The density
+        of keys is the page's: its keys over the span from its first key to its last."""
+        last = page[-1].url
+        width = max(len(i.url) for i in (page[0], page[-1])) - len(self.prefix) + 3
+        if high is not None:
+            width = max(width, len(high) - len(self.prefix) + 3)
+        lo, hi = self.value(last, width), self.value(high, width)
+        span = lo - self.value(page[0].url, width)
+        if span <= 0 or hi <= lo:
+            return []
+        parts = min(parts, (hi - lo) * len(page) // (span * max(1, min_keys)))
+        if parts < 2:
+            return []
+        out: list[str] = []
+        for k in range(1, parts):
+            key = self.key(lo + (hi - lo) * k // parts, width)
+            if key > (out[-1] if out else last) and (high is None or key < high):
+                out.append(key)
+        return out
+
+
+def _highest(c: str) -> str:
+    for lo, hi in (("0", "9"), ("a", "z"), ("A", "Z")):
+        if lo <= c <= hi:
+            return hi
+    return c
 
 
 def list_parallel(backend: Backend, url: str, *, concurrency: int = 8, max_cuts: int | None = None,
-                  ) -> Listing:
+                  min_pages: int = 100) -> Listing:
     """List ``url`` with up to ``concurrency`` chains of pages in flight (sorted by URL).
 
     Args:
         backend: the backend; one serial chain unless ``backend.pages_from_any_key``.
         url: the prefix.
         concurrency: requests in flight at most.
-        max_cuts: cuts of the key space at most (default ``2 * concurrency``): each may cost one
-            request more than a serial listing.
+        max_cuts: cuts of the key space at most (default ``concurrency``).
+        min_pages: a range is cut only into parts estimated to hold this many pages each: a
+            cut may cost one request more than a serial listing, so 100 keeps that near 1%.
     """
     if concurrency < 1:
         raise ConfigError(f"listing concurrency must be >= 1, got {concurrency!r}")
     first, more = backend.list_page(url, start_after=None)
-    if not more or concurrency == 1 or not backend.pages_from_any_key:
-        if not more:
-            return Listing(first, 1)
+    if not more:
+        return Listing(first, 1)
+    if concurrency == 1 or not backend.pages_from_any_key:
         rest = _serial(backend, url, first[-1].url)
         return Listing(first + rest.objects, 1 + rest.requests)
-    return _Parallel(backend, url, first, concurrency,
-                     2 * concurrency if max_cuts is None else max_cuts).run()
+    cuts = concurrency if max_cuts is None else max_cuts
+    dirs = [d for d in backend.list_prefixes(url) if d > first[-1].url]
+    return _Parallel(backend, url, first, concurrency, cuts, min_pages * len(first), dirs).run()
 
 
 def _serial(backend: Backend, url: str, after: str) -> Listing:
@@ -122,34 +154,44 @@ class _Parallel:
     """The ranges of one parallel listing and the threads that walk them."""
 
     def __init__(self, backend: Backend, url: str, first: list[ObjectInfo], concurrency: int,
-                 max_cuts: int) -> None:
+                 max_cuts: int, min_keys: int, dirs: list[str]) -> None:
         self.backend, self.url, self.first = backend, url, first
-        self.concurrency, self.cuts_left = concurrency, max_cuts
-        self.cutter = _Cutter([i.url[len(url):] for i in first])
-        self.prefix = url
+        self.concurrency, self.cuts_left, self.min_keys = concurrency, max_cuts, min_keys
+        self.cutter = _Cutter([i.url[len(url):] for i in first], url)
         self.lock = threading.Lock()
-        self.ranges = [_Range(first[-1].url, None)]
-        self.requests = 1
+        # "directories" give the first cuts: chains start at evenly spaced directory boundaries
+        step = len(dirs) / concurrency
+        bounds = sorted({dirs[int(k * step)] for k in range(1, concurrency)}) if len(dirs) > 1 else []
+        edges = [first[-1].url, *bounds]
+        self.ranges = [_Range(lo, hi) for lo, hi in zip(edges, [*bounds, None])]
+        self.cuts_left -= len(bounds)
+        self.requests = 2  # the first page and the directory listing
         self.active = 0
-        self._pool: ThreadPoolExecutor | None = None
-        self._queued: list[Future[None]] = []
+        self.futures: list[Future[None]] = []
+        self.pool: ThreadPoolExecutor | None = None
 
     def run(self) -> Listing:
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="pipeflow-list") as pool:
-            pending: set[Future[None]] = {self._start(pool, self.ranges[0])}
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    fut.result()  # a failed request fails the listing, with its typed error
-                with self.lock:
-                    pending |= set(self._queued)
-                    self._queued.clear()
+            self.pool = pool
+            with self.lock:
+                for rng in self.ranges:
+                    self._start(rng)
+                if len(self.ranges) == 1:
+                    self._maybe_cut(self.ranges[0], self.first)
+            while True:
+                with self.lock:  # a chain registers the chains it cuts off before it ends
+                    pending = [f for f in self.futures if not f.done()]
+                if not pending:
+                    break
+                wait(pending, return_when=FIRST_COMPLETED)
+            for fut in self.futures:
+                fut.result()  # a failed request fails the listing, with its typed error
         return Listing(self._joined(), self.requests, len(self.ranges))
 
-    def _start(self, pool: ThreadPoolExecutor, rng: _Range) -> Future[None]:
-        self._pool = pool
+    def _start(self, rng: _Range) -> None:
+        assert self.pool is not None
         self.active += 1
-        return pool.submit(self._walk, rng)
+        self.futures.append(self.pool.submit(self._walk, rng))
 
     def _walk(self, rng: _Range) -> None:
         after = rng.low
@@ -165,25 +207,27 @@ class _Parallel:
                         rng.done = True
                         return
                     after = page[-1].url
-                    self._maybe_cut(rng, after)
+                    self._maybe_cut(rng, page)
         finally:
             with self.lock:
                 self.active -= 1
 
-    def _maybe_cut(self, rng: _Range, position: str) -> None:
-        """Give the upper half of what ``rng`` has left to a new chain, if a thread is free."""
-        if self.cuts_left <= 0 or self.active >= self.concurrency:
+    def _maybe_cut(self, rng: _Range, page: list[ObjectInfo]) -> None:
+        """Share what ``rng`` has left after ``page`` with new chains, in equal parts, while
+        threads are free and each part is estimated to hold ``min_keys`` keys."""
+        free = min(self.concurrency - self.active, self.cuts_left)
+        if free <= 0:
             return
-        mid = self.cutter.midpoint(position, rng.high, self.prefix)
-        if mid is None:
+        bounds = self.cutter.cuts(page, rng.high, self.min_keys, 2)
+        if not bounds:
             return
-        upper = _Range(mid, rng.high)
-        rng.high = mid
-        self.cuts_left -= 1
-        self.ranges.insert(self.ranges.index(rng) + 1, upper)
-        self.active += 1
-        assert self._pool is not None
-        self._queued.append(self._pool.submit(self._walk, upper))
+        parts = [_Range(lo, hi) for lo, hi in zip(bounds, [*bounds[1:], rng.high])]
+        rng.high = bounds[0]
+        self.cuts_left -= len(parts)
+        at = self.ranges.index(rng) + 1
+        self.ranges[at:at] = parts
+        for part in parts:
+            self._start(part)
 
     def _joined(self) -> list[ObjectInfo]:
         out = list(self.first)
