@@ -134,8 +134,11 @@ def list_parallel(backend: Backend, url: str, *, concurrency: int = 8, max_cuts:
         rest = _serial(backend, url, first[-1].url)
         return Listing(first + rest.objects, 1 + rest.requests)
     cuts = concurrency if max_cuts is None else max_cuts
-    dirs = [d for d in backend.list_prefixes(url) if d > first[-1].url]
-    return _Parallel(backend, url, first, concurrency, cuts, min_pages * len(first), dirs).run()
+    # one delimiter request for the "directories", when the first page shows there are some
+    nested = any("/" in i.url[len(url):] for i in first)
+    dirs = [d for d in backend.list_prefixes(url) if d > first[-1].url] if nested else []
+    return _Parallel(backend, url, first, concurrency, cuts, min_pages * len(first), dirs,
+                     1 + nested).run()
 
 
 def _serial(backend: Backend, url: str, after: str) -> Listing:
@@ -154,7 +157,7 @@ class _Parallel:
     """The ranges of one parallel listing and the threads that walk them."""
 
     def __init__(self, backend: Backend, url: str, first: list[ObjectInfo], concurrency: int,
-                 max_cuts: int, min_keys: int, dirs: list[str]) -> None:
+                 max_cuts: int, min_keys: int, dirs: list[str], requests: int) -> None:
         self.backend, self.url, self.first = backend, url, first
         self.concurrency, self.cuts_left, self.min_keys = concurrency, max_cuts, min_keys
         self.cutter = _Cutter([i.url[len(url):] for i in first], url)
@@ -165,7 +168,7 @@ class _Parallel:
         edges = [first[-1].url, *bounds]
         self.ranges = [_Range(lo, hi) for lo, hi in zip(edges, [*bounds, None])]
         self.cuts_left -= len(bounds)
-        self.requests = 2  # the first page and the directory listing
+        self.requests = requests  # the first page, and the directory listing if there was one
         self.active = 0
         self.futures: list[Future[None]] = []
         self.pool: ThreadPoolExecutor | None = None

@@ -42,8 +42,9 @@ def test_the_job_lists_once_not_once_per_rank(scale):
     _, ranks = scale
     counts = ranks[0]["lists"]
     assert counts["listing"] == 13  # one serial chain, on rank 0 only (two ranks would send 26)
-    assert 13 <= counts["parallel"] <= 13 + 2 * 8  # a few more for the cuts, never 2 x 13
-    assert counts["index_cold"] == 13  # the first job lists and writes the index ...
+    # several chains: at most one request more a cut (cuts <= threads), never one listing a rank
+    assert 13 <= counts["parallel"] <= 13 + 4 < 2 * 13
+    assert 13 <= counts["index_cold"] <= 13 + 8 < 2 * 13  # the first job lists, writes the index ...
     assert counts["index_warm"] == 0  # ... later jobs read it
     assert counts["loaders"] == 0  # DataLoader workers never list
 
