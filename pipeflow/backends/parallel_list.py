@@ -63,6 +63,7 @@ class _Cutter:
         # character in every place would guess far too high for numbered keys
         last = sample[-1] if sample else ""
         self.top = "".join(_highest(c) for c in last)
+        self.first = sample[0] if sample else ""  # the listing's first key, after the prefix
 
     def value(self, url: str | None, width: int) -> int:
         """``url`` (under the prefix; None: the largest key in this alphabet) as a number of
@@ -84,16 +85,27 @@ class _Cutter:
         return self.prefix + text.rstrip(self.alphabet[0])
 
     def cuts(self, page: list[ObjectInfo], high: str | None, min_keys: int, parts: int) -> list[str]:
-        """Keys that cut ``(last key of page, high]`` into at most ``parts`` equal parts, each
-        estimated to hold ``min_keys`` keys or more (none when it cannot be cut so). The density
-        of keys is the page's: its keys over the span from its first key to its last."""
+        """Keys that cut ``(last key of page, high]``, each part estimated to hold ``min_keys``
+        keys or more (none when it cannot be cut so).
+
+        A bounded range is cut into ``parts`` equal parts; the density of keys is the page's
+        (its keys over the span from its first key to its last). The open-ended last range is
+        cut where the listing so far would end if doubled: the end of the key space is unknown,
+        and a cut past it costs a request that finds nothing.
+        """
         last = page[-1].url
         width = max(len(i.url) for i in (page[0], page[-1])) - len(self.prefix) + 3
-        if high is not None:
-            width = max(width, len(high) - len(self.prefix) + 3)
-        lo, hi = self.value(last, width), self.value(high, width)
+        width = max(width, len(self.first) + 3, len(high or "") - len(self.prefix) + 3)
+        lo = self.value(last, width)
         span = lo - self.value(page[0].url, width)
-        if span <= 0 or hi <= lo:
+        if span <= 0:
+            return []
+        if high is None:
+            start = self.value(self.prefix + self.first, width)
+            cut = self.key(lo + max(lo - start, min_keys * span // len(page)), width)
+            return [cut] if cut > last else []
+        hi = self.value(high, width)
+        if hi <= lo:
             return []
         parts = min(parts, (hi - lo) * len(page) // (span * max(1, min_keys)))
         if parts < 2:
@@ -101,7 +113,7 @@ class _Cutter:
         out: list[str] = []
         for k in range(1, parts):
             key = self.key(lo + (hi - lo) * k // parts, width)
-            if key > (out[-1] if out else last) and (high is None or key < high):
+            if key > (out[-1] if out else last) and key < high:
                 out.append(key)
         return out
 
@@ -114,16 +126,19 @@ def _highest(c: str) -> str:
 
 
 def list_parallel(backend: Backend, url: str, *, concurrency: int = 8, max_cuts: int | None = None,
-                  min_pages: int = 100) -> Listing:
+                  min_pages: int = 100, pages_per_cut: int = 10) -> Listing:
     """List ``url`` with up to ``concurrency`` chains of pages in flight (sorted by URL).
 
     Args:
         backend: the backend; one serial chain unless ``backend.pages_from_any_key``.
         url: the prefix.
         concurrency: requests in flight at most.
-        max_cuts: cuts of the key space at most (default ``concurrency``).
+        max_cuts: cuts of the key space at most (default ``2 * concurrency``).
         min_pages: a range is cut only into parts estimated to hold this many pages each: a
             cut may cost one request more than a serial listing, so 100 keeps that near 1%.
+        pages_per_cut: a cut is allowed once per this many requests made so far (cuts at
+            directory boundaries excepted), which bounds the extra requests of a listing whose
+            size the estimates get wrong to ``1 / pages_per_cut`` of it.
     """
     if concurrency < 1:
         raise ConfigError(f"listing concurrency must be >= 1, got {concurrency!r}")
@@ -133,12 +148,12 @@ def list_parallel(backend: Backend, url: str, *, concurrency: int = 8, max_cuts:
     if concurrency == 1 or not backend.pages_from_any_key:
         rest = _serial(backend, url, first[-1].url)
         return Listing(first + rest.objects, 1 + rest.requests)
-    cuts = concurrency if max_cuts is None else max_cuts
+    cuts = 2 * concurrency if max_cuts is None else max_cuts
     # one delimiter request for the "directories", when the first page shows there are some
     nested = any("/" in i.url[len(url):] for i in first)
     dirs = [d for d in backend.list_prefixes(url) if d > first[-1].url] if nested else []
     return _Parallel(backend, url, first, concurrency, cuts, min_pages * len(first), dirs,
-                     1 + nested).run()
+                     1 + nested, pages_per_cut).run()
 
 
 def _serial(backend: Backend, url: str, after: str) -> Listing:
@@ -157,7 +172,8 @@ class _Parallel:
     """The ranges of one parallel listing and the threads that walk them."""
 
     def __init__(self, backend: Backend, url: str, first: list[ObjectInfo], concurrency: int,
-                 max_cuts: int, min_keys: int, dirs: list[str], requests: int) -> None:
+                 max_cuts: int, min_keys: int, dirs: list[str], requests: int,
+                 pages_per_cut: int) -> None:
         self.backend, self.url, self.first = backend, url, first
         self.concurrency, self.cuts_left, self.min_keys = concurrency, max_cuts, min_keys
         self.cutter = _Cutter([i.url[len(url):] for i in first], url)
@@ -172,6 +188,8 @@ class _Parallel:
         self.active = 0
         self.futures: list[Future[None]] = []
         self.pool: ThreadPoolExecutor | None = None
+        self.cuts_made = 0
+        self.pages_per_cut = pages_per_cut
 
     def run(self) -> Listing:
         with ThreadPoolExecutor(self.concurrency, thread_name_prefix="pipeflow-list") as pool:
@@ -218,7 +236,10 @@ class _Parallel:
     def _maybe_cut(self, rng: _Range, page: list[ObjectInfo]) -> None:
         """Share what ``rng`` has left after ``page`` with new chains, in equal parts, while
         threads are free and each part is estimated to hold ``min_keys`` keys."""
-        free = min(self.concurrency - self.active, self.cuts_left)
+        # a cut may cost a request: allow one per `pages_per_cut` pages listed so far, so a
+        # small listing stays one chain and a large one spreads as it proves large
+        earned = self.requests // self.pages_per_cut - self.cuts_made
+        free = min(self.concurrency - self.active, self.cuts_left, earned)
         if free <= 0:
             return
         bounds = self.cutter.cuts(page, rng.high, self.min_keys, 2)
@@ -227,6 +248,7 @@ class _Parallel:
         parts = [_Range(lo, hi) for lo, hi in zip(bounds, [*bounds[1:], rng.high])]
         rng.high = bounds[0]
         self.cuts_left -= len(parts)
+        self.cuts_made += len(parts)
         at = self.ranges.index(rng) + 1
         self.ranges[at:at] = parts
         for part in parts:
