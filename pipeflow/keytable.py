@@ -271,7 +271,7 @@ class KeyTable(Sequence[Any]):
             at, n = sections[name]
             if at < _HEADER_SIZE or at + n > size or (fmt != "B" and at % 8):
                 raise ValueError(f"section {name} lies outside the file")
-            return view[at:at + n].cast(fmt)
+            return view[at:at + n].cast(fmt)  # type: ignore[call-overload]
 
         count = self.meta.count
         self._offsets, self._blob = part("key_offsets", "Q"), part("key_blob", "B")

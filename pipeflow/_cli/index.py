@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
             return 1
     except PipeflowError as exc:
         print(f"pipeflow index: {exc}", file=sys.stderr)
-        return 1
+        return 2
     print(f"{len(infos)} objects under {args.url} listed in {listed:.1f} s; index written to {args.output}")
     return 0
 

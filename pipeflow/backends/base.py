@@ -22,6 +22,7 @@ downloads on a thread pool over ``open``; see :mod:`pipeflow.backends.batch`).
 from __future__ import annotations
 
 import abc
+import builtins
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -189,14 +190,14 @@ class Backend(abc.ABC):
         """
 
     def list_page(self, url: str, *, start_after: str | None, limit: int = 1000,
-                  ) -> tuple[list[ObjectInfo], bool]:
+                  ) -> tuple[builtins.list[ObjectInfo], bool]:
         """One page of the listing of ``url``: up to ``limit`` objects whose URL sorts after
         ``start_after`` (from the first when None), and whether more follow.
 
         The default walks :meth:`list` (O(N) per page); a backend that can start a page at any
         key for one request overrides it and sets :attr:`pages_from_any_key`.
         """
-        page: list[ObjectInfo] = []
+        page: builtins.list[ObjectInfo] = []
         for info in self.list(url):
             if start_after is None or info.url > start_after:
                 if len(page) == limit:
@@ -204,7 +205,7 @@ class Backend(abc.ABC):
                 page.append(info)
         return page, False
 
-    def list_prefixes(self, url: str) -> list[str]:
+    def list_prefixes(self, url: str) -> builtins.list[str]:
         """The "directories" one level below ``url`` (common prefixes up to the next ``/``),
         sorted, from one request; empty when the backend cannot tell them cheaply. A parallel
         listing starts its chains at these boundaries."""

@@ -7,6 +7,7 @@ ranged GETs for large objects), which is what many training scripts do.
 
 from __future__ import annotations
 
+import builtins
 import io
 import tempfile
 from collections.abc import Iterator
@@ -93,7 +94,7 @@ class Boto3Backend(Backend):
                 return
 
     def list_page(self, url: str, *, start_after: str | None, limit: int = 1000,
-                  ) -> tuple[list[ObjectInfo], bool]:
+                  ) -> tuple[builtins.list[ObjectInfo], bool]:
         loc = parse_s3_url(url, backend=self.name, op="list")
         client = self._client()
         kwargs: dict[str, Any] = {"Bucket": loc.bucket, "Prefix": loc.key,
@@ -108,7 +109,7 @@ class Boto3Backend(Backend):
                  for obj in page.get("Contents", ())]
         return infos, bool(page.get("IsTruncated"))
 
-    def list_prefixes(self, url: str) -> list[str]:
+    def list_prefixes(self, url: str) -> builtins.list[str]:
         loc = parse_s3_url(url, backend=self.name, op="list")
         client = self._client()
         kwargs = {"Bucket": loc.bucket, "Prefix": loc.key, "Delimiter": "/", "MaxKeys": 1000}
