@@ -404,18 +404,11 @@ def _reopen(path: str, digest: str) -> KeyTable:
 
 
 def _common_prefix(items: Sequence[Any]) -> str:
-    if not items:
+    """The prefix every key of ``items`` shares (the smallest and largest key share it)."""
+    texts = [x.url if isinstance(x, ObjectInfo) else x for x in items]
+    if not texts or not all(isinstance(t, str) for t in texts):
         return ""
-    first, last = items[0], items[-1]
-    keys = [x.url if isinstance(x, ObjectInfo) else x for x in (first, last)]
-    if not all(isinstance(k, str) for k in keys):
-        return ""
-    if isinstance(items, (list, tuple)) and len(items) > 2:
-        texts = [x.url if isinstance(x, ObjectInfo) else x for x in items]
-        if not all(isinstance(t, str) for t in texts):
-            return ""
-        keys = [min(texts), max(texts)]
-    return os.path.commonprefix(keys)
+    return os.path.commonprefix([min(texts), max(texts)])
 
 
 def _host() -> str:

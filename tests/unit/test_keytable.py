@@ -155,3 +155,24 @@ def test_the_file_goes_when_its_process_ends_or_by_the_next_build_after_a_kill()
     KeyTable.build(["x"])  # ... the next build on this host removes its file
     assert not os.path.exists(left)
     assert os.path.basename(left) not in os.listdir(keys_dir())
+
+
+def test_local_manifests_old_and_new_formats(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("a.bin", "b.bin", "c.txt"):
+        (data / name).write_bytes(b"x")
+    url = str(data) + "/"
+    for manifest in (tmp_path / "m.pfi", tmp_path / "m.jsonl"):
+        first = [o.url for o in pf.list_objects(url, pattern="*.bin", manifest=str(manifest))]
+        (data / "d.bin").write_bytes(b"x")  # the manifest is the listing now
+        assert [o.url for o in pf.list_objects(url, pattern="*.bin", manifest=str(manifest))] == first
+        (data / "d.bin").unlink()
+        with pytest.raises(ConfigError):
+            pf.list_objects(url, pattern="*.txt", manifest=str(manifest))
+    assert (tmp_path / "m.pfi").read_bytes().startswith(b"PFINDEX\0")
+    assert (tmp_path / "m.jsonl").read_bytes().startswith(b'{"pipeflow_manifest": 1')
+    garbage = tmp_path / "garbage.pfi"
+    garbage.write_bytes(b"not an index at all")
+    with pytest.raises(CorruptDataError, match="pipeflow index"):
+        pf.list_objects(url, manifest=str(garbage))
