@@ -26,6 +26,8 @@ _EXPORTS: dict[str, str] = {
     "Opened": "items",
     "Record": "items",
     "Pipeline": "pipeline",
+    "MapDataset": "map_dataset",
+    "upload": "sinks.upload",
     "from_items": "pipeline",
     "interleave": "pipeline",
     "list_objects": "pipeline",
@@ -34,10 +36,11 @@ _EXPORTS: dict[str, str] = {
     "Stage": "stages.base",
     "merge_states": "elastic",
     "RetryPolicy": "backends._retry",
+    "ShardManifest": "sinks.manifest",
     **{name: "errors" for name in (
         "AccessDeniedError", "BackendError", "CommandError", "ConfigError", "CorruptDataError",
         "DecodeError", "EmptyShardError", "IncompleteSampleError", "InvalidURLError",
-        "MissingDependencyError", "ObjectNotFoundError", "OptionError", "PipeflowError",
+        "MissingDependencyError", "MissingFieldError", "ObjectNotFoundError", "OptionError", "PipeflowError",
         "RetryExhaustedError", "StageContractError", "StageError", "UnknownBackendError",
         "WorkerCrashedError")},
 }
@@ -54,7 +57,9 @@ __all__ = [
     "EmptyShardError",
     "IncompleteSampleError",
     "InvalidURLError",
+    "MapDataset",
     "MissingDependencyError",
+    "MissingFieldError",
     "ObjectInfo",
     "ObjectNotFoundError",
     "Opened",
@@ -65,6 +70,7 @@ __all__ = [
     "RetryExhaustedError",
     "RetryPolicy",
     "RunContext",
+    "ShardManifest",
     "Stage",
     "StageContractError",
     "StageError",
@@ -82,6 +88,7 @@ __all__ = [
     "recipes",
     "testing",
     "tfrecord_stream",
+    "upload",
 ]
 
 if _TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ loads on demand
@@ -99,6 +106,7 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ l
         IncompleteSampleError,
         InvalidURLError,
         MissingDependencyError,
+        MissingFieldError,
         ObjectNotFoundError,
         OptionError,
         PipeflowError,
@@ -109,8 +117,11 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ l
         WorkerCrashedError,
     )
     from .items import ObjectInfo, Opened, Record
+    from .map_dataset import MapDataset
     from .pipeline import Pipeline, from_items, interleave, list_objects, mix, tfrecord_stream
     from .run_context import RunContext
+    from .sinks.manifest import ShardManifest
+    from .sinks.upload import upload
     from .stages.base import Stage
     from .stats import Stats
 

@@ -124,6 +124,11 @@ def drop_point(chain: list[type]) -> tuple[int, int]:
     if shard is None:
         raise ConfigError("elastic resume needs shard_by_rank() in the pipeline (automatic "
                           "sharding cannot be re-partitioned): add it where items split")
+    if not issubclass(chain[shard], Sharder):
+        # resample() and per-process streams split by drawing or reading per process: there
+        # is no source index to hand to another topology
+        raise ConfigError(f"elastic resume cannot re-partition {chain[shard].__name__}, which "
+                          "splits the data per process; resume on the same topology")
     point = next((i for i in range(shard - 1, -1, -1) if issubclass(chain[i], (Shuffler, Batcher))), -1)
     return shard, point
 

@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 import torch.utils.data
 
-from ._checks import check_int
+from ._braces import expand_url_items
+from ._checks import check_choice, check_int
 from .elastic import resume_node
 from .formats.images import resolve_jpeg_decoder
 from .graph import Node, checks_options, draw, format_value, make_label, validate
@@ -27,9 +28,11 @@ from .stages.base import Stage
 from .stages.batch import Batcher
 from .stages.cache import Cacher
 from .stages.decode import Decoder
+from .stages.device import DeviceMover
 from .stages.epoch import EpochSizer
 from .stages.equalize import Equalizer
 from .stages.fetch_batch import BatchFetcher
+from .stages.fields import FieldMapper, Renamer, TupleMaker
 from .stages.filter import Filterer
 from .stages.group import PairGrouper
 from .stages.listing import LIST_THREADS, ObjectLister, obtain_listing
@@ -39,6 +42,8 @@ from .stages.open import Opener
 from .stages.prefetch import Prefetcher
 from .stages.read_tfrecord import PerProcessTFRecordStream, TFRecordReader, TFRecordStream
 from .stages.repeat import Repeater
+from .stages.resample import Resampler
+from .stages.sample_shuffle import SampleShuffler
 from .stages.shard import Sharder
 from .stages.shuffle import Shuffler
 from .stages.source import ItemSource
@@ -96,8 +101,12 @@ class Pipeline(torch.utils.data.IterableDataset):
 
     # ---- core stages --------------------------------------------------------------------
     @checks_options
-    def shuffle(self, buffer_size: int, *, seed: int = 0) -> Pipeline:
-        """Buffer shuffle, reseeded from ``(seed, epoch)`` every epoch."""
+    def shuffle(self, buffer_size: int, *, seed: int = 0, by: Literal["item", "key"] = "item") -> Pipeline:
+        """Buffer shuffle, reseeded from ``(seed, epoch)`` every epoch; ``by="key"`` moves whole
+        samples (a sample's objects, as ``list_objects`` lists them, stay together)."""
+        if by == "key":
+            return self._then("shuffle", SampleShuffler, buffer_size, seed=seed, by=by)
+        check_choice(by, "shuffle(by=...)", ("item", "key"))
         return self._then("shuffle", Shuffler, buffer_size, seed=seed)
 
     @checks_options
@@ -157,6 +166,40 @@ class Pipeline(torch.utils.data.IterableDataset):
         nodes = (self._node,) + tuple(o._node for o in others)
         validate(Zipper, len(nodes), (), {})
         return Pipeline(Node(Zipper, (), {}, nodes, f"zip({len(nodes)} inputs)"))
+
+    # ---- sample dicts, resampling and devices, as webdataset and torchdata users know them --
+    @checks_options
+    def to_tuple(self, *fields: str, on_missing: Literal["raise", "skip", "none"] = "raise") -> Pipeline:
+        """Sample dicts as tuples of the named fields (``"jpg;png"``: the first one present)."""
+        return self._then("to_tuple", TupleMaker, *fields, on_missing=on_missing)
+
+    @checks_options
+    def rename(self, *, keep: bool = True, on_missing: Literal["raise", "skip", "none"] = "raise",
+               **fields: str) -> Pipeline:
+        """Rename sample fields: ``rename(image="jpg;png", label="cls")``."""
+        return self._then("rename", Renamer, keep=keep, on_missing=on_missing, **fields)
+
+    @checks_options
+    def map_dict(self, *, on_missing: Literal["raise", "skip", "none"] = "raise",
+                 **fns: Callable[[Any], Any]) -> Pipeline:
+        """Apply a function to named sample fields: ``map_dict(jpg=decode, cls=int)``."""
+        return self._then("map_dict", FieldMapper, on_missing=on_missing, **fns)
+
+    @checks_options
+    def resample(self, n: int | None = None, *, seed: int = 0) -> Pipeline:
+        """Draw items with replacement (``n`` per rank x worker, forever when None), each rank
+        and worker its own sequence: endless streams over a shard list."""
+        return self._then("resample", Resampler, n, seed=seed)
+
+    @checks_options
+    def pin_memory(self, *, size: int = 2) -> Pipeline:
+        """Pin tensors (in dicts, lists, tuples) on a background thread; without CUDA a no-op."""
+        return self._then("pin_memory", DeviceMover, pin=True, size=size)
+
+    @checks_options
+    def to(self, device: Any, *, non_blocking: bool = True, size: int = 2) -> Pipeline:
+        """Copy tensors (in dicts, lists, tuples) to ``device`` on a background thread."""
+        return self._then("to", DeviceMover, device, non_blocking=non_blocking, size=size)
 
     # ---- backends (issue: storage backends) ---------------------------------------------
     @checks_options
@@ -372,9 +415,13 @@ def _gather_ranks(parts: list[tuple[dict[str, Any], int]]) -> list[tuple[dict[st
 # ---- sources and fan-in ----------------------------------------------------------------------
 @checks_options
 def from_items(items: Iterable[Any]) -> Pipeline:
-    """A pipeline over the items of a collection (materialised once if not a sequence)."""
+    """A pipeline over the items of a collection (materialised once if not a sequence).
+
+    A URL or path string with brace notation (``"s3://b/shard-{000..099}.tar"``) stands for
+    the strings it denotes, in order (see :mod:`pipeflow._braces`); other strings are kept.
+    """
     source = ItemSource(items)  # validates, and materialises a generator once, here
-    items = source.items
+    items = expand_url_items(source.items)
     if shareable(items):  # a long list of keys: held once per node, not copied into each worker
         items = KeyTable.build(items)
     return Pipeline(Node(ItemSource, (items,), {}, (), f"from_items({format_value(items)})"))

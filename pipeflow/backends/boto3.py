@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import io
+import os
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ __all__ = ["Boto3Backend", "Boto3Options"]
 
 #: download_fileobj results up to this size stay in memory; larger ones spill to a temp file
 _SPOOL_BYTES = 64 << 20
+#: files from this size on are uploaded in parts (the transfer manager), smaller ones in one PUT
+_MULTIPART_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -201,8 +204,16 @@ class Boto3Backend(Backend):
 
         loc = parse_s3_url(url, backend=self.name, op="upload")
         client = self._client()
-        config = TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=64 << 20,
-                                max_concurrency=4)
+        if os.path.getsize(path) < _MULTIPART_BYTES:
+            # one PUT: the transfer manager's threads and futures cost more than a small file
+            def put() -> None:
+                with open(path, "rb") as body:
+                    client.put_object(Bucket=loc.bucket, Key=loc.key, Body=body)
+
+            self._call(put, url, "upload")
+            return
+        config = TransferConfig(multipart_threshold=_MULTIPART_BYTES,
+                                multipart_chunksize=_MULTIPART_BYTES, max_concurrency=4)
         self._call(lambda: client.upload_file(path, loc.bucket, loc.key, Config=config), url,
                    "upload")
 

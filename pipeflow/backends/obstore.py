@@ -212,6 +212,28 @@ class ObstoreBackend(Backend):
             raise exc
         raise err from exc
 
+    # ---- writing ---------------------------------------------------------------------------
+    def upload(self, path: str, url: str) -> None:
+        """Upload the local file ``path`` as ``url``: one PUT, or a multipart upload for files
+        larger than object_store's part size (aborted on failure). S3 makes the object visible
+        only once it completes, so readers never see a part of it."""
+        import pathlib
+
+        import obstore
+
+        loc = parse_s3_url(url, backend=self.name, op="upload")
+        try:
+            obstore.put(self._store(loc.bucket), loc.key, pathlib.Path(path))
+        except Exception as exc:
+            # no HEAD probe as for reads: the object is not expected to exist yet; obstore's
+            # generic error comes after its own retries
+            err = self._typed(exc, url, "upload") or RetryExhaustedError(
+                f"the upload kept failing at {self.options.resolved_endpoint() or 'the AWS S3 endpoint'}",
+                url=url, backend=self.name, op="upload")
+            if err is exc:
+                raise
+            raise err from exc
+
     # ---- listing ---------------------------------------------------------------------------
     def list(self, url: str) -> Iterator[ObjectInfo]:
         import obstore
@@ -229,6 +251,13 @@ class ObstoreBackend(Backend):
                         yield _object_info(loc.bucket, meta)
         except Exception as exc:
             self._raise(exc, loc, url, "list")
+
+    def list_before_fork(self, url: str) -> Iterator[ObjectInfo]:
+        if _runtime_pid == os.getpid():
+            return self.list(url)  # the runtime is live here already: nothing left to keep
+        from pipeflow.backends._obstore_list import list_in_child
+
+        return list_in_child(self.options, url)
 
     def info(self, url: str) -> ObjectInfo:
         import obstore

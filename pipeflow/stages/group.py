@@ -105,9 +105,14 @@ class PairGrouper(Stage[dict[str, Any]]):
                 self.context.stats.incr(self.name, "incomplete")
                 continue
             present = sorted(k for k in sample if not k.startswith("__"))
+            # whole objects are grouped only when a sample's objects are neighbours: a plain
+            # shuffle of their URLs separates them
+            hint = ("; a sample's objects must arrive one after another: shuffle their URLs "
+                    "with shuffle(n, by='key')" if sample["__url__"].startswith(sample["__key__"] + ".")
+                    else "")
             raise IncompleteSampleError(
                 f"sample lacks required field(s) {missing} (has {present}, from "
-                f"{sample['__url__']})", stage=self.name, key=sample["__key__"])
+                f"{sample['__url__']}){hint}", stage=self.name, key=sample["__key__"])
 
     def _collect(self) -> dict[str, Any] | None:
         sample: dict[str, Any] | None = None

@@ -31,17 +31,19 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .._braces import expand_braces, has_braces, literal_prefix
+from ..backends._optional import installed
 from ..backends.base import Backend, Publisher, local_path, scheme_of
 from ..backends.parallel_list import list_parallel
-from ..backends.registry import get_backend
+from ..backends.registry import backend_for_url, get_backend
 from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError
 from ..items import ObjectInfo
 from ..keytable import SHARE_MIN, KeyTable, is_index_file, keys_dir, new_table_file, write_index
 from ._onejob import on_lead
 from .base import Stage
 
-__all__ = ["LIST_THREADS", "ObjectLister", "list_now", "obtain_listing", "read_manifest",
-           "write_manifest"]
+__all__ = ["LIST_THREADS", "ObjectLister", "default_backend", "list_now", "obtain_listing",
+           "read_manifest", "write_manifest"]
 
 MANIFEST_VERSION = 1
 #: list requests in flight when the backend can list ranges concurrently
@@ -54,6 +56,46 @@ def _relative(url: str, prefix: str) -> str:
     return url[len(prefix):] if url.startswith(prefix) else url
 
 
+def default_backend(url: str) -> str:
+    """The backend that lists ``url`` when none is named: the scheme's default (``boto3`` for
+    ``s3://``), or obstore when that is the S3 client installed and boto3 is not."""
+    name = backend_for_url(url)
+    if name == "boto3" and not installed("boto3") and installed("obstore"):
+        return "obstore"
+    return name
+
+
+def _listed(be: Backend, url: str, base: str) -> list[ObjectInfo]:
+    """The listing of ``url``; with brace notation, the objects it names (and everything under
+    the ones that end in ``/``), found with one listing of the part before the first brace.
+
+    Cost: one listing of that part (O(objects under it)) and a set of the E names.
+
+    Raises:
+        ObjectNotFoundError: a name the braces denote matched nothing.
+    """
+    if base == url:
+        return list(be.list_before_fork(url))
+    names = expand_braces(url)
+    exact = set(names)
+    prefixes = {n for n in names if n.endswith("/")}
+    found: set[str] = set()
+    kept = []
+    for info in be.list_before_fork(base):
+        hit = info.url if info.url in exact else next(
+            (info.url[:k + 1] for k in range(max(len(base) - 1, 0), len(info.url))
+             if info.url[k] == "/" and info.url[:k + 1] in prefixes), None)
+        if hit is not None:
+            found.add(hit)
+            kept.append(info)
+    missing = [n for n in names if n not in found]
+    if missing:
+        shown = ", ".join(repr(m) for m in missing[:3]) + (" ..." if len(missing) > 3 else "")
+        raise ObjectNotFoundError(f"{len(missing)} of the {len(names)} names the braces denote "
+                                  f"do not exist: {shown}", url=url, backend=be.name, op="list")
+    return kept
+
+
 def list_now(url: str, *, pattern: str | None = None, backend: str | Backend | None = None,
              threads: int = LIST_THREADS, **options: Any) -> list[ObjectInfo]:
     """List ``url`` with a backend and filter by ``pattern`` (a glob on the part after ``url``).
@@ -61,14 +103,15 @@ def list_now(url: str, *, pattern: str | None = None, backend: str | Backend | N
     Raises:
         ObjectNotFoundError: nothing under ``url`` (matches ``pattern``).
     """
-    be = get_backend(backend, url=url, **options)
+    be = get_backend(backend if backend is not None else default_backend(url), **options)
+    base = literal_prefix(url) if has_braces(url) else url
     listed: Iterable[ObjectInfo]
-    if be.pages_from_any_key and url.endswith("/"):
+    if base == url and be.pages_from_any_key and url.endswith("/"):
         listed = list_parallel(be, url, concurrency=threads).objects
     else:
-        listed = be.list(url)
+        listed = _listed(be, url, base)
     infos = [i for i in listed
-             if pattern is None or fnmatch.fnmatchcase(_relative(i.url, url), pattern)]
+             if pattern is None or fnmatch.fnmatchcase(_relative(i.url, base), pattern)]
     infos.sort(key=lambda i: i.url)  # backends list sorted already; make it a guarantee
     if not infos:
         what = f" matching {pattern!r}" if pattern else ""
@@ -329,3 +372,7 @@ class ObjectLister(Stage[ObjectInfo]):
     def __getitem__(self, i: int) -> ObjectInfo:
         """The ``i``-th object of the listing (random access for block-wise assignment)."""
         return self.objects()[i]
+
+    def known_length(self) -> int | None:
+        """The number of objects once listed (here or from the manifest), without listing."""
+        return len(self._objects) if self._objects is not None else None

@@ -80,9 +80,14 @@ class Prefetcher(Stage[Any]):
                 except StopIteration:
                     self._put(stop, out, _END)
                     return
-                self._put(stop, out, (item, source.state_dict()))
+                self._put(stop, out, (self.prepare(item), source.state_dict()))
         except BaseException as exc:  # handed to the consumer, never lost
             self._put(stop, out, _Failure(exc))
+
+    def prepare(self, item: Any) -> Any:
+        """The item as queued, computed on the background thread (a subclass's per-item work
+        overlapping the consumer: ``pin_memory``, ``to(device)``)."""
+        return item
 
     def _put(self, stop: threading.Event, out: queue.Queue[Any], value: Any) -> None:
         tuner = self._tuner

@@ -137,7 +137,24 @@ def suite_empty_shard(rank: int) -> dict[str, object]:
     return {"raised": None, "batches": batches}
 
 
-SUITES = {"census": suite_census, "equalize": suite_equalize, "empty_shard": suite_empty_shard}
+def suite_resample(rank: int) -> dict[str, object]:
+    """resample(): every rank x worker draws its own stream of shards; shuffle(by="key") then
+    shard_by_rank(by="key"): whole samples, each once across ranks and workers."""
+    shards = list(_data.shard_sizes(NUM_SHARDS))
+    urls = [f"s3://b/pairs/{i:03d}.{field}" for i in range(40) for field in ("image", "label")]
+    out: dict[str, object] = {}
+    for nw in (0, 2):
+        pipe = pf.from_items(shards).resample(12, seed=3).batch(4)
+        out[f"resample-w{nw}"] = {"epoch0": run_loader(pipe, nw, 0),
+                                  "epoch0_again": run_loader(pipe, nw, 0),
+                                  "epoch1": run_loader(pipe, nw, 1)}
+        pipe = pf.from_items(urls).shuffle(8, seed=2, by="key").shard_by_rank(by="key").batch(4)
+        out[f"key-shuffle-w{nw}"] = run_loader(pipe, nw, 0)
+    return out
+
+
+SUITES = {"census": suite_census, "equalize": suite_equalize, "empty_shard": suite_empty_shard,
+          "resample": suite_resample}
 
 
 def main() -> int:

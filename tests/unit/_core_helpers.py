@@ -45,3 +45,19 @@ def wait_for_file(x):
     while not os.path.exists(x[1]) and time.monotonic() < deadline:
         time.sleep(0.01)
     return x[0]
+
+
+def as_sample(x):
+    """A WebDataset-style sample dict for item ``x``."""
+    return {"__key__": f"s{x:03d}", "jpg": x, "cls": x % 3}
+
+
+def as_field_url(x):
+    """Item ``x`` as an object URL; four consecutive items share a sample key."""
+    return f"s3://b/pairs/{x // 4:03d}.f{x % 4}"
+
+
+def as_tensor(x):
+    import torch
+
+    return {"x": torch.tensor([x]), "pair": (torch.tensor(float(x)), [x])}

@@ -76,10 +76,10 @@ def _layer(module: str) -> str:
     return parts[1] if len(parts) > 1 else "pipeflow"
 
 
-FOUNDATION = {"errors", "_checks", "_io", "_fs", "_rng", "items", "stats", "run_context", "disk_cache",
-              "keytable"}
-ABOVE_STAGES = {"graph", "iterator", "elastic", "sinks", "pipeline", "recipes", "_cli", "cli", "testing",
-                "pipeflow"}
+FOUNDATION = {"errors", "_braces", "_checks", "_io", "_fs", "_rng", "items", "stats", "run_context",
+              "disk_cache", "keytable"}
+ABOVE_STAGES = {"graph", "iterator", "elastic", "sinks", "pipeline", "map_dataset", "recipes", "_cli",
+                "cli", "testing", "pipeflow"}
 
 #: layer -> the layers it must never import
 FORBIDDEN = {

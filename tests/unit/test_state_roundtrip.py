@@ -14,7 +14,7 @@ import pytest
 import pipeflow as pf
 from pipeflow.formats import encode_example, write_tfrecords
 
-from ._core_helpers import double, is_even, slow_double
+from ._core_helpers import as_field_url, as_sample, as_tensor, double, is_even, slow_double
 
 
 def _pipelines(wrap=lambda p: p):
@@ -44,6 +44,13 @@ def _pipelines(wrap=lambda p: p):
         "zip": (src.zip(pf.from_items(range(100, 157))), True),
         "interleave": (pf.interleave([src, pf.from_items(range(100, 120))]), True),
         "mix": (pf.mix([src, pf.from_items(range(100, 130))], [2, 1], seed=1), True),
+        "to_tuple": (src.map(as_sample).to_tuple("png;jpg", "cls"), True),
+        "rename": (src.map(as_sample).rename(image="png;jpg", label="cls"), True),
+        "map_dict": (src.map(as_sample).map_dict(cls=double), True),
+        "resample": (src.resample(40, seed=1), True),
+        "shuffle_by_key": (src.map(as_field_url).shuffle(5, seed=2, by="key"), True),
+        "to_device": (src.map(as_tensor).to("cpu"), True),
+        "pin_memory": (src.map(as_tensor).pin_memory(size=3), True),
         "everything": (src.shuffle(8).map(slow_double, workers=2).filter(is_even).batch(3)
                        .prefetch(2).unbatch().shuffle(4, seed=9).prefetch(1), True),
     }
@@ -100,6 +107,7 @@ def _io_pipelines(data: dict[str, list[str]], wrap=lambda p: p) -> dict[str, tup
         "read_tfrecord": (wrap(pf.from_items(data["tfrecords"])).open().read_tfrecord(), True),
         "cache": (singles.cache(data["root"][0] + "/cache", max_bytes=10**6), True),
         "equalize": (wrap(pf.from_items(range(57))).equalize(), True),
+        "shuffle_by_key": (singles.shuffle(4, seed=1, by="key").open(read=True).group_pairs(), True),
         "shards_everything": (shards.shuffle(3).open().untar().group_pairs().shuffle(5)
                               .decode("numpy").batch(2).prefetch(2), True),
     }
@@ -117,7 +125,7 @@ def io_pipelines(io_data):
 
 IO_NAMES = ["open", "open_auto", "list_objects", "untar", "group_pairs", "decode", "decode_auto",
             "read_tfrecord", "cache",
-            "equalize", "shards_everything"]
+            "equalize", "shuffle_by_key", "shards_everything"]
 
 
 def _key(x):
@@ -292,7 +300,8 @@ def test_state_after_an_error_resumes_exactly(name):
 _IO_BAD = {"open": ("singles", 7), "open_auto": ("singles", 7), "list_objects": ("singles", 7),
            "untar": ("shards", 1), "group_pairs": ("shards", 1), "decode": ("shards", 2),
            "decode_auto": ("shards", 2), "read_tfrecord": ("tfrecords", 1),
-           "cache": ("singles", 5), "equalize": (None, 23), "shards_everything": ("shards", 1)}
+           "cache": ("singles", 5), "equalize": (None, 23), "shuffle_by_key": ("singles", 7),
+           "shards_everything": ("shards", 1)}
 
 
 @pytest.mark.parametrize("name", IO_NAMES)
@@ -307,7 +316,7 @@ def test_state_after_an_error_resumes_exactly_for_io_and_format_stages(io_data, 
 
 
 
-@pytest.mark.parametrize("name", ["shuffle", "everything", "mix", "repeat"])
+@pytest.mark.parametrize("name", ["shuffle", "everything", "mix", "repeat", "shuffle_by_key", "resample"])
 @pytest.mark.parametrize("first,second", [(3, 2), (13, 9)])
 def test_a_resumed_run_can_be_saved_and_resumed_again(name, first, second):
     # checkpoints keep coming after a restart: the state saved by a resumed iterator, before the
