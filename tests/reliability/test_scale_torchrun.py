@@ -54,7 +54,13 @@ def test_large_key_sets_travel_as_shared_tables(scale):
     assert all(r["kinds"] == {"items": "KeyTable", "index": "KeyTable"} for r in ranks)
 
 
-@pytest.mark.parametrize("source", ["listing", "parallel", "index", "items"])
+def test_the_parallel_listing_is_the_listing(scale):
+    bucket, ranks = scale
+    assert all(r["seen"]["parallel-listed"] == [f"s3://{bucket}/data/{i:05d}.bin" for i in range(N)]
+               for r in ranks)
+
+
+@pytest.mark.parametrize("source", ["listing", "index", "items"])
 @pytest.mark.parametrize("case", [f"w{w}-{c or 'main'}" for w, c in CASES])
 def test_every_key_exactly_once_across_ranks_and_workers(scale, source, case):
     bucket, ranks = scale
