@@ -17,7 +17,11 @@ Parts (each case runs ``--repeats`` times; the report gives medians):
   its workers, sampled through the epoch (peak), minus the main process's PSS before the
   DataLoader started. Compared with the same pipeline over 10^3 keys.
 
-    python -m benchmarks.scale --parts lists listing memory --repeats 3 --out docs/bench/scale.json
+    python -m benchmarks.scale --parts memory --repeats 3 --out docs/bench/scale-memory.json
+    python -m benchmarks.scale --parts listing --repeats 3 --out docs/bench/scale-listing.json
+    python -m benchmarks.scale --parts lists --repeats 3 --out docs/bench/scale-lists.json
+
+(docs/scale.md gives the figures of those three files.)
 """
 
 from __future__ import annotations
