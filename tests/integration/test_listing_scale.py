@@ -112,3 +112,23 @@ def test_index_command_to_a_local_file(s3, s3_bucket, tmp_path: Path) -> None:
     assert os.stat(out).st_mode & 0o044  # published with the usual permissions
     urls = [o.url for o in pf.list_objects(f"s3://{s3_bucket}/l/", manifest=str(out))]
     assert urls == [f"s3://{s3_bucket}/l/a.bin", f"s3://{s3_bucket}/l/b.bin"]
+
+
+@pytest.mark.parametrize("where", ["s3", "local"])
+def test_an_index_is_published_once_by_a_conditional_write(s3, s3_bucket, tmp_path: Path, where: str) -> None:
+    from pipeflow.items import ObjectInfo
+    from pipeflow.keytable import KeyTable
+    from pipeflow.stages.listing import _manifest_backend, publish
+
+    url = f"s3://{s3_bucket}/w/"
+    target = f"s3://{s3_bucket}/w.pfi" if where == "s3" else str(tmp_path / "w.pfi")
+    be = _manifest_backend(target, url, None, {})
+    first, second = [ObjectInfo(url + "a", size=1)], [ObjectInfo(url + "b", size=2)]
+    assert publish(target, be, url, None, first) is True
+    assert publish(target, be, url, None, second) is False  # another writer was first: kept
+    if where == "local":
+        assert list(KeyTable.open(target)) == first
+    else:
+        got = pf.list_objects(url, manifest=target)
+        assert [o.url for o in got] == [url + "a"]
+    assert publish(target, be, url, None, second, replace=True) is True
