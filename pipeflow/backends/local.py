@@ -132,6 +132,27 @@ class LocalBackend(Backend):
         except OSError as exc:
             raise self._error(exc, url, "read") from exc
 
+    def upload_new(self, path: str, url: str) -> bool:
+        """Publish ``path`` as ``url`` unless a file is there already (a hard link made with
+        ``O_EXCL`` semantics): True when this call wrote it, False when another writer was first."""
+        dest = local_path(url, backend=self.name, op="upload")
+        directory = os.path.dirname(dest) or "."
+        try:
+            os.makedirs(directory, exist_ok=True)
+            fd, tmp = create_temp(directory, _UPLOAD_PREFIX)  # umask applies; swept if killed
+            try:
+                with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 20)
+                os.link(tmp, dest)
+            except FileExistsError:
+                return False
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+        except OSError as exc:
+            raise self._error(exc, url, "upload") from exc
+        return True
+
     def upload(self, path: str, url: str) -> None:
         """Publish the local file ``path`` as ``url`` atomically: readers of ``url`` see the
         previous file or the whole new one, never a part (a temporary file in the same
