@@ -112,11 +112,16 @@ class Loader:
     stop at the end of the epoch or when the loader is garbage collected.
     """
 
-    def __init__(self, pipe: Pipeline, options: LoaderOptions) -> None:
+    def __init__(self, pipe: Pipeline, options: LoaderOptions, *, extended: bool = False) -> None:
+        """Args:
+            pipe: the pipeline to load from.
+            options: batching, collate, device and prefetch.
+            extended: ``pipe`` already ends in the loader's stages (a resumed loader).
+        """
         self._options = options
-        self._pipe = extend(pipe, options)
+        self._pipe = pipe if extended else extend(pipe, options)
         self._pipe.set_epoch(pipe.epoch)
-        self._length = _batches(pipe, options)
+        self._length = None if extended else _batches(pipe, options)
         self._it: PipelineIterator | None = None
         self._pending: dict[str, Any] | None = None
 
@@ -201,6 +206,13 @@ class Loader:
             epoch, stages = epoch + 1, {}
         self._pipe.set_epoch(epoch)
         self._pending = stages if "stages" in stages else None
+
+    def resume_from(self, merged: dict[str, Any]) -> Loader:
+        """A loader over the rest of the epoch ``merged`` was saved in
+        (:func:`pipeflow.merge_states` of every rank's ``state_dict()``), on any number of
+        ranks: every item no rank had returned in a batch, once; later epochs are the normal
+        ones. Needs ``shard_by_rank()`` in the pipeline, as ``Pipeline.resume_from`` does."""
+        return Loader(self._pipe.resume_from(merged), self._options, extended=True)
 
     def stats(self, *, all_ranks: bool = False) -> PipelineStats:
         """What every stage did (see :meth:`Pipeline.stats <pipeflow.Pipeline.stats>`);

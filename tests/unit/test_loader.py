@@ -225,3 +225,32 @@ def test_process_map_workers_end_with_the_loader():
     del loader, pipe
     gc.collect()
     assert _settle(lambda: not (_children() - before), 15), _children() - before
+
+
+def test_states_of_two_ranks_resume_elastically_on_one(monkeypatch):
+    def pipe():
+        return pf.from_items(range(40)).shuffle(8, seed=1).shard_by_rank()
+
+    seen, states = [], []
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        loader = pipe().loader(batch_size=3, collate=False)
+        seen += [x for batch in _epoch_lists(loader, 2 + rank) for x in batch]
+        states.append(loader.state_dict())
+        loader.close()
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    resumed = pipe().loader(batch_size=3, collate=False).resume_from(pf.merge_states(states))
+    rest = [x for batch in resumed for x in batch]
+    assert len(seen) == 15 and sorted(seen + rest) == list(range(40))
+    assert resumed.epoch == 1 and sorted(x for b in resumed for x in b) == list(range(40))
+
+
+def _epoch_lists(loader, stop):
+    out = []
+    for batch in loader:
+        out.append(batch)
+        if len(out) == stop:
+            break
+    return out
