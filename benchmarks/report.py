@@ -261,14 +261,17 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 
 def _median(runs: list[dict[str, Any]], key: str) -> float | None:
     values = [r[key] for r in runs if r.get(key) is not None]
-    return round(statistics.median(values), 3) if values else None
+    return statistics.median(values) if values else None
 
 
 def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    cpu = _median(runs, "cpu_s_per_sample")
-    return {"runs": len(runs), "samples_per_s": _median(runs, "samples_per_s"),
-            "peak_pss_mb": _median(runs, "peak_pss_mb"), "first_batch_s": _median(runs, "first_batch_s"),
-            "cpu_ms_per_sample": round(cpu * 1000, 3) if cpu else None}
+    def median(key: str, scale: float = 1.0, digits: int = 1) -> float | None:
+        value = _median(runs, key)
+        return None if value is None else round(value * scale, digits)
+
+    return {"runs": len(runs), "samples_per_s": median("samples_per_s"), "peak_pss_mb": median("peak_pss_mb"),
+            "first_batch_s": median("first_batch_s", digits=3),
+            "cpu_ms_per_sample": median("cpu_s_per_sample", 1000.0, 3)}
 
 
 def thread_native(rows: list[dict[str, Any]]) -> dict[str, Any]:
