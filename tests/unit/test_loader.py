@@ -254,3 +254,18 @@ def _epoch_lists(loader, stop):
         if len(out) == stop:
             break
     return out
+
+
+class _LoaderInside(torch.utils.data.IterableDataset):
+    """Iterates a loader inside a DataLoader worker: refused, with the way out in the message."""
+
+    def __iter__(self):
+        try:
+            iter(pf.from_items(range(3)).loader())
+        except ConfigError as exc:
+            yield str(exc)
+
+
+def test_a_loader_inside_a_dataloader_worker_is_refused():
+    got = list(torch.utils.data.DataLoader(_LoaderInside(), batch_size=None, num_workers=1))
+    assert len(got) == 1 and "hand the pipeline itself to the DataLoader" in got[0]
