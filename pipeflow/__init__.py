@@ -36,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "Stage": "stages.base",
     "merge_states": "elastic",
     "RetryPolicy": "backends._retry",
+    "ShardManifest": "sinks.manifest",
     **{name: "errors" for name in (
         "AccessDeniedError", "BackendError", "CommandError", "ConfigError", "CorruptDataError",
         "DecodeError", "EmptyShardError", "IncompleteSampleError", "InvalidURLError",
@@ -69,6 +70,7 @@ __all__ = [
     "RetryExhaustedError",
     "RetryPolicy",
     "RunContext",
+    "ShardManifest",
     "Stage",
     "StageContractError",
     "StageError",
@@ -118,6 +120,7 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ l
     from .map_dataset import MapDataset
     from .pipeline import Pipeline, from_items, interleave, list_objects, mix, tfrecord_stream
     from .run_context import RunContext
+    from .sinks.manifest import ShardManifest
     from .sinks.upload import upload
     from .stages.base import Stage
     from .stats import Stats

@@ -5,6 +5,7 @@ their subcommand runs, so ``pipeflow --help`` stays fast."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import signal
@@ -34,6 +35,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"pipeflow {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and not argv[0].startswith("-") and argv[0] not in COMMANDS:
+        close = difflib.get_close_matches(argv[0], list(COMMANDS), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        print(f"pipeflow: no command {argv[0]!r}; {hint}commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
     chosen = argv[0] if argv and argv[0] in COMMANDS else None
     for name, (module_name, help_text) in COMMANDS.items():
         sp = sub.add_parser(name, help=help_text, description=help_text)
@@ -43,9 +49,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
-    module = importlib.import_module(COMMANDS[args.command][0])
     try:
-        return int(module.run(args) or 0)
+        return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
     except BrokenPipeError:
         # the reader went away (`pipeflow recipes | head`): stop quietly, as other tools do;
         # point stdout at /dev/null so the interpreter's final flush cannot fail again
@@ -53,6 +58,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return 128 + signal.SIGPIPE
+    except KeyboardInterrupt:
+        # Ctrl-C: the user knows where it came from; one line, the shell's status for SIGINT
+        print(f"pipeflow {args.command}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

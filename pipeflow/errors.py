@@ -50,15 +50,24 @@ class StageContractError(PipeflowError, TypeError):
     stage on every item and never end."""
 
 
+#: The distribution name on the package index. The import name stays ``pipeflow``; the index's
+#: ``pipeflow`` is an unrelated project, so no install line may name it.
+DISTRIBUTION = "pipeflow-data"
+
+
+def install_line(extra: str) -> str:
+    """The ``pip install`` line for one extra: from the index, and from a source checkout (the
+    only route until the distribution is published)."""
+    return f"pip install '{DISTRIBUTION}[{extra}]' (from a source checkout: pip install -e '.[{extra}]')"
+
+
 class MissingDependencyError(PipeflowError, ImportError):
     """An optional dependency is not installed; the message is the ``pip install`` line."""
 
     def __init__(self, package: str, extra: str) -> None:
         self.package = package
         self.extra = extra
-        super().__init__(
-            f"{package} is required for this feature: pip install 'pipeflow[{extra}]'"
-        )
+        super().__init__(f"{package} is required for this feature: {install_line(extra)}")
 
     def __reduce__(self):  # keep pickling working despite the custom __init__
         return (type(self), (self.package, self.extra))

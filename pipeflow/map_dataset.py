@@ -49,6 +49,10 @@ def _index(urls: Sequence[str], by: str) -> tuple[Entry, ...]:
     return tuple((key, tuple(fields)) for key, fields in samples.items())
 
 
+#: ``MapDataset``'s own options; the rest of its keywords are backend options
+_OWN_OPTIONS = ("pattern", "backend", "by", "decode", "transform", "required", "workers")
+
+
 class MapDataset(torch.utils.data.Dataset):
     """A map-style dataset over objects: ``len(ds)`` samples, ``ds[i]`` reads one.
 
@@ -92,7 +96,7 @@ class MapDataset(torch.utils.data.Dataset):
             raise ConfigError(f"MapDataset(transform=...) needs a callable, got {type(transform).__name__}")
         # the same default as open(): obstore for s3:// when it is installed and safe here
         self._backends = BackendsByScheme(backend, options, what="MapDataset",
-                                          choose=default_backend)
+                                          choose=default_backend, stage_options=_OWN_OPTIONS)
         self._decode = None if decode is None else DecodeOptions(mode=decode)
         self._transform = transform
         self._by = by

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import torch.utils.data
 
+from ._braces import expand_url_items
 from ._checks import check_choice, check_int
 from .elastic import resume_node
 from .formats.images import resolve_jpeg_decoder
@@ -425,9 +426,13 @@ def _gather_ranks(parts: list[tuple[dict[str, Any], int]]) -> list[tuple[dict[st
 # ---- sources and fan-in ----------------------------------------------------------------------
 @checks_options
 def from_items(items: Iterable[Any]) -> Pipeline:
-    """A pipeline over the items of a collection (materialised once if not a sequence)."""
+    """A pipeline over the items of a collection (materialised once if not a sequence).
+
+    A URL or path string with brace notation (``"s3://b/shard-{000..099}.tar"``) stands for
+    the strings it denotes, in order (see :mod:`pipeflow._braces`); other strings are kept.
+    """
     source = ItemSource(items)  # validates, and materialises a generator once, here
-    items = source.items
+    items = expand_url_items(source.items)
     return Pipeline(Node(ItemSource, (items,), {}, (), f"from_items({format_value(items)})"))
 
 

@@ -17,7 +17,7 @@ def plot_stats(stats: Any, path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise MissingDependencyError("pip install 'pipeflow[plots]'") from exc
+        raise MissingDependencyError("matplotlib", "plots") from exc
     labels = list(stats)
     parts = [("busy_s", "busy (own work)", "#d62728"), ("wait_s", "waiting on input", "#1f77b4"),
              ("blocked_s", "output waiting on consumer", "#7f7f7f")]

@@ -1,11 +1,25 @@
-"""Progress bars of the long commands: tqdm on stderr, only when stdout is a terminal."""
+"""Progress bars of the long commands: tqdm on stderr when stderr is a terminal.
+
+A bar redraws its line with carriage returns; into a log or a pipe (``2>log``,
+``2>&1 | tail``) that is hundreds of garbled lines, so there a command prints plain lines at
+most every few seconds instead (or nothing, where it prints its own lines anyway).
+"""
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from typing import Any
 
-__all__ = ["progress_bar"]
+__all__ = ["draws_bars", "progress_bar"]
+
+
+def draws_bars(stream: Any = None) -> bool:
+    """Whether a bar may redraw itself on ``stream`` (default stderr): a terminal that can."""
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty()) and os.environ.get("TERM") != "dumb"
 
 
 class _Off:
@@ -29,16 +43,56 @@ class _Off:
         pass
 
 
-def progress_bar(desc: str, *, total: int | None = None, unit: str = " samples",
-                 quiet: bool = False) -> Any:
-    """A tqdm bar (items, rate, ETA when ``total`` is known), or one that draws nothing when
-    ``quiet``, when stdout is not a terminal (a log, a pipe) or without tqdm installed.
+class _Lines(_Off):
+    """No bar: a plain line on stderr at most every ``every`` seconds, and one at the end."""
 
-    Print other lines with the bar's ``write`` while it is open, so they do not tear it."""
-    if quiet or not sys.stdout.isatty():
-        return _Off()
+    def __init__(self, desc: str, total: int | None, unit: str, every: float) -> None:
+        self.desc, self.total, self.unit, self.every = desc, total, unit, every
+        self.n = 0
+        self._start = self._last = time.perf_counter()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = time.perf_counter()
+        if now - self._last >= self.every:
+            self._last = now
+            self._say(now)
+
+    def _say(self, now: float) -> None:
+        of = f"/{self.total}" if self.total else ""
+        rate = self.n / max(now - self._start, 1e-9)
+        print(f"{self.desc}: {self.n}{of}{self.unit}, {rate:.1f}{self.unit}/s", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.n:
+            self._say(time.perf_counter())
+
+
+def _columns() -> int:
     try:
-        from tqdm import tqdm
-    except ImportError:
+        return os.get_terminal_size(sys.stderr.fileno()).columns
+    except (OSError, ValueError):
+        return 0
+
+
+def progress_bar(desc: str, *, total: int | None = None, unit: str = " samples",
+                 quiet: bool = False, lines_every: float | None = None) -> Any:
+    """A tqdm bar on stderr (items, rate, ETA when ``total`` is known) when stderr is a terminal.
+
+    Otherwise (a log, a pipe, no tqdm installed) or with ``quiet``, a bar that draws nothing;
+    with ``lines_every``, not quiet and no terminal, plain lines every that many seconds and one
+    at the end. Print other lines with the bar's ``write`` while it is open, so they do not
+    tear it."""
+    if quiet:
         return _Off()
-    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False)
+    if draws_bars():
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            pass
+        else:
+            # a terminal that reports no size (a bare pseudo-terminal) would get no bar at all:
+            # tqdm draws nothing on 0 columns, nor below the last of 0 rows
+            size = {} if _columns() else {"ncols": 100, "nrows": 24}
+            return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, **size)
+    return _Lines(desc, total, unit, lines_every) if lines_every is not None else _Off()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
 __all__ = ["add_arguments", "run"]
@@ -36,46 +35,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-class _Bar:
-    """tqdm when it is installed, else a plain line on stderr (redrawn at most twice a second)."""
-
-    def __init__(self, desc: str, enabled: bool) -> None:
-        self.enabled = enabled
-        self.desc = desc
-        self.samples = 0
-        self.nbytes = 0
-        self._start = self._last = time.perf_counter()
-        self._tqdm: Any = None
-        if enabled:
-            try:
-                from tqdm import tqdm
-            except ImportError:
-                return
-            self._tqdm = tqdm(desc=desc, unit=" samples", file=sys.stderr)
-
-    def __call__(self, samples: int, nbytes: int) -> None:
-        step, self.samples, self.nbytes = samples - self.samples, samples, nbytes
-        if not self.enabled:
-            return
-        if self._tqdm is not None:
-            self._tqdm.update(step)
-            return
-        now = time.perf_counter()
-        if now - self._last >= 0.5:
-            self._last = now
-            print(f"{self.desc}: {self._line(now)}", file=sys.stderr, flush=True)
-
-    def _line(self, now: float) -> str:
-        rate = self.samples / max(now - self._start, 1e-9)
-        return f"{self.samples} samples, {self.nbytes / 1e6:.1f} MB, {rate:.1f} samples/s"
-
-    def close(self) -> None:
-        if self._tqdm is not None:
-            self._tqdm.close()
-        elif self.enabled:
-            print(f"{self.desc}: {self._line(time.perf_counter())}", file=sys.stderr, flush=True)
-
-
 def _relative_key(src: str) -> Any:
     base = src.rstrip("/") + "/"
 
@@ -86,26 +45,21 @@ def _relative_key(src: str) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    import pipeflow as pf
-
     from ..errors import PipeflowError
-    from ..stages.listing import list_now
 
+    shape = {"format": args.format, "max_size": max(1, int(args.max_size * 1e6)),
+             "max_count": args.max_count, "name": args.name}
     try:
-        objects = list_now(args.src, backend=args.backend)
-        pipe = (pf.from_items(objects)
-                .open(args.backend, read=True, workers=args.workers)
-                .group_pairs()
-                .map(_relative_key(args.src)))
-        bar = _Bar(f"{args.src} -> {args.dst}", not args.quiet)
-        try:
-            manifest = pipe.write_shards(args.dst, format=args.format,
-                                         max_size=max(1, int(args.max_size * 1e6)),
-                                         max_count=args.max_count, name=args.name,
-                                         workers=args.workers, overwrite=args.overwrite,
-                                         progress=bar)
-        finally:
-            bar.close()
+        previous = _previous(args, shape)
+        if previous is not None and previous.complete:
+            print(f"nothing to do: {args.dst} already holds this conversion, complete "
+                  f"({previous.samples} samples in {len(previous.shards)} {args.format} shards, "
+                  f"{previous.size / 1e6:.1f} MB); --overwrite converts again")
+            return 0
+        if previous is not None and previous.shards:
+            print(f"continuing an interrupted conversion: {len(previous.shards)} shards "
+                  f"({previous.samples} samples) already in {args.dst}", flush=True)
+        objects, manifest = _convert(args, shape)
     except PipeflowError as exc:
         print(f"pipeflow convert: {exc}", file=sys.stderr)
         return 2
@@ -113,3 +67,39 @@ def run(args: argparse.Namespace) -> int:
           f"{len(manifest.shards)} {args.format} shards, {manifest.size / 1e6:.1f} MB, to "
           f"{args.dst} (manifest: {args.dst.rstrip('/')}/manifest.json)")
     return 0
+
+
+def _previous(args: argparse.Namespace, shape: dict[str, Any]) -> Any:
+    """The manifest of an earlier run into DST with these options; one read, nothing listed."""
+    if args.overwrite:
+        return None
+    from ..sinks.shards import previous_manifest
+
+    return previous_manifest(args.dst, **shape, overwrite_hint="--overwrite to start over")
+
+
+def _convert(args: argparse.Namespace, shape: dict[str, Any]) -> tuple[list[Any], Any]:
+    import pipeflow as pf
+
+    from ..stages.listing import list_now
+    from ._progress import progress_bar
+
+    objects = list_now(args.src, backend=args.backend)
+    pipe = (pf.from_items(objects)
+            .open(args.backend, read=True, workers=args.workers)
+            .group_pairs()
+            .map(_relative_key(args.src)))
+    bar = progress_bar(f"{args.src} -> {args.dst}", quiet=args.quiet, lines_every=10.0)
+    written = 0
+
+    def progress(samples: int, nbytes: int) -> None:
+        nonlocal written
+        bar.update(samples - written)
+        written = samples
+
+    try:
+        manifest = pipe.write_shards(args.dst, **shape, workers=args.workers, overwrite=args.overwrite,
+                                     progress=progress)
+    finally:
+        bar.close()
+    return objects, manifest

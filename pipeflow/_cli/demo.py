@@ -19,14 +19,17 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..errors import install_line
+
 __all__ = ["DemoRow", "add_arguments", "run", "run_demo"]
 
 BUCKET = "pipeflow-demo"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="pipeflow-demo", help="directory for the table, JSON and "
-                        "PNG chart (default ./pipeflow-demo)")
+    parser.add_argument("--out", default=None, help="directory for the table, JSON and PNG chart "
+                        "(default: the user cache directory, ~/.cache/pipeflow/demo on Linux, so "
+                        "nothing lands in the working tree)")
     parser.add_argument("--count", type=int, default=400, help="samples per dataset (default 400)")
     parser.add_argument("--image-size", type=int, default=64, metavar="PX",
                         help="image width and height (default 64; the articles use 1024)")
@@ -188,7 +191,7 @@ def _chart(rows: list[DemoRow], path: str, title: str) -> str | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib is not installed: no chart (pip install 'pipeflow[plots]')", file=sys.stderr)
+        print(f"matplotlib is not installed: no chart ({install_line('plots')})", file=sys.stderr)
         return None
     ok = [r for r in rows if r.status == "ok"][::-1]
     fig, ax = plt.subplots(figsize=(9, 0.35 * max(len(ok), 1) + 1.5))
@@ -219,6 +222,10 @@ def run_demo(args: argparse.Namespace) -> list[DemoRow]:
         if unknown:
             recipes.get(unknown[0])  # raises UnknownRecipeError with suggestions
         infos = [i for i in infos if i.name in args.recipes]
+    if getattr(args, "out", None) is None:
+        from .._usercache import cache_root
+
+        args.out = os.path.join(cache_root(), "demo")
     os.makedirs(args.out, exist_ok=True)
     data_dir = tempfile.mkdtemp(prefix="pipeflow-demo-data-")
     rows: list[DemoRow] = []

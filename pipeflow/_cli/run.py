@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="002 recipes: decode, resize to 224x224 and batch 128 in the pipeline")
     parser.add_argument("--profile", nargs="?", const="pipeflow-profile.png", default=None, metavar="PNG",
                         help="print per-stage statistics with the bottleneck and advice, and draw "
-                             "them into PNG (default pipeflow-profile.png; needs pipeflow[plots])")
+                             "them into PNG (default pipeflow-profile.png; needs the plots extra)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                         help="a recipe option, e.g. -o seed=3 (Python literals are parsed)")

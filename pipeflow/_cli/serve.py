@@ -32,10 +32,12 @@ def port_problem(port: int) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..backends.base import bucket_name_problem
     from ..errors import PipeflowError
     from ..testing import local_s3
 
     problem = None if args.port is None else port_problem(args.port)
+    problem = problem or next(filter(None, map(bucket_name_problem, args.bucket)), None)
     if problem:
         print(f"pipeflow serve: {problem}", file=sys.stderr)
         return 2

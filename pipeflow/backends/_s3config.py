@@ -31,6 +31,7 @@ from ..errors import (
     PipeflowError,
     RetryExhaustedError,
 )
+from ._optional import require
 from ._retry import RetryPolicy, s3_error_code
 from .base import BackendOptions
 
@@ -169,8 +170,8 @@ class S3Options(BackendOptions):
 
     def boto3_client(self, **config: Any) -> Any:
         """A botocore S3 client configured from these options (imports boto3)."""
-        import boto3
-        from botocore.config import Config
+        boto3 = require("boto3", extra="boto3")
+        Config = require("botocore.config", extra="boto3").Config
 
         session = boto3.session.Session(profile_name=self.profile)
         cfg = Config(**{**self.botocore_config_kwargs(), **config})

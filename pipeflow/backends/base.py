@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import abc
 import os
+import re
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
@@ -35,7 +36,7 @@ from ..errors import ConfigError, InvalidURLError
 from ..items import ObjectInfo
 from .batch import BatchHandle, ThreadPoolBatch
 
-__all__ = ["Backend", "BackendOptions", "S3Location", "parse_s3_url", "scheme_of"]
+__all__ = ["Backend", "BackendOptions", "S3Location", "bucket_name_problem", "parse_s3_url", "scheme_of"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,25 @@ class S3Location:
     @property
     def url(self) -> str:
         return f"s3://{self.bucket}/{self.key}"
+
+
+_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+_IP_ADDRESS = re.compile(r"\d+\.\d+\.\d+\.\d+")
+
+
+def bucket_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a valid S3 bucket name (S3's general-purpose bucket rules), or None.
+
+    Checked before anything is started or sent, so a bad name is one line, not a server error.
+    """
+    if not isinstance(name, str) or not _BUCKET_NAME.fullmatch(name):
+        return (f"invalid bucket name {name!r}: 3-63 characters of lowercase letters, digits, '.' "
+                "and '-', starting and ending with a letter or digit")
+    if ".." in name or _IP_ADDRESS.fullmatch(name):
+        return f"invalid bucket name {name!r}: no '..' and not an IP address"
+    if name.startswith(("xn--", "sthree-")) or name.endswith(("-s3alias", "--ol-s3")):
+        return f"invalid bucket name {name!r}: the prefix or suffix is reserved by S3"
+    return None
 
 
 def parse_s3_url(url: str, *, backend: str = "", op: str = "") -> S3Location:
@@ -173,6 +193,11 @@ class Backend(abc.ABC):
         Raises:
             ObjectNotFoundError: the bucket or directory does not exist.
         """
+
+    def list_before_fork(self, url: str) -> Iterator[ObjectInfo]:
+        """:meth:`list`, from a process that may fork workers afterwards (where a pipeline is
+        written). A backend whose client does not survive a fork lists without starting it here."""
+        return self.list(url)
 
     @abc.abstractmethod
     def open(self, url: str, *, start: int = 0) -> IO[bytes]:

@@ -252,6 +252,13 @@ class ObstoreBackend(Backend):
         except Exception as exc:
             self._raise(exc, loc, url, "list")
 
+    def list_before_fork(self, url: str) -> Iterator[ObjectInfo]:
+        if _runtime_pid == os.getpid():
+            return self.list(url)  # the runtime is live here already: nothing left to keep
+        from pipeflow.backends._obstore_list import list_in_child
+
+        return list_in_child(self.options, url)
+
     def info(self, url: str) -> ObjectInfo:
         import obstore
 

@@ -1,7 +1,7 @@
 """The backend registry: names and URL schemes mapped to lazily imported classes.
 
 Nothing here imports an SDK. Each entry names its class by a dotted path
-(``"pipeflow.backends.boto3:Boto3Backend"``) and says which ``pipeflow[extra]`` installs what it
+(``"pipeflow.backends.boto3:Boto3Backend"``) and says which extra installs what it
 needs, so a missing SDK surfaces as :class:`~pipeflow.errors.MissingDependencyError` carrying the
 ``pip install`` line, and an unknown name as :class:`~pipeflow.errors.UnknownBackendError`
 listing the known ones.
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError, InvalidURLError, MissingDependencyError, UnknownBackendError
+from ._optional import installed
 from .base import Backend, scheme_of
 
 __all__ = [
@@ -38,7 +39,7 @@ class BackendSpec:
         name: the backend name users pass as ``backend=``.
         target: ``"module:Class"`` of the implementation, imported on first use.
         package: the top-level module of the SDK it needs (None: standard library only).
-        extra: the ``pipeflow[extra]`` that installs ``package``.
+        extra: the extra that installs ``package``.
         schemes: URL schemes this backend is the default for.
         description: one line for tables and error messages.
     """
@@ -122,6 +123,9 @@ def backend_class(name: str) -> type[Backend]:
         return cls
     spec = _spec(name)
     module_name, _, attr = spec.target.partition(":")
+    if spec.package and not installed(spec.package):
+        # backends import their SDK on first use; say so now, not from inside the first request
+        raise MissingDependencyError(spec.package, spec.extra or name)
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

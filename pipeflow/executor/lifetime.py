@@ -70,8 +70,16 @@ def _watch(owner_pid: int, pidfd: int | None) -> None:
         threading.Event().wait(_POLL_SECONDS)
 
 
+def _ignore_interrupt(signum: int, frame: object) -> None:
+    """SIGINT in a process worker: left to the owner (see :func:`arm_worker`)."""
+
+
 def arm_worker(owner_pid: int, shm_prefix: str) -> None:
     """Initializer of every process worker: die with the owner, know where results go."""
+    # Ctrl-C reaches the whole process group: the owner stops the pool (and a dead owner takes
+    # its workers with it), so a worker prints no KeyboardInterrupt traceback of its own. A
+    # handler rather than SIG_IGN, so programs the user's function starts keep the default.
+    signal.signal(signal.SIGINT, _ignore_interrupt)
     _set_pdeathsig()
     set_worker_prefix(shm_prefix)
     pidfd = None

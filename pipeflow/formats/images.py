@@ -4,7 +4,7 @@ Two JPEG decoders are supported; both wrap libjpeg-turbo:
 
 * ``"pil"``: Pillow, always installed, the fallback for every format and every case the fast
   decoder does not handle (CMYK JPEGs, data it rejects).
-* ``"simplejpeg"``: ``pip install 'pipeflow[fast-decode]'``. Decodes straight into the
+* ``"simplejpeg"``: ``pip install -e '.[fast-decode]'``. Decodes straight into the
   ``uint8`` array that becomes the result, so a ``torch``/``numpy`` result costs no extra copy.
 
 ``"auto"`` (the default) picks ``simplejpeg`` when it is importable, else ``"pil"``.

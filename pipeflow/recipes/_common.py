@@ -7,11 +7,13 @@ one, so recipes pickle into DataLoader workers under any start method.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._usercache import dataset_cache_dir
 from ..errors import ConfigError
-from ..pipeline import Pipeline
+
+if TYPE_CHECKING:  # torch loads only when a recipe is built, not to list or look one up
+    from ..pipeline import Pipeline
 
 __all__ = ["companions", "default_cache_dir", "list_with_suffix", "preprocess_002", "to_sample"]
 

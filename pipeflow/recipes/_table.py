@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..backends import get_backend
-from ..pipeline import Pipeline
 from ._common import (
     PREPROCESS_BATCH,
     random_access_chain,
@@ -23,6 +22,9 @@ from ._common import (
     webdataset_chain,
 )
 from ._info import RecipeInfo
+
+if TYPE_CHECKING:  # torch loads only when a recipe is built, not to list or look one up
+    from ..pipeline import Pipeline
 
 __all__ = ["TABLE", "TableRecipe"]
 

@@ -11,11 +11,14 @@ caches and ``pipeflow cache clear`` removes them."""
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from .._usercache import human_bytes, register, usage
-from ..pipeline import Pipeline
 from ._common import PREPROCESS_BATCH, default_cache_dir, random_access_chain
 from ._info import RecipeInfo
+
+if TYPE_CHECKING:  # torch loads when the recipe is built, not to list it
+    from ..pipeline import Pipeline
 
 INFO = RecipeInfo(
     name="mountpoint-cache", article="002", layout="jpeg", backend="local or boto3 + disk cache",

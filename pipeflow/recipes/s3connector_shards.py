@@ -3,9 +3,13 @@ shards sequentially: one GET per shard, samples in shard order."""
 
 from __future__ import annotations
 
-from ..pipeline import Pipeline
+from typing import TYPE_CHECKING
+
 from ._common import ALL, JPEG_FIELDS, PREPROCESS_BATCH, list_with_suffix, preprocess_002, to_sample
 from ._info import RecipeInfo
+
+if TYPE_CHECKING:  # torch loads when the recipe is built, not to list it
+    from ..pipeline import Pipeline
 
 INFO = RecipeInfo(
     name="s3connector-shards", article="002", layout="jpeg-shards", backend="s3torchconnector",

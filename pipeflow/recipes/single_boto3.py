@@ -3,10 +3,14 @@ article's ``BotoSingleSampleDataset`` does with ``download_fileobj`` (a HEAD and
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..backends import get_backend
-from ..pipeline import Pipeline
 from ._common import companions, list_with_suffix, to_sample
 from ._info import RecipeInfo
+
+if TYPE_CHECKING:  # torch loads when the recipe is built, not to list it
+    from ..pipeline import Pipeline
 
 FIELDS = ("image", "label")
 

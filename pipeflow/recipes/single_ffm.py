@@ -3,9 +3,13 @@
 
 from __future__ import annotations
 
-from ..pipeline import Pipeline
+from typing import TYPE_CHECKING
+
 from ._common import companions, list_with_suffix, to_sample
 from ._info import RecipeInfo
+
+if TYPE_CHECKING:  # torch loads when the recipe is built, not to list it
+    from ..pipeline import Pipeline
 
 FIELDS = ("image", "label")
 

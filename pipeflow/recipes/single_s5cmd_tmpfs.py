@@ -3,9 +3,13 @@ of local disk, the article's variant that skips the disk."""
 
 from __future__ import annotations
 
-from ..pipeline import Pipeline
+from typing import TYPE_CHECKING
+
 from ._info import RecipeInfo
 from .single_s5cmd import with_download_dir
+
+if TYPE_CHECKING:  # torch loads when the recipe is built, not to list it
+    from ..pipeline import Pipeline
 
 INFO = RecipeInfo(
     name="single-s5cmd-tmpfs", article="000", layout="single", backend="s5cmd", reads=("s3",),

@@ -3,10 +3,14 @@ stdout (the article's ``pipe:aws s3 cp URL -``; here ``s5cmd cat URL``, which ne
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..backends import get_backend
-from ..pipeline import Pipeline
 from ._common import webdataset_chain
 from ._info import RecipeInfo
+
+if TYPE_CHECKING:  # torch loads when the recipe is built, not to list it
+    from ..pipeline import Pipeline
 
 INFO = RecipeInfo(
     name="wds-pipe-cli", article="001", layout="wds", backend="pipe (s5cmd cat)", reads=("s3",),

@@ -102,6 +102,7 @@ class ShardManifest:
         return [f"{self.url.rstrip('/')}/{s.name}" for s in self.shards]
 
     def to_json(self) -> str:
+        """The manifest as stored: JSON with shard names relative to it, so the directory moves whole."""
         doc = {"pipeflow_shards": _VERSION, "format": self.shard_format, "complete": self.complete,
                "options": self.options, "samples": self.samples, "bytes": self.size,
                "shards": [s.to_dict() for s in self.shards], "resume": self.resume}

@@ -40,7 +40,7 @@ from ..errors import ConfigError, ObjectNotFoundError
 from ..formats.writers import ENCODERS, ShardEncoder
 from .manifest import MANIFEST_NAME, ShardInfo, ShardManifest
 
-__all__ = ["ShardOptions", "Uploader", "write_shards"]
+__all__ = ["ShardOptions", "Uploader", "previous_manifest", "write_shards"]
 
 #: ``progress(samples written, bytes written)``, called after every sample
 Progress = Callable[[int, int], None]
@@ -260,6 +260,42 @@ def _backend(url: str, backend: str | Backend | None, options: dict[str, Any]) -
     return store
 
 
+def _base(url: str) -> str:
+    if not isinstance(url, str) or not url.strip("/"):
+        raise ConfigError(f"write_shards() needs a directory or prefix URL, got {url!r}")
+    return url.rstrip("/")
+
+
+def _previous(store: Backend, base: str, options: ShardOptions,
+              overwrite_hint: str = "overwrite=True") -> ShardManifest | None:
+    """The manifest an earlier run with the same options left under ``base``, or None."""
+    previous = _load_manifest(store, base)
+    if previous is not None and (previous.shard_format != options.shard_format
+                                 or previous.options != options.stored()):
+        raise ConfigError(
+            f"{base} holds shards written with other options ({previous.shard_format}, "
+            f"{previous.options}); use the same options to continue, or {overwrite_hint}")
+    return previous
+
+
+def previous_manifest(url: str, *, format: str = "tar", max_size: int | None = 256 << 20,
+                      max_count: int | None = None, name: str = "shard-{index:06d}",
+                      backend: str | Backend | None = None,
+                      backend_options: dict[str, Any] | None = None,
+                      overwrite_hint: str = "overwrite=True") -> ShardManifest | None:
+    """What :func:`write_shards` with these options would continue from: the manifest an earlier
+    run left under ``url`` (complete or not), or None. Reads one object; lets a caller say
+    "nothing to do" before building anything.
+
+    Raises:
+        ConfigError: the manifest was written with other options; the message ends with
+            ``overwrite_hint`` (the way the caller's user starts over).
+    """
+    base = _base(url)
+    store = _backend(base, backend, dict(backend_options or {}))
+    return _previous(store, base, ShardOptions(format, max_size, max_count, name), overwrite_hint)
+
+
 def write_shards(pipeline: Any, url: str, *, format: str = "tar",
                  max_size: int | None = 256 << 20, max_count: int | None = None,
                  name: str = "shard-{index:06d}", workers: int = 4,
@@ -274,19 +310,12 @@ def write_shards(pipeline: Any, url: str, *, format: str = "tar",
     options = ShardOptions(format, max_size, max_count, name)
     check_int(workers, "write_shards(workers=...)", low=1)
     check_bool(overwrite, "write_shards(overwrite=...)")
-    if not isinstance(url, str) or not url.strip("/"):
-        raise ConfigError(f"write_shards() needs a directory or prefix URL, got {url!r}")
-    base = url.rstrip("/")
+    base = _base(url)
     store = _backend(base, backend, dict(backend_options or {}))
-    previous = None if overwrite else _load_manifest(store, base)
-    if previous is not None:
-        if previous.shard_format != format or previous.options != options.stored():
-            raise ConfigError(
-                f"{base} holds shards written with other options ({previous.shard_format}, "
-                f"{previous.options}); use the same options to continue, or overwrite=True")
-        if previous.complete:
-            return previous
-    else:
+    previous = None if overwrite else _previous(store, base, options)
+    if previous is not None and previous.complete:
+        return previous
+    if previous is None:
         previous = ShardManifest(base, format, options=options.stored())
     committer = _Committer(store, base, previous, workers)
     try:

@@ -51,7 +51,7 @@ class Decoder(WindowedStage):
         resize: ``None``, an int or ``(height, width)``: JPEGs are decoded at the smallest DCT
             scale that covers the size, then images are resized (antialiased bilinear).
         jpeg_decoder: ``"auto"`` (the fastest installed), ``"pil"`` or ``"simplejpeg"``
-            (``pipeflow[fast-decode]``); see :mod:`pipeflow.formats.images`.
+            (the ``fast-decode`` extra); see :mod:`pipeflow.formats.images`.
         allow_pickle: decode ``pickle``/``pkl``/``pyd`` fields. Off by default because
             unpickling untrusted data runs arbitrary code; such fields raise otherwise.
         on_error: ``"raise"`` :class:`~pipeflow.errors.DecodeError` naming the sample key

@@ -25,19 +25,61 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
+from .._braces import expand_braces, has_braces, literal_prefix
+from ..backends._optional import installed
 from ..backends.base import Backend
-from ..backends.registry import get_backend
+from ..backends.registry import backend_for_url, get_backend
 from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError
 from ..items import ObjectInfo
 from .base import Stage
 
-__all__ = ["ObjectLister", "list_now", "read_manifest", "write_manifest"]
+__all__ = ["ObjectLister", "default_backend", "list_now", "read_manifest", "write_manifest"]
 
 MANIFEST_VERSION = 1
 
 
 def _relative(url: str, prefix: str) -> str:
     return url[len(prefix):] if url.startswith(prefix) else url
+
+
+def default_backend(url: str) -> str:
+    """The backend that lists ``url`` when none is named: the scheme's default (``boto3`` for
+    ``s3://``), or obstore when that is the S3 client installed and boto3 is not."""
+    name = backend_for_url(url)
+    if name == "boto3" and not installed("boto3") and installed("obstore"):
+        return "obstore"
+    return name
+
+
+def _listed(be: Backend, url: str, base: str) -> list[ObjectInfo]:
+    """The listing of ``url``; with brace notation, the objects it names (and everything under
+    the ones that end in ``/``), found with one listing of the part before the first brace.
+
+    Cost: one listing of that part (O(objects under it)) and a set of the E names.
+
+    Raises:
+        ObjectNotFoundError: a name the braces denote matched nothing.
+    """
+    if base == url:
+        return list(be.list_before_fork(url))
+    names = expand_braces(url)
+    exact = set(names)
+    prefixes = {n for n in names if n.endswith("/")}
+    found: set[str] = set()
+    kept = []
+    for info in be.list_before_fork(base):
+        hit = info.url if info.url in exact else next(
+            (info.url[:k + 1] for k in range(max(len(base) - 1, 0), len(info.url))
+             if info.url[k] == "/" and info.url[:k + 1] in prefixes), None)
+        if hit is not None:
+            found.add(hit)
+            kept.append(info)
+    missing = [n for n in names if n not in found]
+    if missing:
+        shown = ", ".join(repr(m) for m in missing[:3]) + (" ..." if len(missing) > 3 else "")
+        raise ObjectNotFoundError(f"{len(missing)} of the {len(names)} names the braces denote "
+                                  f"do not exist: {shown}", url=url, backend=be.name, op="list")
+    return kept
 
 
 def list_now(url: str, *, pattern: str | None = None, backend: str | Backend | None = None,
@@ -47,9 +89,10 @@ def list_now(url: str, *, pattern: str | None = None, backend: str | Backend | N
     Raises:
         ObjectNotFoundError: nothing under ``url`` (matches ``pattern``).
     """
-    be = get_backend(backend, url=url, **options)
-    infos = [i for i in be.list(url)
-             if pattern is None or fnmatch.fnmatchcase(_relative(i.url, url), pattern)]
+    be = get_backend(backend if backend is not None else default_backend(url), **options)
+    base = literal_prefix(url) if has_braces(url) else url
+    infos = [i for i in _listed(be, url, base)
+             if pattern is None or fnmatch.fnmatchcase(_relative(i.url, base), pattern)]
     infos.sort(key=lambda i: i.url)  # backends list sorted already; make it a guarantee
     if not infos:
         what = f" matching {pattern!r}" if pattern else ""
@@ -162,6 +205,10 @@ class ObjectLister(Stage[ObjectInfo]):
 
     def __len__(self) -> int:
         return len(self.objects())
+
+    def known_length(self) -> int | None:
+        """The number of objects once listed (here or from the manifest), without listing."""
+        return len(self._objects) if self._objects is not None else None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from .._checks import check_bool
+from ..backends._optional import installed
 from ..backends.base import Backend, scheme_of
 from ..backends.obstore import usable_here as obstore_usable_here
 from ..backends.registry import backend_for_url
@@ -39,9 +40,14 @@ def default_backend(url: str) -> str:
     fork), it is the registry's default, ``boto3``. Other schemes take the registry's default.
     """
     name = backend_for_url(url)
-    if name == "boto3" and obstore_usable_here():
+    if name == "boto3" and (obstore_usable_here() or (installed("obstore") and not installed("boto3"))):
+        # with obstore the only S3 client, a forked process keeps it: its error says what to do
         return "obstore"
     return name
+
+
+#: ``open()``'s own options; the rest of its keywords are backend options
+_OWN_OPTIONS = ("backend", "workers", "read", "on_error", "max_inflight")
 
 
 class OpenFn:
@@ -52,7 +58,8 @@ class OpenFn:
 
     def __init__(self, backend: str | Backend | None, read: bool, options: Mapping[str, Any]) -> None:
         self.read = read
-        self.backends = BackendsByScheme(backend, options, what="open", choose=default_backend)
+        self.backends = BackendsByScheme(backend, options, what="open", choose=default_backend,
+                                         stage_options=_OWN_OPTIONS)
         #: ``(stats, stage label)`` to count requests, bytes and retries into; set per run
         self.counts: tuple[Stats, str] | None = None
 

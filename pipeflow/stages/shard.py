@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 from .._checks import check_choice
+from .._once import first_time
 from ..formats.keys import split_key
 from .base import SOURCES_KEY, Stage
 
 __all__ = ["Sharder"]
+
+log = logging.getLogger("pipeflow")
 
 
 class Sharder(Stage[Any]):
@@ -62,6 +66,34 @@ class Sharder(Stage[Any]):
         self._sample = int(state.get("sample", -1)) if state else -1
         self._key = state.get("key") if state else None
         self._index, self._count = self.shard
+        if state is None and self.context.rank == 0:
+            self._warn_if_some_shards_idle()
+
+    def _known_total(self) -> int | None:
+        """Items reaching this sharder in an epoch, when a source knows it through one-to-one
+        stages (``from_items``, ``list_objects``, a shuffle of either); None otherwise."""
+        stage = self.source
+        for _ in range(64):
+            total = stage.known_length()
+            if total is not None or not (stage.one_to_one and len(stage.sources) == 1):
+                return total
+            stage = stage.sources[0]
+        return None
+
+    def _warn_if_some_shards_idle(self) -> None:
+        """One warning per run when there are fewer items than ranks x workers: the data stays
+        correct, but some workers read nothing and the run is slower than it looks."""
+        total = self._known_total() if self.by == "item" else None
+        if total is None or total >= self._count or not first_time("idle_shards"):
+            return
+        ctx = self.context
+        world = ctx.world_size if self._ranks else 1
+        workers = ctx.num_workers if self._workers else 1
+        log.warning("pipeflow: %s: %d items (shards or objects) split over %d ranks x workers "
+                    "(%d rank%s x %d DataLoader worker%s): %d of them read nothing; use at most %d "
+                    "ranks x workers, or split the data into more shards", self.name or "shard_by_rank",
+                    total, self._count, world, "" if world == 1 else "s", workers,
+                    "" if workers == 1 else "s", self._count - total, total)
 
     def next(self) -> Any:
         if self.by == "key":

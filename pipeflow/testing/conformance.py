@@ -25,7 +25,7 @@ ranged and empty reads, a 20 MB object, missing objects as
 threads, pickling without a live client, DataLoader workers started with fork and spawn (when
 torch is installed), and the batched-download capability (``start_batch``).
 
-Requires pytest (``pip install 'pipeflow[test]'``).
+Requires pytest (``pip install -e '.[test]'``).
 """
 
 from __future__ import annotations

@@ -289,8 +289,8 @@ def _open_sink(url: str, *, create_bucket: bool) -> _Sink:
 
 # ---- progress -----------------------------------------------------------------------------------
 class _Progress:
-    """A tqdm bar on stderr when stdout is a terminal (items, rate, ETA), else one summary line
-    at the end; a hand-drawn bar only when tqdm is not installed."""
+    """A tqdm bar when the stream (stderr) is a terminal (items, rate, ETA), else one summary
+    line at the end; a hand-drawn bar only when tqdm is not installed."""
 
     def __init__(self, total: int, desc: str, enabled: bool, stream: IO[str] | None = None) -> None:
         self.total = max(total, 1)
@@ -301,7 +301,9 @@ class _Progress:
         self.nbytes = 0
         self.start = time.perf_counter()
         self._last = 0.0
-        self._tty = bool(getattr(self.stream, "isatty", lambda: False)()) and sys.stdout.isatty()
+        # redraws go where the bar is drawn: into a log or a pipe they would be garbage
+        self._tty = (bool(getattr(self.stream, "isatty", lambda: False)())
+                     and os.environ.get("TERM") != "dumb")
         self._tqdm: Any = None
         if enabled and self._tty:
             try:

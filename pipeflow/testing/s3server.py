@@ -31,7 +31,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import MissingDependencyError, PipeflowError
+from ..backends.base import bucket_name_problem
+from ..errors import ConfigError, MissingDependencyError, PipeflowError
 
 __all__ = ["LocalS3", "death_signal_hook", "free_port", "local_s3"]
 
@@ -218,7 +219,12 @@ def local_s3(*, port: int | None = None, buckets: Iterable[str] = (), export_env
 
     Raises:
         MissingDependencyError: moto's server extra is not installed.
+        ConfigError: a name in ``buckets`` is not a valid bucket name (before anything starts).
     """
+    buckets = list(buckets)
+    problem = next(filter(None, map(bucket_name_problem, buckets)), None)
+    if problem:
+        raise ConfigError(problem)
     try:
         import moto.server  # noqa: F401  (only to fail early with the install hint)
     except ImportError as exc:

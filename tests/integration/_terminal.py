@@ -1,55 +1,83 @@
-"""Run the ``pipeflow`` command with its stdout on a pseudo-terminal, as a user at a shell does."""
+"""Run the ``pipeflow`` command with its output on pseudo-terminals, as a user at a shell does."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
+import struct
 import subprocess
 import sys
+import termios
 import threading
 from pathlib import Path
+from typing import Literal
 
 ROOT = Path(__file__).resolve().parents[2]
 #: what a tqdm bar draws on its line: a redraw and a rate
 BAR_MARKS = ("\r", "/s]")
 
 
-def pipeflow_cli(*args: str, terminal: bool, env: dict[str, str] | None = None,
-                 timeout: float = 300) -> tuple[int, str, str]:
-    """``(exit code, stdout, stderr)`` of ``pipeflow ARGS``; stdout is a pseudo-terminal when
-    ``terminal``, else a pipe like stderr always is."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    command = [sys.executable, "-m", "pipeflow.cli", *args]
-    if not terminal:
-        done = subprocess.run(command, capture_output=True, text=True, env=full_env, timeout=timeout)
-        return done.returncode, done.stdout, done.stderr
-    reader, writer = pty.openpty()
-    proc = subprocess.Popen(command, stdout=writer, stderr=subprocess.PIPE, env=full_env)
-    os.close(writer)
-    out = bytearray()
+class _PtyReader:
+    """One pseudo-terminal: the child writes to ``writer``; a thread drains ``reader`` so a full
+    terminal buffer never blocks the command."""
 
-    def drain() -> None:
-        # a full terminal buffer would block the command: read it while it runs
+    def __init__(self, columns: int) -> None:
+        self.reader, self.writer = pty.openpty()
+        # a terminal window has a size; a bare pseudo-terminal reports 0 x 0
+        fcntl.ioctl(self.writer, termios.TIOCSWINSZ, struct.pack("HHHH", 40 if columns else 0, columns, 0, 0))
+        self.data = bytearray()
+        self.thread = threading.Thread(target=self._drain, daemon=True)
+
+    def _drain(self) -> None:
         while True:
             try:
-                chunk = os.read(reader, 1 << 16)
+                chunk = os.read(self.reader, 1 << 16)
             except OSError:  # EIO: the command closed its end
                 return
             if not chunk:
                 return
-            out.extend(chunk)
+            self.data.extend(chunk)
 
-    thread = threading.Thread(target=drain, daemon=True)
-    thread.start()
+    def started(self) -> None:
+        os.close(self.writer)
+        self.thread.start()
+
+    def text(self) -> str:
+        self.thread.join(10)
+        os.close(self.reader)
+        # a terminal turns "\n" into "\r\n"; undo it so a bar's own "\r" redraws stand out
+        return self.data.decode(errors="replace").replace("\r\n", "\n")
+
+
+def pipeflow_cli(*args: str, terminal: bool | Literal["stdout", "stderr"], env: dict[str, str] | None = None,
+                 timeout: float = 300, columns: int = 160) -> tuple[int, str, str]:
+    """``(exit code, stdout, stderr)`` of ``pipeflow ARGS``.
+
+    ``terminal=True``: stdout and stderr are terminals (each its own pseudo-terminal, so they can
+    be told apart), as at a shell; ``"stdout"``: only stdout is (``pipeflow ... 2>log``);
+    ``"stderr"``: only stderr is (``pipeflow ... | tail``); False: both are pipes. ``columns``:
+    the terminals' width (0: a pseudo-terminal that reports no size)."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    command = [sys.executable, "-m", "pipeflow.cli", *args]
+    if terminal is False:
+        done = subprocess.run(command, capture_output=True, text=True, env=full_env, timeout=timeout)
+        return done.returncode, done.stdout, done.stderr
+    ptys = {name: _PtyReader(columns) for name in ("stdout", "stderr") if terminal in (True, name)}
+    proc = subprocess.Popen(command, env=full_env,
+                            stdout=ptys["stdout"].writer if "stdout" in ptys else subprocess.PIPE,
+                            stderr=ptys["stderr"].writer if "stderr" in ptys else subprocess.PIPE)
+    for one in ptys.values():
+        one.started()
     try:
-        _, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        thread.join(10)
-        os.close(reader)
-    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+    texts = {name: one.text() for name, one in ptys.items()}
+    return (proc.returncode, texts.get("stdout", (out or b"").decode(errors="replace")),
+            texts.get("stderr", (err or b"").decode(errors="replace")))
 
 
 def has_bar(stderr: str, desc: str) -> bool:

@@ -46,6 +46,28 @@ def test_help_and_version_import_neither_torch_nor_numpy(args):
             assert command in out.stdout
 
 
+@pytest.mark.parametrize("args", [["recipes"], ["recipes", "wds-boto3"], ["recipes", "wds-bot03"]])
+def test_looking_up_recipes_imports_no_torch(args):
+    # a typo must be answered at once, not after importing torch (seconds on a cold start)
+    code = ("import sys\nfrom pipeflow.cli import main\n"
+            f"code = main({args!r})\n"
+            "print('LOADED', code, sorted(m for m in ('torch', 'numpy', 'boto3') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert f"LOADED {2 if args[-1] == 'wds-bot03' else 0} []" in out.stdout, out.stdout + out.stderr
+    if args[-1] == "wds-bot03":
+        assert "did you mean 'wds-boto3'" in out.stderr
+
+
+def test_a_misspelled_command_is_one_line_with_the_nearest():
+    out = pipeflow("recipe", "wds-boto3")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    from pipeflow.cli import COMMANDS
+
+    assert out.stderr.strip() == (f"pipeflow: no command 'recipe'; did you mean 'recipes'? commands: "
+                                  f"{', '.join(COMMANDS)}")
+
+
 def test_serve_on_a_busy_port_says_why():
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -60,6 +82,22 @@ def test_serve_on_a_busy_port_says_why():
 def test_serve_refuses_an_impossible_port():
     out = pipeflow("serve", "--port", "70000")
     assert out.returncode == 2 and "between 1 and 65535" in out.stderr
+
+
+@pytest.mark.parametrize("bucket", ["t", "Upper", "under_score", "1.2.3.4", "a..b", "-dash"])
+def test_serve_refuses_an_invalid_bucket_name_before_starting(bucket):
+    out = pipeflow("serve", "--bucket", "good-name", f"--bucket={bucket}", timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()]  # one line
+    assert f"invalid bucket name {bucket!r}" in out.stderr
+    assert "export" not in out.stdout and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("name", ["abc", "my-bucket.v2", "a" * 63, "t123-4-abcdef12"])
+def test_valid_bucket_names_pass(name):
+    from pipeflow.backends.base import bucket_name_problem
+
+    assert bucket_name_problem(name) is None
 
 
 @pytest.mark.s3
@@ -173,6 +211,42 @@ def test_run_profile_prints_the_verdict_and_draws_a_png(tmp_path):
 # ---- progress bars: drawn on stderr when stdout is a terminal, never into a pipe or with --quiet ----
 BAR_MODES = [pytest.param(True, False, True, id="terminal"), pytest.param(False, False, False, id="pipe"),
              pytest.param(True, True, False, id="terminal-quiet")]
+#: the bar follows stderr, where it is drawn: `... | tail` draws it, `... 2>log` does not
+STREAM_MODES = [pytest.param("stderr", True, id="stdout-piped"),
+                pytest.param("stdout", False, id="stderr-logged")]
+
+
+@pytest.mark.parametrize("terminal, drawn", STREAM_MODES)
+def test_run_bar_goes_where_stderr_is_a_terminal(tmp_path, terminal, drawn):
+    data = tmp_path / "data"
+    made = pipeflow("make-data", "single", str(data), "--count", "12", "--image-size", "8", "--quiet")
+    assert made.returncode == 0, made.stderr
+    code, out, err = pipeflow_cli("run", "single-ffm", "--url", str(data), "--batch-size", "2",
+                                  terminal=terminal)
+    assert code == 0, err
+    assert has_bar(err, "run single-ffm") is drawn, err
+    assert ("\r" in err) is drawn
+
+
+@pytest.mark.parametrize("columns", [160, 0])
+@pytest.mark.parametrize("terminal, drawn, lines", [
+    pytest.param(True, True, False, id="terminal"), pytest.param(False, False, True, id="pipe")])
+def test_convert_draws_a_bar_on_a_terminal_and_plain_lines_into_a_pipe(tmp_path, columns, terminal,
+                                                                      drawn, lines):
+    if columns == 0 and not terminal:
+        pytest.skip("a pipe has no size")
+    data = tmp_path / "data"
+    made = pipeflow("make-data", "jpeg", str(data), "--count", "12", "--image-size", "8", "--quiet")
+    assert made.returncode == 0, made.stderr
+    code, out, err = pipeflow_cli("convert", str(data), str(tmp_path / "shards"), "--max-count", "4",
+                                  terminal=terminal, columns=columns)
+    assert code == 0, err
+    # a bar redraws its line (a terminal of no size still gets one); a pipe gets lines
+    assert (f"\r{data} -> " in err) is drawn, err
+    assert ("\r" in err) is drawn, err
+    if lines:
+        assert err.strip().splitlines()[-1].endswith("samples/s")
+    assert "wrote 12 samples from 24 objects as 3 tar shards" in out
 
 
 @pytest.mark.parametrize("terminal, quiet, drawn", BAR_MODES)

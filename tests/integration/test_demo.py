@@ -60,3 +60,17 @@ def test_full_demo_every_recipe_succeeds(tmp_path):
     assert {r["recipe"] for r in rows} == set(recipes.names())
     failed = {r["recipe"]: r["status"] for r in rows if r["status"] != "ok"}
     assert failed == {}
+
+
+def test_demo_writes_its_results_into_the_user_cache_not_the_working_tree(tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    args = ["demo", "--count", "16", "--image-size", "8", "--shards", "2", "--steps", "2",
+            "--report-every", "1", "--num-workers", "0", "--recipes", "tfrecord-ffm", "--quiet"]
+    code, out, err = pipeflow_cli(*args, terminal=False, env={"XDG_CACHE_HOME": str(tmp_path / "cache")})
+    assert code == 0, err
+    results = tmp_path / "cache" / "pipeflow" / "demo"
+    assert (results / "results.json").exists()
+    assert f"wrote {results / 'results.txt'}" in out
+    assert list(work.iterdir()) == []

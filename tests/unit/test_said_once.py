@@ -64,3 +64,67 @@ def test_first_time_is_shared_with_forked_children():
     assert out.stdout.split() == ["False", "True", "False"]
     with pytest.raises(ValueError):
         _once.first_time("no-such-message")
+
+
+IDLE = """
+import logging, sys
+import torch.utils.data
+import pipeflow as pf
+
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(process)d %(message)s")
+
+if __name__ == "__main__":
+    for n, explicit in ((2, False), (2, True), (3, False)):
+        pipe = pf.from_items([f"s3://b/shard-{i}.tar" for i in range(n)])
+        if explicit:
+            pipe = pipe.shuffle(10).shard_by_rank()
+        loader = torch.utils.data.DataLoader(pipe, batch_size=None, num_workers=3,
+                                             multiprocessing_context="fork")
+        for epoch in range(2):
+            pipe.set_epoch(epoch)
+            assert sorted(loader) == [f"s3://b/shard-{i}.tar" for i in range(n)]
+        print("done", n, explicit, file=sys.stderr, flush=True)
+"""
+
+
+def test_fewer_shards_than_workers_is_one_warning_naming_the_split(tmp_path):
+    script = tmp_path / "idle.py"
+    script.write_text(textwrap.dedent(IDLE))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stderr.splitlines() if "read nothing" in line or line.startswith("done")]
+    # once per run (two epochs, three workers), from the first pipeline; the flag is per run
+    assert len(lines) == 4, out.stderr
+    assert lines[0].split(" ", 1)[1] == (
+        "pipeflow: auto_shard: 2 items (shards or objects) split over 3 ranks x workers (1 rank x 3 "
+        "DataLoader workers): 1 of them read nothing; use at most 2 ranks x workers, or split the "
+        "data into more shards")
+    assert lines[1:] == ["done 2 False", "done 2 True", "done 3 False"]
+
+
+@pytest.mark.parametrize(("ranks", "build_pipe", "warned"), [
+    (1, lambda pf: pf.from_items(["a", "b"]).shuffle(10).shard_by_rank(), True),
+    (2, lambda pf: pf.from_items(["a", "b", "c"]).shard_by_rank(), True),       # 2 ranks x 3 workers
+    (1, lambda pf: pf.from_items(["a", "b", "c"]).shard_by_rank(), False),
+    (1, lambda pf: pf.from_items(["a", "b"]).repeat(2).shard_by_rank(), False),  # count not known
+])
+def test_the_idle_shard_warning_for_explicit_sharding(caplog, monkeypatch, ranks, build_pipe, warned):
+    import pipeflow as pf
+    from pipeflow import _once
+    from pipeflow.graph import build
+    from pipeflow.run_context import RunContext
+
+    slot = _once._KEYS.index("idle_shards")
+    saved = _once._shared[slot]
+    _once._shared[slot] = 0
+    try:
+        stage = build(build_pipe(pf).node, RunContext(rank=0, world_size=ranks, worker_id=0, num_workers=3))
+        with caplog.at_level("WARNING", logger="pipeflow"):
+            list(stage)
+    finally:
+        _once._shared[slot] = saved
+    said = [r.getMessage() for r in caplog.records if "read nothing" in r.getMessage()]
+    assert len(said) == (1 if warned else 0), said
+    if warned:
+        assert f"({ranks} rank{'s' if ranks > 1 else ''} x 3 DataLoader workers)" in said[0]

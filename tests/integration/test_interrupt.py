@@ -1,0 +1,77 @@
+"""Ctrl-C (SIGINT to the whole foreground process group, as a terminal sends it) with process
+workers: one traceback from the user's own script, none from the workers; the ``pipeflow``
+command says one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = """
+import sys, time
+import pipeflow as pf
+
+if __name__ == "__main__":
+    for i, item in enumerate(pf.from_items(range(100000)).map(abs, workers=2, method="process")):
+        if i == 20:
+            print("running", flush=True)   # both workers are up and waiting for work
+        time.sleep(0.05)
+"""
+
+
+def _interrupt_when_running(command: list[str], cwd: Path,
+                            after: float = 0.5) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        while "running" not in proc.stdout.readline():
+            assert time.monotonic() < deadline and proc.poll() is None, "the command ended early"
+        time.sleep(after)
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: every process of the group
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
+@pytest.mark.slow
+def test_ctrl_c_with_process_workers_is_one_traceback_not_one_per_worker(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    done = _interrupt_when_running([sys.executable, str(script)], tmp_path)
+    assert done.returncode != 0
+    assert done.stderr.count("Traceback") == 1, done.stderr
+    assert "ForkServerProcess" not in done.stderr and done.stderr.rstrip().endswith("KeyboardInterrupt")
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_the_pipeflow_command_is_one_line(tmp_path):
+    data = tmp_path / "data"
+    made = subprocess.run([sys.executable, "-m", "pipeflow.cli", "make-data", "single", str(data), "--count",
+                           "8", "--image-size", "8", "--quiet"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert made.returncode == 0, made.stderr
+    # "Iteration N" lines while it runs; the helper waits for the word "running"
+    command = [sys.executable, "-c", textwrap.dedent(f"""
+        import sys
+        from pipeflow.cli import main
+        print("running", flush=True)
+        sys.exit(main(["run", "single-ffm", "--url", {str(data)!r}, "--batch-size", "2", "--num-workers",
+                       "2", "--epochs", "100000", "--quiet"]))
+    """)]
+    done = _interrupt_when_running(command, tmp_path, after=3.0)  # in the middle of the run
+    assert done.returncode == 128 + signal.SIGINT, done.stderr
+    assert done.stderr.strip() == "pipeflow run: interrupted"
