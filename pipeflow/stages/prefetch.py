@@ -10,6 +10,7 @@ from typing import Any
 
 from .._checks import check_int_or_auto
 from ..executor.autotune import AUTO, BufferTuner
+from ..executor.intraop import one_intraop_thread
 from .base import SOURCES_KEY, Stage
 
 __all__ = ["Prefetcher"]
@@ -72,6 +73,7 @@ class Prefetcher(Stage[Any]):
         self._thread.start()
 
     def _run(self, stop: threading.Event, out: queue.Queue[Any]) -> None:
+        one_intraop_thread()  # its parallelism is the pipeline's, not torch's (see executor.intraop)
         source = self.source
         try:
             while not stop.is_set():

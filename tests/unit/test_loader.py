@@ -269,3 +269,20 @@ class _LoaderInside(torch.utils.data.IterableDataset):
 def test_a_loader_inside_a_dataloader_worker_is_refused():
     got = list(torch.utils.data.DataLoader(_LoaderInside(), batch_size=None, num_workers=1))
     assert len(got) == 1 and "hand the pipeline itself to the DataLoader" in got[0]
+
+
+def _torch_threads(_):
+    return torch.get_num_threads()
+
+
+def test_pipeflow_threads_run_torch_single_threaded_and_leave_the_main_thread_alone():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        pool = list(pf.from_items(range(4)).map(_torch_threads, workers=2))
+        prefetched = list(pf.from_items(range(2)).map(_torch_threads).prefetch(2))
+        batched = list(pf.from_items(range(2)).map(_torch_threads).loader(batch_size=None))
+        assert pool == [1] * 4 and prefetched == [1] * 2 and [int(b) for b in batched] == [1] * 2
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
