@@ -17,33 +17,26 @@ neither the pipeline nor the data.
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import Any, cast
 
 from .errors import ConfigError
-from .graph import Node, build, fingerprint
+from .graph import Node, build, fingerprint, plan
 from .run_context import RunContext
 from .stages._elastic import ElasticDropper, ElasticRemaining, locate
-from .stages._expand import ExpandingStage
-from .stages.base import REPLAY_KEY, SOURCES_KEY, Stage
-from .stages.batch import Batcher
-from .stages.filter import Filterer
-from .stages.group import PairGrouper
-from .stages.listing import ObjectLister
-from .stages.map import WindowedStage
-from .stages.prefetch import Prefetcher
+from .stages.assigned import AssignedSource, places_from, rest_of
+from .stages.base import _OWN, REPLAY_KEY, SOURCES_KEY, Stage
 from .stages.shard import Sharder, _sample_key
-from .stages.shuffle import Shuffler
 from .stages.source import ItemSource
-from .stages.unbatch import Unbatcher
 
 __all__ = ["FORMAT", "merge_states", "resume_node"]
+
+#: ``(rank, world size, DataLoader worker, workers)`` of the shard that saved a state
+Where = tuple[int, int, int, int]
 
 #: the key and version that mark a merged state
 FORMAT = "pipeflow_elastic"
 
-_PRE_SHARD = (ItemSource, ObjectLister, Shuffler, Filterer, WindowedStage)
-_TO_DROP_POINT = (WindowedStage, ExpandingStage, PairGrouper, Unbatcher, Filterer, Prefetcher)
-_AFTER_DROP_POINT = (Shuffler, Batcher, WindowedStage, Prefetcher, Filterer)
 
 
 # ---- the per-shard states of one moment ------------------------------------------------------
@@ -69,7 +62,7 @@ def _loader_shards(state: dict[str, Any], rank: int, world: int) -> list[tuple[A
                       f"PipelineIterator.state_dict() values, got keys {sorted(state)[:6]}")
 
 
-def _chain_classes(graph: str) -> list[type]:
+def _chain_classes(graph: str) -> list[type[Stage[Any]]]:
     """The stage classes of a fingerprint, root first; refuses graphs that branch."""
     names: list[str] = []
     rest = graph
@@ -79,28 +72,37 @@ def _chain_classes(graph: str) -> list[type]:
             raise ConfigError(f"elastic resume needs a single chain of stages, not {graph}")
         names.append(head)
         rest = rest[:-1] if rest.endswith(")") else rest
-    classes = {c.__name__: c for c in _subclasses(Stage)}
-    missing = [n for n in names if n not in classes]
-    if missing:
-        raise ConfigError(f"elastic resume does not know the stage {missing[0]} in {graph}")
-    return [classes[n] for n in names]
+    return [_stage_class(n, graph) for n in names]
 
 
-def _subclasses(cls: type) -> list[type]:
-    out = []
-    for sub in cls.__subclasses__():
-        out += [sub, *_subclasses(sub)]
-    return out
+def _stage_class(name: str, graph: str) -> type:
+    """The class a graph's shape names (:meth:`Stage.kind`): one of pipeflow's by its name, any
+    other by ``module:QualName``, imported."""
+    module, _, qualname = name.rpartition(":")
+    found: Any = None
+    if not module:
+        found = _OWN.get(name)
+    else:
+        try:
+            found = importlib.import_module(module)
+            for part in qualname.split("."):
+                found = getattr(found, part)
+        except (ImportError, AttributeError):
+            found = None
+    if not (isinstance(found, type) and issubclass(found, Stage)):
+        raise ConfigError(f"elastic resume does not know the stage {name} in {graph} (a stage "
+                          "class of your own must be importable where merge_states runs)")
+    return found
 
 
 _ELASTIC = (ElasticRemaining, ElasticDropper)
 
 
-def _fingerprint_of(chain: list[type]) -> str:
-    return "".join(f"{c.__name__}(" for c in chain[:-1]) + chain[-1].__name__ + ")" * (len(chain) - 1)
+def _fingerprint_of(chain: list[type[Stage[Any]]]) -> str:
+    return "".join(f"{c.kind()}(" for c in chain[:-1]) + chain[-1].kind() + ")" * (len(chain) - 1)
 
 
-def _strip(state: dict[str, Any], chain: list[type], epoch: int) -> dict[str, Any]:
+def _strip(state: dict[str, Any], chain: list[type[Stage[Any]]], epoch: int) -> dict[str, Any]:
     """An iterator state of a resumed pipeline without the levels of its two elastic stages."""
     def strip(st: Any, level: int) -> Any:
         if level >= len(chain) or not isinstance(st, dict) or not st.get(SOURCES_KEY):
@@ -116,7 +118,7 @@ def _strip(state: dict[str, Any], chain: list[type], epoch: int) -> dict[str, An
     return {**state, "stages": strip(state["stages"], 0)}
 
 
-def drop_point(chain: list[type]) -> tuple[int, int]:
+def drop_point(chain: list[type[Stage[Any]]]) -> tuple[int, int]:
     """``(index of the sharder, index of the drop point)`` in a root-first chain: the drop point
     is the first ``shuffle``/``batch`` above the sharder (its input is where items are named),
     or -1 when there is none (items are named at the end)."""
@@ -124,22 +126,31 @@ def drop_point(chain: list[type]) -> tuple[int, int]:
     if shard is None:
         raise ConfigError("elastic resume needs shard_by_rank() in the pipeline (automatic "
                           "sharding cannot be re-partitioned): add it where items split")
-    if not issubclass(chain[shard], Sharder):
+    if "shard" not in chain[shard].elastic_roles:
         # resample() and per-process streams split by drawing or reading per process: there
         # is no source index to hand to another topology
         raise ConfigError(f"elastic resume cannot re-partition {chain[shard].__name__}, which "
                           "splits the data per process; resume on the same topology")
-    point = next((i for i in range(shard - 1, -1, -1) if issubclass(chain[i], (Shuffler, Batcher))), -1)
+    point = next((i for i in range(shard - 1, -1, -1) if "drop_point" in chain[i].elastic_roles), -1)
     return shard, point
 
 
-def _cursor(state: dict[str, Any], chain: list[type], shard: tuple[int, int]) -> dict[str, Any]:
-    """One shard's position: the source indices it completed and its open window."""
-    index, count = shard
-    if state.get("done"):
-        return {"done": [index, None, count], "window": None}
+def _at_depth(state: Any, depth: int) -> Any:
+    for _ in range(depth):
+        if not isinstance(state, dict) or not state.get(SOURCES_KEY):
+            return None
+        state = state[SOURCES_KEY][0]
+    return state
+
+
+def _cursor(state: dict[str, Any], chain: list[type[Stage[Any]]], where: Where) -> dict[str, Any]:
+    """One shard's position: the source units it completed and its open window."""
     sharder, point = drop_point(chain)
-    window = {"pulled": 0, "buffered": []}
+    cls = chain[sharder]
+    own = _at_depth(state["stages"], sharder) or {}
+    if state.get("done"):
+        return {"done": cls.elastic_done(own, where, None), "window": None}
+    window: dict[str, Any] = {}
     st = state["stages"]
     for i in range(point + 1):  # from the root down to the drop point's input
         if not st:
@@ -147,17 +158,15 @@ def _cursor(state: dict[str, Any], chain: list[type], shard: tuple[int, int]) ->
         if REPLAY_KEY in st:
             raise ConfigError(f"elastic resume cannot read a state saved after an error ended an "
                               f"item mid-way (at {chain[i].__name__}); resume it on the same topology")
-        if chain[i] is Shuffler:
-            base = int(st["base"])
-            window = {"pulled": int(st["pulled"]) - base,
-                      "buffered": sorted(int(s) - base for s in st["buffer"])}
+        if i == point:  # what the drop point held: read by its class when resuming (elastic_buffer)
+            window = {"held": {k: v for k, v in st.items() if k != SOURCES_KEY}}
         st = st[SOURCES_KEY][0]
     if not st:
         return {"done": None, "window": None}
     # a state is the position before the next item: name the object that item comes from
-    first, offset = locate(chain[point + 1: sharder + 1], st, shard, after=False)
-    return {"done": [index, first, count],
-            "window": {"start": first, "step": count, "skip": offset, **window}}
+    first, offset = locate(chain[point + 1: sharder + 1], st, where, after=False)
+    return {"done": cls.elastic_done(own, where, first),
+            "window": {**cls.elastic_window(own, where, first), "skip": offset, **window}}
 
 
 def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
@@ -191,16 +200,19 @@ def merge_states(states: list[dict[str, Any]]) -> dict[str, Any]:
         shards = [(it, where) for it, (_, where) in zip(started, shards)]
         chain = [c for c in chain if c not in _ELASTIC]
     graph = _fingerprint_of(chain)
-    done: list[list[Any]] = []
+    done: list[Any] = []
     windows: list[dict[str, Any]] = []
+    sharder = chain[drop_point(chain)[0]]
+    template = next((_at_depth(it["stages"], drop_point(chain)[0]) for it, _ in shards
+                     if it and _at_depth(it["stages"], drop_point(chain)[0])), None) or {}
     for it, where in shards:
         if it and list(it.get("shard", where)) != where:
             raise ConfigError(f"merge_states(): state {it.get('shard')} is in the place of {where}; "
                               "pass one state per rank, in rank order")
-        rank, world, wid, workers = where
-        if not it:
-            continue
-        cursor = _cursor(it, chain, (rank * workers + wid, world * workers))
+        at: Where = (where[0], where[1], where[2], where[3])
+        cursor = _cursor(it, chain, at) if it else {"done": None, "window": None}
+        if cursor["done"] is None and cursor["window"] is None and not (it or {}).get("done"):
+            cursor["done"] = sharder.elastic_untouched(template, at)
         if cursor["done"] is not None:
             done.append(cursor["done"])
         if cursor["window"] is not None:
@@ -220,7 +232,8 @@ def _node_chain(node: Node) -> list[Node]:
     chain = [n for n in chain if n.stage not in _ELASTIC]
     current = None
     for n in reversed(chain):  # relink: an earlier resume's stages must not stay in the inputs
-        current = Node(n.stage, n.args, n.kwargs, (current,) if current is not None else (), n.label)
+        kwargs = {k: v for k, v in n.kwargs.items() if k != "rest"}  # nor an assigned source's rest
+        current = Node(n.stage, n.args, kwargs, (current,) if current is not None else (), n.label)
     return _linked(current)
 
 
@@ -234,29 +247,47 @@ def _linked(node: Node | None) -> list[Node]:
 
 def _check_graph(stages: list[Stage[Any]], sharder: int, point: int) -> None:
     for i, stage in enumerate(stages):
-        allowed = _PRE_SHARD if i > sharder else _TO_DROP_POINT if i > point else _AFTER_DROP_POINT
         if i == sharder:
-            if not (isinstance(stage, Sharder) and stage._ranks and stage._workers):
+            if not getattr(stage, "splits_all", False):
                 raise ConfigError(f"elastic resume needs {stage.name} to split across ranks and workers")
             continue
-        ok = isinstance(stage, allowed) and not (i < point and isinstance(stage, Shuffler))
-        if isinstance(stage, WindowedStage) and not stage.window.in_order:
-            ok = False
-        if not ok:
+        role = ("before_shard" if i > sharder else "to_drop_point" if i > point
+                else "drop_point" if i == point else "after_drop_point")
+        if role not in type(stage).elastic_roles or not stage.elastic_supported():
             raise ConfigError(f"elastic resume cannot re-partition this pipeline at stage "
                               f"{stage.name} ({type(stage).__name__}); supported: sources, shuffle "
                               "and filter before shard_by_rank(), then open/untar/group_pairs/"
                               "decode/map (in order)/unbatch/prefetch, then one shuffle and batch")
-    expanders = [s for s in stages[point + 1:sharder] if isinstance(s, (ExpandingStage, Unbatcher))]
+    plain = Stage.__dict__["elastic_expansion"]
+    expanders = [s for s in stages[point + 1:sharder] if _defined(type(s), "elastic_expansion") is not plain]
     if len(expanders) > 1:
         raise ConfigError(f"elastic resume supports one expanding stage per object, found "
                           f"{', '.join(s.name for s in expanders)}")
 
 
+def _defined(cls: type, name: str) -> Any:
+    """The attribute ``name`` as the nearest class of ``cls`` defines it (not bound)."""
+    return next(c.__dict__[name] for c in cls.__mro__ if name in c.__dict__)
+
+
+class _Places:
+    """The units before the split of an assigned source (one item each), looked up by place."""
+
+    def __init__(self, stage: Stage[Any]) -> None:
+        self.stage = cast(AssignedSource, stage)
+        self.n = stage.known_length() or 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, place: int) -> list[Any]:
+        return [self.stage.at_place(place)]
+
+
 def _source_units(node: Node, epoch: int, by: str) -> list[list[Any]]:
     """The stream before the shard, in order (the same on every rank for a seed and epoch), in
     the units the shard splits: single items, or with ``by="key"`` the items of one sample."""
-    stage = build(node, RunContext(epoch=epoch))
+    stage = build(node, RunContext(epoch=epoch), assign=False)
     units: list[list[Any]] = []
     last: Any = None
     try:
@@ -291,18 +322,20 @@ def _offsets(unit: list[Any], to_point: list[Node], epoch: int, by: str) -> list
                 next(top)
             except StopIteration:
                 return out
-            out.append(locate(classes, before, (0, 1), after=False)[1] if before else 0)
+            out.append(locate(classes, before, (0, 1, 0, 1), after=False)[1] if before else 0)
     finally:
         top.close()
 
 
 def _resolve(window: dict[str, Any], items: list[list[Any]], to_point: list[Node], epoch: int,
-             by: str, done: list[list[Any]], partial: dict[str, list[int]]) -> None:
+             by: str, done: list[Any], partial: dict[str, list[int]], point: Node | None) -> None:
     """Which items of an old shard's window were delivered: every one before the window's
     first item and, from it on, the ones pulled into the buffer and no longer in it."""
-    pulled, skip, buffered = int(window["pulled"]), int(window["skip"]), set(window["buffered"])
+    held = point.stage.elastic_buffer(window["held"]) if point is not None and "held" in window else None
+    held = held or {"pulled": 0, "buffered": []}
+    pulled, skip, buffered = int(held["pulled"]), int(window["skip"]), set(held["buffered"])
     seq, first = 0, True
-    for g in range(int(window["start"]), len(items), int(window["step"])):
+    for g in _old_places(window, len(items)):
         offsets = _offsets(items[g], to_point, epoch, by)
         delivered = []
         for j, offset in enumerate(offsets):
@@ -321,6 +354,13 @@ def _resolve(window: dict[str, Any], items: list[list[Any]], to_point: list[Node
             return
 
 
+def _old_places(window: dict[str, Any], n: int) -> Any:
+    """The source units an old shard reads from its window's start on."""
+    if "places" in window:
+        return places_from(window, n)
+    return range(int(window["start"]), n, int(window["step"]))
+
+
 def resume_node(node: Node, merged: dict[str, Any]) -> Node:
     """The description of the rest of the merged state's epoch (see ``Pipeline.resume_from``).
 
@@ -331,7 +371,7 @@ def resume_node(node: Node, merged: dict[str, Any]) -> Node:
     if not isinstance(merged, dict) or merged.get(FORMAT) != 1:
         raise ConfigError("resume_from() needs the value merge_states() returned")
     epoch = int(merged["epoch"])
-    nodes = _node_chain(node)
+    nodes = _node_chain(plan(node))
     node = nodes[0]
     root = build(node, RunContext(epoch=epoch))
     try:
@@ -344,16 +384,32 @@ def resume_node(node: Node, merged: dict[str, Any]) -> Node:
                               f"{merged['graph']}, resuming {fingerprint(root)}")
         _check_graph(stages, sharder, point)
         by = stages[sharder].by
+        by_place = stages[sharder].reads_by_place
     finally:
         root.close()
-    items = _source_units(nodes[sharder + 1], epoch, by)
-    done = [list(r) for r in merged["done"]]
+    n = nodes[sharder]
+    if by_place:  # the global order, looked up place by place: nothing of size N is built
+        whole = build(Node(n.stage, n.args, {**n.kwargs, "split": False}, n.inputs),
+                      RunContext(epoch=epoch), assign=False)
+        items: Any = _Places(whole)
+    else:
+        whole, items = None, _source_units(nodes[sharder + 1], epoch, by)
+    done = [r if isinstance(r, dict) else list(r) for r in merged["done"]]
     partial: dict[str, list[int]] = {}
-    for window in merged["windows"]:
-        _resolve(window, items, nodes[point + 1: sharder], epoch, by, done, partial)
-    current = Node(ElasticRemaining, (done,), {"epoch": epoch, "by": by}, (nodes[sharder + 1],),
-                   f"resume_remaining(epoch={epoch})")
-    for i in range(sharder, -1, -1):
+    try:
+        for window in merged["windows"]:
+            _resolve(window, items, nodes[point + 1: sharder], epoch, by, done, partial,
+                     nodes[point] if point >= 0 else None)
+    finally:
+        if whole is not None:
+            whole.close()
+    if by_place:  # the assigned source deals what is left itself
+        start, extra = rest_of(len(items), done)
+        current = Node(n.stage, n.args, {**n.kwargs, "rest": (epoch, start, extra)}, n.inputs, n.label)
+    else:
+        current = Node(ElasticRemaining, (done,), {"epoch": epoch, "by": by}, (nodes[sharder + 1],),
+                       f"resume_remaining(epoch={epoch})")
+    for i in range(sharder - by_place, -1, -1):
         if i == point:
             current = Node(ElasticDropper, (partial,), {"epoch": epoch}, (current,),
                            f"resume_dropper(epoch={epoch})")

@@ -21,13 +21,12 @@ from typing import Any
 from ._once import first_time
 from .errors import OptionError
 from .run_context import RunContext
+from .stages.assigned import AssignedSource, ShuffledSource
 from .stages.base import Stage
-from .stages.group import PairGrouper
 from .stages.shard import Sharder
-from .stages.untar import Untarrer
 
-__all__ = ["Node", "build", "find_sharder", "fingerprint", "format_value", "has_sharder",
-           "check_options", "checks_options", "draw", "is_secret", "known_total", "make_label",
+__all__ = ["Node", "build", "check_options", "checks_options", "draw", "find_sharder", "fingerprint",
+           "format_value", "has_sharder", "is_secret", "known_total", "make_label", "order_notes", "plan",
            "short_labels", "validate", "walk"]
 
 log = logging.getLogger("pipeflow")
@@ -73,14 +72,17 @@ def _described(node: Node, labels: dict[int, str]) -> str:
     return labels[id(node)] + node.title()[len(node.short()):]
 
 
-def draw(node: Node) -> str:
-    """A text drawing of the description: one line per stage, its short label and options."""
+def draw(node: Node, notes: dict[int, str] | None = None) -> str:
+    """A text drawing of the description: one line per stage, its short label and options,
+    and after a stage its note in ``notes`` (by ``id``), if any, as ``  # note``."""
     labels = short_labels(node)
     lines: list[str] = []
+    notes = notes or {}
 
     def visit(current: Node, prefix: str, last: bool, root: bool) -> None:
         connector = "" if root else ("└─ " if last else "├─ ")
-        lines.append(prefix + connector + _described(current, labels))
+        note = notes.get(id(current))
+        lines.append(prefix + connector + _described(current, labels) + (f"  # {note}" if note else ""))
         child_prefix = prefix + ("" if root else ("   " if last else "│  "))
         for i, inp in enumerate(current.inputs):
             visit(inp, child_prefix, i == len(current.inputs) - 1, False)
@@ -184,8 +186,11 @@ def has_sharder(node: Node) -> bool:
     return getattr(node.stage, "is_sharder", False) or any(has_sharder(i) for i in node.inputs)
 
 
-def build(node: Node, ctx: RunContext) -> Stage[Any]:
+def build(node: Node, ctx: RunContext, *, assign: bool = True) -> Stage[Any]:
     """Instantiate the stage graph described by ``node`` for ``ctx``.
+
+    Random-access sources are read by assignment first (:func:`plan`; ``assign=False`` for a
+    description that already went through it).
 
     Automatic sharding: when the graph contains no sharding stage and ``ctx`` says this process
     is one of several shards (ranks x DataLoader workers), every source (a stage without
@@ -195,6 +200,8 @@ def build(node: Node, ctx: RunContext) -> Stage[Any]:
     to choose the place.
     """
     auto = ctx.num_shards > 1 and not has_sharder(node)
+    if assign:
+        node = plan(node, split=ctx.num_shards > 1)
     # one line for the whole run: from the first shard only, and once across worker processes
     if auto and ctx.shard_index == 0 and first_time("auto_shard"):
         log.info("pipeflow: no shard_by_rank() in the pipeline; sharding each source across "
@@ -206,9 +213,9 @@ def build(node: Node, ctx: RunContext) -> Stage[Any]:
 def _groups_objects(node: Node, grouped: bool) -> bool:
     """Whether the inputs of ``node`` feed a ``group_pairs`` of whole objects: a grouping stage
     downstream with no archive expansion (``untar``) in between, where grouping is per archive."""
-    if issubclass(node.stage, PairGrouper):
+    if node.stage.groups_by_key:
         return True
-    if issubclass(node.stage, Untarrer):
+    if node.stage.splits_objects:
         return False
     return grouped
 
@@ -216,10 +223,9 @@ def _groups_objects(node: Node, grouped: bool) -> bool:
 def _build(node: Node, ctx: RunContext, auto: bool, labels: dict[int, str],
            auto_shards: dict[str, int], grouped: bool = False) -> tuple[Stage[Any], bool]:
     grouped = _groups_objects(node, grouped)
-    inputs = [_build(i, ctx, auto, labels, auto_shards, grouped) for i in node.inputs]
-    kwargs = node.kwargs
-    if issubclass(node.stage, Sharder) and kwargs.get("by", "auto") == "auto":
-        kwargs = {**kwargs, "by": "key" if grouped else "item"}  # keep grouped objects together
+    below = auto and not node.stage.is_sharder  # what a sharder reads is not sharded again
+    inputs = [_build(i, ctx, below, labels, auto_shards, grouped) for i in node.inputs]
+    kwargs = node.stage.built_options(node.kwargs, grouped=grouped)
     stage = node.stage(*(s for s, _ in inputs), *node.args, **kwargs)
     stage.context = ctx
     stage.name = labels[id(node)]
@@ -235,6 +241,95 @@ def _build(node: Node, ctx: RunContext, auto: bool, labels: dict[int, str],
         sharder.name = "auto_shard" if n == 1 else f"auto_shard#{n}"
         return sharder, True
     return stage, sharded
+
+
+# ---- reading random-access sources by assignment ---------------------------------------------------
+def plan(node: Node, *, split: bool = True) -> Node:
+    """The description as it runs: each random-access source (``random_access``: ``from_items``,
+    ``list_objects``), with the ``shuffle`` right after it, read through one
+    :class:`~pipeflow.stages.assigned.AssignedSource` that deals the places of one global order
+    over ranks x workers, instead of every shard pulling every item and keeping its share.
+
+    It applies where the source is split by item: right under a ``shard_by_rank()`` that splits
+    across ranks and workers by item, or anywhere when the pipeline has no ``shard_by_rank()``
+    (automatic sharding) and no ``group_pairs()`` of whole objects above. The unit each rank
+    takes from a global step is the size of the first ``batch(n)`` above, reached through
+    stages that keep one item per item in order (``keeps_steps``); else 0 (item by item, as
+    ``shard_by_rank()`` splits: see :class:`~pipeflow.assign.Split`). ``split=False`` (one
+    process, nothing to split) leaves a source without a shuffle as it is.
+    """
+    return _plan(node, has_sharder(node), False, None, split)
+
+
+def _plan(node: Node, explicit: bool, grouped: bool, unit: int | None, split: bool) -> Node:
+    grouped = _groups_objects(node, grouped)
+    folded = _fold(node, explicit, grouped, unit or 0, split)
+    if folded is not None:
+        return folded
+    below = node.stage.step_size(node.args, node.kwargs)
+    if below is None and node.stage.keeps_steps(node.args, node.kwargs):
+        below = unit
+    inputs = tuple(_plan(i, explicit, grouped, below, split) for i in node.inputs)
+    if all(a is b for a, b in zip(inputs, node.inputs)):
+        return node
+    return Node(node.stage, node.args, node.kwargs, inputs, node.label)
+
+
+def _random_access(node: Node) -> bool:
+    return node.stage.random_access and not node.inputs
+
+
+def _fold(node: Node, explicit: bool, grouped: bool, unit: int, split: bool) -> Node | None:
+    """``node`` and the source (and shuffle) below it as one assigned source, or None."""
+    under = node
+    if explicit:
+        if not (node.stage.splits_by_place(node.kwargs, grouped) and len(node.inputs) == 1):
+            return None
+        under = node.inputs[0]
+    elif grouped:
+        return None  # group_pairs of whole objects above: sharded by sample key instead
+    mixing = under.stage.mixing(under.args, under.kwargs)
+    if mixing is not None and len(under.inputs) == 1 and _random_access(under.inputs[0]):
+        source = under.inputs[0]
+    elif _random_access(under) and (explicit or split):
+        mixing, source = {}, under
+    else:
+        return None
+    label = node.label if explicit or under is not source else "auto_shard"
+    cls = ShuffledSource if mixing else AssignedSource
+    return Node(cls, (), {**mixing, "unit": unit}, (source,), label)
+
+
+def order_notes(node: Node) -> dict[int, str]:
+    """For ``explain()``, per source of the description (by ``id``): whether its items come in
+    one global order at any number of ranks x DataLoader workers (:mod:`pipeflow.assign`), and
+    if not, why."""
+    notes: dict[int, str] = {}
+
+    def visit(current: Node, breaker: str | None, unit: int | None) -> None:
+        if current.stage.reads_by_place:
+            leaf = current.inputs[0]
+            if breaker is not None:
+                notes[id(leaf)] = f"order: depends on ranks x workers ({breaker} after the source)"
+            elif unit is None:
+                notes[id(leaf)] = ("order: the same at any number of ranks; with DataLoader workers, "
+                                   "batch(n) in the pipeline keeps it")
+            else:
+                notes[id(leaf)] = "order: the same at any number of ranks x workers"
+            return
+        if not current.inputs:
+            notes[id(current)] = "order: depends on ranks x workers (read as a stream, not by place)"
+            return
+        size = current.stage.step_size(current.args, current.kwargs)
+        if size is not None and unit is None:  # the batch: what is above it does not matter
+            unit, breaker = size, None
+        elif breaker is None and not current.stage.keeps_steps(current.args, current.kwargs):
+            breaker = current.short()
+        for inp in current.inputs:
+            visit(inp, breaker, unit)
+
+    visit(plan(node), None, None)
+    return notes
 
 
 # ---- walks over built stages --------------------------------------------------------------------------
@@ -254,7 +349,8 @@ def walk(stage: Stage[Any]) -> Iterator[Stage[Any]]:
 def fingerprint(stage: Stage[Any]) -> str:
     """The graph's shape by stage class (options left out, so they may change on resume)."""
     inner = ",".join(fingerprint(s) for s in stage.sources)
-    return f"{type(stage).__name__}({inner})" if inner else type(stage).__name__
+    name = type(stage).kind()
+    return f"{name}({inner})" if inner else name
 
 
 def find_sharder(stage: Stage[Any]) -> Any:

@@ -54,6 +54,19 @@ def _pipeline_order(root: Stage[Any]) -> list[Stage[Any]]:
     return order
 
 
+def _unreplayable(stages: list[Stage[Any]]) -> tuple[Stage[Any], Stage[Any]] | None:
+    """``(stage, unordered)``: a stage whose resume replays its input, and a stage upstream of
+    it whose order depends on timing (so the replay would not give the same items); or None."""
+    for stage in stages:
+        if not stage.replays_input:
+            continue
+        for src in stage.sources:
+            unordered = next((s for s in _pipeline_order(src) if not s.ordered_output), None)
+            if unordered is not None:
+                return stage, unordered
+    return None
+
+
 class PipelineIterator:
     """One pass (epoch) over a pipeline.
 
@@ -152,9 +165,24 @@ class PipelineIterator:
             raise ConfigError(
                 f"this state belongs to a pipeline of another shape: saved {saved_graph}, "
                 f"loading into {fingerprint(self._root)}")
+        if state.get("stages") and not state.get("done"):
+            self._check_replayable()
         self._ctx.epoch = int(state["epoch"])
         self._done = bool(state.get("done", False))
         self._root.load_state_dict(state["stages"])
+
+    def _check_replayable(self) -> None:
+        """Refuse a mid-epoch state that cannot resume exactly, rather than deliver some items
+        twice and lose others."""
+        found = _unreplayable(self._stages)
+        if found is None:
+            return
+        stage, unordered = found
+        raise ConfigError(
+            f"this pipeline cannot resume mid-epoch: {stage.name} re-reads its input from a saved "
+            f"position and tells the items apart by their order, but {unordered.name} upstream "
+            "delivers them as they complete, in another order every run; use in_order=True there, "
+            "or move the unordered map after it")
 
     def close(self) -> None:
         """Stop all background work. Idempotent."""

@@ -20,7 +20,7 @@ from ._braces import expand_url_items
 from ._checks import check_choice, check_int
 from .elastic import resume_node
 from .formats.images import resolve_jpeg_decoder
-from .graph import Node, checks_options, draw, format_value, make_label, validate
+from .graph import Node, checks_options, draw, format_value, make_label, order_notes, validate
 from .iterator import PipelineIterator
 from .loader import Loader, LoaderOptions
 from .sinks import shards as _shards
@@ -306,8 +306,9 @@ class Pipeline(torch.utils.data.IterableDataset):
         """Items per rank and epoch, when known: after ``with_epoch(n)`` or ``with_length(n)``."""
         if self._length is not None:
             return self._length
-        if self._node.stage is EpochSizer:
-            return int(self._node.args[0])
+        declared = self._node.stage.declared_length(self._node.args, self._node.kwargs)
+        if declared is not None:
+            return declared
         raise TypeError("the length of this pipeline is not known; set it with with_epoch(n) "
                         "(exactly n items per rank) or with_length(n)")
 
@@ -391,11 +392,13 @@ class Pipeline(torch.utils.data.IterableDataset):
 
     def explain(self) -> str:
         """A text drawing of the stage graph: each stage's short label (the key of its counters
-        in :meth:`stats`, ``map#2`` for the second ``map``) and options."""
-        return draw(self._node)
+        in :meth:`stats`, ``map#2`` for the second ``map``) and options; each source says
+        whether its order is the same at any number of ranks x DataLoader workers, and if not,
+        why (see docs/guarantees.md)."""
+        return draw(self._node, order_notes(self._node))
 
     def __repr__(self) -> str:
-        return "Pipeline:\n" + self.explain()
+        return "Pipeline:\n" + draw(self._node)
 
     # pickling for DataLoader workers: descriptions only, never a live iterator
     def __getstate__(self) -> dict[str, Any]:

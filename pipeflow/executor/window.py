@@ -10,8 +10,11 @@ memory.
 Resuming: each task remembers the source's state from just before its item was pulled. The
 position of a window is the state before the oldest item not yet delivered, plus (when results
 are delivered out of order) which later items were already delivered; :meth:`Window.restart`
-takes that skip list back. A task whose result raised stays in the window until the stage
-completes it, so after an error the position is still "before the item that failed".
+takes that skip list back. The items a resume passes over count as delivered from then on: a
+state saved after a resume, while an item from before it is still in flight, names them again
+(else a second resume would deliver them twice). A task whose result raised stays in the window
+until the stage completes it, so after an error the position is still "before the item that
+failed".
 """
 
 from __future__ import annotations
@@ -159,8 +162,11 @@ class Window:
         self.cancel()
         self._exhausted = False
         self._seq = 0  # sequence number of the next item pulled, relative to the resume point
+        #: items delivered before the resume point's state was saved, not yet pulled again
         self._skip: set[int] = set(skip)
-        self._delivered: set[int] = set()  # unordered: delivered while older ones are pending
+        #: delivered (or passed over as delivered before the resume) while an older item is
+        #: still pending; kept until the oldest pending item passes them
+        self._delivered: set[int] = set()
 
     def _release(self) -> None:
         """Exhausted, nothing in flight: a process pool goes back to the per-process cache,
@@ -242,6 +248,8 @@ class Window:
                 self._seq += 1
                 if seq in self._skip:
                     self._skip.discard(seq)
+                    if self._pending:  # an older item is in flight: the next state names it
+                        self._delivered.add(seq)
                     continue
                 task = Task(seq, snapshot, item, None)
                 self._pending.append(task)
@@ -343,13 +351,17 @@ class Window:
 
     # ---- position -------------------------------------------------------------------------
     def position(self, source: Source) -> tuple[dict[str, Any], list[int]]:
-        """``(source state, skip offsets)`` to resume after the last item delivered."""
-        if not self._pending:
-            return source.state_dict(), []
-        oldest = self._pending[0] if self.in_order else min(self._pending, key=lambda t: t.seq)
-        skip = sorted(s - oldest.seq for s in self._delivered if s > oldest.seq)
-        skip += sorted(s - oldest.seq for s in self._skip if s > oldest.seq)
-        return oldest.snapshot, skip
+        """``(source state, skip offsets)`` to resume after the last item delivered.
+
+        The skip offsets are the items after that state delivered already: delivered out of
+        order in this run, passed over as delivered before this run's resume point, or named
+        by that resume point and not pulled yet (a smaller window did not reach them)."""
+        pending = self._pending  # in pull order: the oldest first
+        if pending:
+            snapshot, first = pending[0].snapshot, pending[0].seq
+        else:
+            snapshot, first = source.state_dict(), self._seq
+        return snapshot, sorted(s - first for s in self._delivered | self._skip if s >= first)
 
     def __iter__(self) -> Iterator[Task]:
         return iter(list(self._pending))

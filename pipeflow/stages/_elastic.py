@@ -11,27 +11,15 @@ delivered objects that were delivered before. Both act only in the resumed epoch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 from ..errors import ConfigError
-from ._expand import ExpandingStage
+from .assigned import AssignedSource
 from .base import REPLAY_KEY, SOURCES_KEY, Stage
-from .shard import _sample_key
-from .unbatch import Unbatcher
+from .shard import _sample_key, owned_after, owned_before
 
 __all__ = ["ElasticDropper", "ElasticRemaining", "in_ranges", "locate", "owned_after", "owned_before"]
-
-
-def owned_after(pos: int, index: int, count: int) -> int:
-    """The first source index >= ``pos`` that shard ``index`` of ``count`` keeps."""
-    return pos + (index - pos) % count
-
-
-def owned_before(pos: int, index: int, count: int) -> int:
-    """The last source index < ``pos`` that shard ``index`` of ``count`` keeps."""
-    last = pos - 1
-    return last - (last - index) % count
 
 
 def in_ranges(g: int, ranges: Sequence[Sequence[Any]]) -> bool:
@@ -42,7 +30,7 @@ def in_ranges(g: int, ranges: Sequence[Sequence[Any]]) -> bool:
     return False
 
 
-def locate(chain: Sequence[type], state: dict[str, Any], shard: tuple[int, int], *,
+def locate(chain: Sequence[type[Stage[Any]]], state: dict[str, Any], where: tuple[int, int, int, int], *,
            after: bool) -> tuple[int, int]:
     """``(source index, record offset)`` a state of ``chain[0]`` points at.
 
@@ -50,9 +38,10 @@ def locate(chain: Sequence[type], state: dict[str, Any], shard: tuple[int, int],
     ``after`` the state was taken after an item and names that item's object; else it was
     taken before one and names the object the next item comes from. The record offset is the
     expanding stage's count (members of a tar, entries of an unbatched list) in that object.
+    ``where`` is ``(rank, world, worker, workers)`` of the shard that saved the state; the
+    sharder's class reads its own state (``elastic_place``).
     """
-    index, count = shard
-    rule = "prev" if after else "next"
+    following = not after
     offset = 0
     expanded = False
     st = state
@@ -60,23 +49,13 @@ def locate(chain: Sequence[type], state: dict[str, Any], shard: tuple[int, int],
         if not isinstance(st, dict) or REPLAY_KEY in st:
             raise ConfigError("elastic resume cannot read a state saved after an error ended an "
                               f"item mid-way (at {cls.__name__}); resume it on the same topology")
-        if getattr(cls, "is_sharder", False):
-            # by="key" shards whole samples: the unit is the sample, "sample" the current one
-            pos = int(st["sample"]) + 1 if "sample" in st else int(st["pos"])
-            g = owned_after(pos, index, count) if rule == "next" else owned_before(pos, index, count)
-            return g, offset
-        if not expanded and issubclass(cls, ExpandingStage):
+        if cls.is_sharder:
+            return cls.elastic_place(st, where, following=following), offset
+        split = None if expanded else cls.elastic_expansion(st, after)
+        if split is not None:  # the first expanding stage names the item within its input
             expanded = True
-            rule = "next"
-            if "last" in st:  # between objects: after an item it came from the one just finished
-                offset = 0
-                st = st["last"] if after else st[SOURCES_KEY][0]
-                continue
-            offset = int(st.get("items", 0))
-        elif not expanded and issubclass(cls, Unbatcher):
-            expanded = True
-            offset = int(st.get("offset", 0))
-            rule = "next" if offset or not after else "prev"
+            offset, st, following = split
+            continue
         st = st[SOURCES_KEY][0]
     raise ConfigError("elastic resume found no shard_by_rank() below the drop point")
 
@@ -159,38 +138,23 @@ class ElasticDropper(Stage[Any]):
         self._count = int(state["count"]) if state else 0
         chain = _chain_to_sharder(self.source)
         sharder = chain[-1]
-        remaining = sharder.sources[0] if sharder.sources else None
-        if not isinstance(remaining, ElasticRemaining):
-            raise ConfigError("elastic resume: ElasticDropper needs ElasticRemaining before the shard")
-        self._remaining = remaining
+        ctx = sharder.context
+        self._where = (ctx.rank, ctx.world_size, ctx.worker_id, max(1, ctx.num_workers))
         self._chain = [type(s) for s in chain]
-        self._shard = sharder.shard
         self._active = self.context.epoch == self.epoch and bool(self.partial)
-        self._last = self._last_partial(*self._shard) if self._active else -1
+        self._unit_at, self._last = _renumbering(sharder, self.partial) if self._active else (int, -1)
         self._active = self._last >= 0
-
-    def _last_partial(self, index: int, count: int) -> int:
-        """The position (after the skipped units) of the last partial object this shard gets:
-        past it nothing is dropped, and naming each item's object costs a state per item."""
-        done, last, q = self._remaining.done, -1, 0
-        for g in range(max(self.partial) + 1):
-            if in_ranges(g, done):
-                continue
-            if g in self.partial and q % count == index:
-                last = q
-            q += 1
-        return last
 
     def next(self) -> Any:
         while True:
             item = next(self.source)
             if not self._active:
                 return item
-            pos, _ = locate(self._chain, self.source.state_dict(), self._shard, after=True)
+            pos, _ = locate(self._chain, self.source.state_dict(), self._where, after=True)
             if pos > self._last:
                 self._active = False
                 return item
-            g = self._remaining.kept[pos]
+            g = self._unit_at(pos)
             if g != self._obj:
                 self._obj, self._count = g, 0
             ordinal = self._count
@@ -203,3 +167,28 @@ class ElasticDropper(Stage[Any]):
     def get_state(self) -> dict[str, Any]:
         return {"obj": self._obj, "count": self._count, "resumed_epoch": self.epoch,
                 SOURCES_KEY: [self.source.state_dict()]}
+
+
+def _renumbering(sharder: Stage[Any], partial: dict[int, Any]) -> tuple[Callable[[int], int], int]:
+    """How the resumed sharder numbers the units left: ``(position -> source unit, the position
+    of the last partly delivered unit this shard gets)``; past that position nothing is dropped,
+    and naming each item's unit costs a state per item."""
+    if sharder.reads_by_place:  # an assigned source deals the rest itself
+        places = cast(AssignedSource, sharder).places()
+        if places is None:
+            raise ConfigError("elastic resume: the assigned source has nothing to resume")
+        owns = cast(AssignedSource, sharder).owns
+        owned = [q for q in (places.index_of(g) for g in partial) if q is not None and owns(q)]
+        return places.__getitem__, max(owned, default=-1)
+    remaining = sharder.sources[0] if sharder.sources else None
+    if not isinstance(remaining, ElasticRemaining):
+        raise ConfigError("elastic resume: ElasticDropper needs ElasticRemaining before the shard")
+    index, count = sharder.shard
+    last, q = -1, 0
+    for g in range(max(partial) + 1):
+        if in_ranges(g, remaining.done):
+            continue
+        if g in partial and q % count == index:
+            last = q
+        q += 1
+    return remaining.kept.__getitem__, last

@@ -55,6 +55,15 @@ class ExpandingStage(Stage[Any]):
 
     #: the method name shown in messages ("untar", "read_tfrecord")
     verb = "expand"
+    replays_input = True
+
+    elastic_roles = frozenset({"to_drop_point"})
+
+    @classmethod
+    def elastic_expansion(cls, state: dict[str, Any], after: bool) -> tuple[int, Any, bool] | None:
+        if "last" in state:  # between objects: after an item it came from the one just finished
+            return 0, state["last"] if after else state[SOURCES_KEY][0], True
+        return int(state.get("items", 0)), state[SOURCES_KEY][0], True
 
     def __init__(self, source: Stage[Any], *, on_error: OnError = "raise") -> None:
         super().__init__(source)

@@ -28,13 +28,16 @@ from random import getrandbits
 from time import perf_counter
 from typing import Any, Generic, TypeVar
 
-from ..errors import StageContractError
+from ..errors import ConfigError, StageContractError
 from ..items import describe_item
 from ..run_context import RunContext
 
 __all__ = ["REPLAY_KEY", "SOURCES_KEY", "Rewind", "Stage", "describe_item"]
 
 T = TypeVar("T")
+
+#: pipeflow's own stage classes by class name (see :meth:`Stage.kind`)
+_OWN: dict[str, type] = {}
 
 #: the key under which every stage's state holds its sources' states (a list, one per source)
 SOURCES_KEY = "sources"
@@ -97,6 +100,53 @@ class Stage(Generic[T]):
     #: True for stages that pull their sources on a thread of their own (``prefetch``): their
     #: consumer-side time is waiting on the input, not work
     pulls_in_background: bool = False
+    #: True for sources that give item ``i`` directly: ``len(stage)`` and ``stage.at(i)`` work
+    #: once the stage is started. The builder then reads them by assignment
+    #: (:mod:`pipeflow.stages.assigned`): each shard computes its own places of one global order
+    #: instead of pulling every item and keeping its share.
+    random_access: bool = False
+    #: True for a sharder that deals places of one global order and re-deals what is left
+    #: after an elastic resume itself (``AssignedSource``), instead of a ``shard_by_rank()``
+    #: over a stream that elastic resume filters below it
+    reads_by_place: bool = False
+    #: True for a stage that groups consecutive records by sample key (``group_pairs``): the
+    #: builder then shards whole samples below it (``by="key"``), unless an archive expansion
+    #: lies between (``splits_objects``)
+    groups_by_key: bool = False
+    #: True for a stage that turns each object into the records inside it (``untar``): a
+    #: grouping above it groups records of one object, so sharding below it stays by item
+    splits_objects: bool = False
+    #: Where elastic resume (:mod:`pipeflow.elastic`) can re-partition a single chain around
+    #: this stage, by its place relative to the ``shard_by_rank()`` and the *drop point* (the
+    #: first ``shuffle``/``batch`` above the shard, where items are named): ``"before_shard"``,
+    #: ``"to_drop_point"`` (between the shard and the drop point), ``"drop_point"``,
+    #: ``"after_drop_point"``, and ``"shard"`` for a sharder whose split elastic resume can
+    #: re-deal (with the ``elastic_place`` hooks). Empty (the default): elastic resume refuses the pipeline,
+    #: naming the stage. A stage that holds a position between items also implements
+    #: :meth:`elastic_expansion` or :meth:`elastic_buffer` when those apply to it.
+    elastic_roles: frozenset[str] = frozenset()
+    #: True for stages whose resume pulls items of their input again from an earlier position
+    #: and tells them apart by their count (a shuffle buffer, the rest of a batch or an object,
+    #: the items an unordered map delivered ahead): their input must deliver the same items in
+    #: the same order
+    replays_input: bool = False
+    #: False for stages whose output order depends on timing (an unordered ``map``): no stage
+    #: that replays its input can resume exactly downstream of one
+    ordered_output: bool = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__module__.startswith("pipeflow."):
+            _OWN.setdefault(cls.__name__, cls)
+
+    @classmethod
+    def kind(cls) -> str:
+        """The name of this class in a graph's shape (``fingerprint``): the class name for
+        pipeflow's own stages, ``module:QualName`` for any other (a user's class named
+        ``Batcher`` is not pipeflow's)."""
+        if _OWN.get(cls.__name__) is cls:
+            return cls.__name__
+        return f"{cls.__module__}:{cls.__qualname__}"
 
     def __init__(self, *sources: Stage[Any]) -> None:
         self.sources: tuple[Stage[Any], ...] = sources
@@ -128,6 +178,95 @@ class Stage(Generic[T]):
     def source(self) -> Stage[Any]:
         """The single input of a one-input stage."""
         return self.sources[0]
+
+    # ---- what a description of this stage promises (read by the builder) -------------------
+    @classmethod
+    def keeps_steps(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        """True when this stage, with these options, turns every input item into exactly one
+        output item, in order: a batch downstream then holds the same places of the global
+        order as at its input (see :mod:`pipeflow.assign`). Defaults to ``one_to_one``."""
+        return cls.one_to_one
+
+    @classmethod
+    def mixing(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """For a stage that only reorders items at random (``shuffle``): the ``buffer_size`` and
+        ``seed`` an assigned source folds in when this stage sits right after it; else None."""
+        return None
+
+    @classmethod
+    def splits_by_place(cls, kwargs: dict[str, Any], grouped: bool) -> bool:
+        """True for a sharding stage whose split, with these options, an assigned source can
+        take over: by item, across ranks and workers. ``grouped``: a ``group_pairs()`` of
+        whole objects lies downstream."""
+        return False
+
+    @classmethod
+    def step_size(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+        """The number of input items one output item groups (``batch(n)``: ``n``), or None."""
+        return None
+
+    @classmethod
+    def declared_length(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+        """Items per rank and epoch a stage described with these options promises whatever
+        its input (``with_epoch(n)``: ``n``); ``len(pipeline)`` reads it. None: not known."""
+        return None
+
+    @classmethod
+    def built_options(cls, kwargs: dict[str, Any], *, grouped: bool) -> dict[str, Any]:
+        """The options to build this stage with, given whether a grouping by sample key of
+        whole objects lies downstream (``shard_by_rank(by="auto")`` resolves here)."""
+        return kwargs
+
+    @classmethod
+    def elastic_expansion(cls, state: dict[str, Any], after: bool) -> tuple[int, Any, bool] | None:
+        """For a stage that turns one input into several items (``untar``, ``unbatch``), how
+        one of its states splits its position for elastic resume: ``(offset, source state,
+        following)``: how many items of the current input were delivered, the state of the
+        source that names that input, and whether that input is the one the next item comes
+        from (else, with ``after``, the one just finished). None for other stages."""
+        return None
+
+    # a sharding stage (``is_sharder``) that takes part in elastic resume reads its own state
+    # with the four hooks below; ``shard_by_rank()`` (stages/shard.py) and the assigned source
+    # (stages/assigned.py) implement them. ``where`` is ``(rank, world, worker, workers)`` of
+    # the shard that saved the state.
+    @classmethod
+    def elastic_place(cls, state: dict[str, Any], where: tuple[int, int, int, int], *,
+                      following: bool) -> int:
+        """The unit of the stream before the split that a state names: the next one this
+        shard would deliver (``following``), else the last one it delivered."""
+        raise ConfigError(f"elastic resume cannot re-partition {cls.__name__}")
+
+    @classmethod
+    def elastic_done(cls, state: dict[str, Any], where: tuple[int, int, int, int],
+                     before: int | None) -> Any:
+        """An entry of the merged state's ``done``: the units shard ``where`` delivered, all of
+        its units before ``before`` (None: every one)."""
+        raise ConfigError(f"elastic resume cannot re-partition {cls.__name__}")
+
+    @classmethod
+    def elastic_untouched(cls, state: dict[str, Any], where: tuple[int, int, int, int]) -> Any:
+        """The ``done`` entry of a shard that never started (``state``: another shard's), or None."""
+        raise ConfigError(f"elastic resume cannot re-partition {cls.__name__}")
+
+    @classmethod
+    def elastic_window(cls, state: dict[str, Any], where: tuple[int, int, int, int],
+                       first: int) -> dict[str, Any]:
+        """Which units an old shard reads from unit ``first`` on, for the merged state."""
+        raise ConfigError(f"elastic resume cannot re-partition {cls.__name__}")
+
+    def elastic_supported(self) -> bool:
+        """False when these options keep elastic resume from naming this stage's items (an
+        unordered map); the class's ``elastic_roles`` say where it may stand."""
+        return True
+
+    @classmethod
+    def elastic_buffer(cls, state: dict[str, Any]) -> dict[str, Any] | None:
+        """For a stage that holds items back and hands them out later (``shuffle``): from one of
+        its states, ``{"pulled": n, "buffered": [i, ...]}``, the items it pulled since its
+        oldest held one and which of those (counted from it) it still held. Elastic resume
+        reads it; None for a stage that holds nothing."""
+        return None
 
     # ---- hooks, implemented by subclasses -----------------------------------------------
     def start(self, state: dict[str, Any] | None) -> None:

@@ -29,6 +29,13 @@ class Batcher(Stage[Any]):
             or any callable applied to each list.
     """
 
+    elastic_roles = frozenset({"drop_point", "after_drop_point"})
+
+    @classmethod
+    def step_size(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+        size = args[0] if args else kwargs.get("size")
+        return size if isinstance(size, int) else None
+
     def __init__(self, source: Stage[Any], size: int, *, drop_last: bool = False,
                  collate: bool | Callable[[list[Any]], Any] = False) -> None:
         super().__init__(source)

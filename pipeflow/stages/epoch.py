@@ -33,6 +33,11 @@ class EpochSizer(Equalizer):
     ``pipe.stats()``.
     """
 
+    @classmethod
+    def declared_length(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+        n = args[0] if args else kwargs.get("n")
+        return int(n) if isinstance(n, int) else None
+
     def __init__(self, source: Stage[Any], n: int) -> None:
         check_int(n, "with_epoch(n)", low=0)
         super().__init__(source, per_shard=0, mode="pad")

@@ -137,6 +137,8 @@ class BatchFetcher(Stage[Any]):
         options: backend options when ``backend`` is a name.
     """
 
+    replays_input = True
+
     def __init__(self, source: Stage[Any], backend: str | Backend = "s5cmd", *, batch_size: int = 1000,
                  to: str | os.PathLike[str] | None = None, delete: bool = True,
                  output: Literal["bytes", "path"] = "bytes", workers: int = 16,

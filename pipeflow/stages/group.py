@@ -59,6 +59,9 @@ class PairGrouper(Stage[dict[str, Any]]):
     State: the upstream position before the first record not yet part of a returned sample.
     """
 
+    groups_by_key = True
+    elastic_roles = frozenset({"to_drop_point"})
+
     def __init__(self, source: Stage[Any], *, required: Sequence[str] | None = None,
                  on_incomplete: Literal["raise", "skip"] = "raise") -> None:
         super().__init__(source)

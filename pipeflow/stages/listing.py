@@ -200,6 +200,14 @@ class ObjectLister(Stage[ObjectInfo]):
         self._index += 1
         return objects[self._index - 1]
 
+    #: the listing gives object ``i`` directly: the builder reads it by assignment
+    random_access = True
+    elastic_roles = frozenset({"before_shard"})
+
+    def at(self, i: int) -> ObjectInfo:
+        """Object ``i`` of the sorted listing (for reading by assignment)."""
+        return self.objects()[i]
+
     def get_state(self) -> dict[str, Any]:
         return {"index": self._index}
 

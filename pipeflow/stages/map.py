@@ -73,6 +73,9 @@ class WindowedStage(Stage[Any]):
         self._skippable = skippable
         #: skips would make equalize's count an overestimate
         self.one_to_one = on_error == "raise"
+        #: unordered, the state names the items delivered ahead by their count in the input
+        self.ordered_output = in_order
+        self.replays_input = not in_order
         if workers and method == "process":
             self._check_picklable()
         self._prestart = bool(workers) and method == "process"
@@ -87,6 +90,16 @@ class WindowedStage(Stage[Any]):
         self._rewind = Rewind(samples=True)
         self._undelivered = 0
         self._dropped = 0  # inline: items pulled and not delivered (skipped, or raised)
+
+    elastic_roles = frozenset({"before_shard", "to_drop_point", "after_drop_point"})
+
+    def elastic_supported(self) -> bool:
+        return self._window.in_order  # unordered: a state cannot name which items were delivered
+
+    @classmethod
+    def keeps_steps(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        # skips would shift every later item, and an unordered window reorders them
+        return kwargs.get("on_error", "raise") == "raise" and kwargs.get("in_order", True) is True
 
     def _check_picklable(self) -> None:
         try:

@@ -48,6 +48,7 @@ class Prefetcher(Stage[Any]):
 
     one_to_one = True
     pulls_in_background = True
+    elastic_roles = frozenset({"to_drop_point", "after_drop_point"})
 
     def __init__(self, source: Stage[Any], size: int | str = 2) -> None:
         super().__init__(source)

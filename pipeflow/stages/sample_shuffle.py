@@ -17,7 +17,24 @@ from .._rng import derive_seed, draw
 from .base import SOURCES_KEY, Stage
 from .shard import _sample_key
 
-__all__ = ["SampleShuffler"]
+__all__ = ["SampleShuffler", "replay_samples"]
+
+
+def replay_samples(seed: int, size: int, draws: int, pulled: int) -> tuple[list[int], int]:
+    """``(buffer, current)`` of a sample shuffle after ``draws`` draws and ``pulled`` samples
+    pulled: the sample numbers still buffered, in slot order, and the one drawn last (-1 before
+    the first draw)."""
+    buffer: list[int] = []
+    taken, current = 0, -1
+    for step in range(draws):
+        while len(buffer) < size and taken < pulled:
+            buffer.append(taken)
+            taken += 1
+        j = draw(seed, step, len(buffer))
+        buffer[j], buffer[-1] = buffer[-1], buffer[j]
+        current = buffer.pop()
+    buffer.extend(range(taken, pulled))  # pulled after the last draw (a fill an error ended)
+    return buffer, current
 
 
 class SampleShuffler(Stage[Any]):
@@ -28,9 +45,11 @@ class SampleShuffler(Stage[Any]):
     plus the shard index downstream of a sharding stage. Items without a sample key (not a URL,
     or no extension) are samples of their own.
 
-    State without data: sample sequence numbers, the source position before the oldest sample
-    still buffered (or being delivered) and how many items of the sample being delivered are
-    out. Resuming re-reads about one buffer of URLs once.
+    State without data, of a fixed size whatever the buffer size: the stream's seed, the buffer
+    size, the draw and sample counts, the source position before the oldest sample still
+    buffered (or being delivered) and how many items of the sample being delivered are out.
+    Which samples were buffered follows from those numbers (:func:`replay_samples` runs the
+    draws again over sample numbers). Resuming re-reads about one buffer of URLs once.
 
     Args:
         source: the input stage (URLs or ``ObjectInfo`` items, sorted so a sample's objects
@@ -76,8 +95,8 @@ class SampleShuffler(Stage[Any]):
         if not state:
             return
         self._step = int(state["step"])
-        order: list[int] = list(state["buffer"])
-        current, done = int(state["current"]), int(state["done"])
+        order, current = replay_samples(self._stream, self._size, self._step, int(state["pulled"]))
+        done = int(state["done"])
         wanted = set(order) | {current}
         found: dict[int, list[Any]] = {}
         for seq in range(int(state["base"]), int(state["pulled"])):
@@ -148,9 +167,8 @@ class SampleShuffler(Stage[Any]):
         return item
 
     def get_state(self) -> dict[str, Any]:
-        state = {"round": self._round, "step": self._step, "pulled": self._pulled,
-                 "buffer": [seq for seq, _ in self._buffer], "current": self._current_seq,
-                 "done": self._done}
+        state = {"round": self._round, "seed": self._stream, "size": self._size, "step": self._step,
+                 "pulled": self._pulled, "done": self._done}
         if self._snapshots:
             base = min(self._snapshots)
             return {**state, "base": base, SOURCES_KEY: [self._snapshots[base]]}

@@ -10,9 +10,33 @@ from .._once import first_time
 from ..formats.keys import split_key
 from .base import SOURCES_KEY, Stage
 
-__all__ = ["Sharder"]
+__all__ = ["Sharder", "owned_after", "owned_before", "warn_if_some_shards_idle"]
 
 log = logging.getLogger("pipeflow")
+
+
+def warn_if_some_shards_idle(name: str, total: int | None, count: int, world: int, workers: int) -> None:
+    """One warning per run when ``total`` items are split over more shards (``count``, of
+    ``world`` ranks x ``workers``): the data stays correct, but some workers read nothing and
+    the run is slower than it looks."""
+    if total is None or total >= count or not first_time("idle_shards"):
+        return
+    log.warning("pipeflow: %s: %d items (shards or objects) split over %d ranks x workers "
+                "(%d rank%s x %d DataLoader worker%s): %d of them read nothing; use at most %d "
+                "ranks x workers, or split the data into more shards", name, total, count, world,
+                "" if world == 1 else "s", workers, "" if workers == 1 else "s", count - total, total)
+
+
+def owned_after(pos: int, index: int, count: int) -> int:
+    """The first source index >= ``pos`` that shard ``index`` of ``count`` keeps."""
+    return pos + (index - pos) % count
+
+
+def owned_before(pos: int, index: int, count: int) -> int:
+    """The last source index < ``pos`` that shard ``index`` of ``count`` keeps."""
+    last = pos - 1
+    return last - (last - index) % count
+
 
 
 class Sharder(Stage[Any]):
@@ -40,6 +64,20 @@ class Sharder(Stage[Any]):
     """
 
     is_sharder = True
+    #: its split is a rule over source indices, which elastic resume re-deals
+    elastic_roles = frozenset({"shard"})
+
+    @classmethod
+    def built_options(cls, kwargs: dict[str, Any], *, grouped: bool) -> dict[str, Any]:
+        if kwargs.get("by", "auto") == "auto":  # keep grouped objects together
+            return {**kwargs, "by": "key" if grouped else "item"}
+        return kwargs
+
+    @classmethod
+    def splits_by_place(cls, kwargs: dict[str, Any], grouped: bool) -> bool:
+        by = kwargs.get("by", "auto")
+        by_item = by == "item" or (by == "auto" and not grouped)
+        return by_item and kwargs.get("ranks", True) is True and kwargs.get("workers", True) is True
 
     def __init__(self, source: Stage[Any], *, ranks: bool = True, workers: bool = True,
                  by: Literal["auto", "item", "key"] = "auto", auto: bool = False) -> None:
@@ -52,6 +90,44 @@ class Sharder(Stage[Any]):
         self._pos = 0
         self._sample = -1      # by="key": index of the current sample
         self._key: str | None = None
+
+    # ---- elastic resume: how this stage's state names the units it split ----------------------
+    @property
+    def splits_all(self) -> bool:
+        """True when this sharder splits across ranks and workers (what elastic resume needs)."""
+        return self._ranks and self._workers
+
+    @classmethod
+    def elastic_place(cls, state: dict[str, Any], where: tuple[int, int, int, int], *,
+                      following: bool) -> int:
+        """The unit (item, or sample with ``by="key"``) of the stream before the shard that a
+        state saved by shard ``where`` = ``(rank, world, worker, workers)`` names: the next one
+        it would keep (``following``), else the last one it kept."""
+        rank, world, worker, workers = where
+        index, count = rank * workers + worker, world * workers
+        # by="key" shards whole samples: the unit is the sample, "sample" the current one
+        pos = int(state["sample"]) + 1 if "sample" in state else int(state["pos"])
+        return owned_after(pos, index, count) if following else owned_before(pos, index, count)
+
+    @classmethod
+    def elastic_done(cls, state: dict[str, Any], where: tuple[int, int, int, int],
+                     before: int | None) -> list[Any]:
+        """The units shard ``where`` delivered: all of its units before ``before`` (None: every
+        one), as a ``[start, stop, step]`` range."""
+        rank, world, worker, workers = where
+        return [rank * workers + worker, before, world * workers]
+
+    @classmethod
+    def elastic_untouched(cls, state: dict[str, Any], where: tuple[int, int, int, int]) -> Any:
+        """The entry of a shard that never started: None (it delivered nothing)."""
+        return None
+
+    @classmethod
+    def elastic_window(cls, state: dict[str, Any], where: tuple[int, int, int, int],
+                       first: int) -> dict[str, Any]:
+        """Which units an old shard reads from ``first`` on: every ``count``-th."""
+        rank, world, worker, workers = where
+        return {"start": first, "step": world * workers}
 
     @property
     def shard(self) -> tuple[int, int]:
@@ -81,19 +157,11 @@ class Sharder(Stage[Any]):
         return None
 
     def _warn_if_some_shards_idle(self) -> None:
-        """One warning per run when there are fewer items than ranks x workers: the data stays
-        correct, but some workers read nothing and the run is slower than it looks."""
         total = self._known_total() if self.by == "item" else None
-        if total is None or total >= self._count or not first_time("idle_shards"):
-            return
         ctx = self.context
         world = ctx.world_size if self._ranks else 1
         workers = ctx.num_workers if self._workers else 1
-        log.warning("pipeflow: %s: %d items (shards or objects) split over %d ranks x workers "
-                    "(%d rank%s x %d DataLoader worker%s): %d of them read nothing; use at most %d "
-                    "ranks x workers, or split the data into more shards", self.name or "shard_by_rank",
-                    total, self._count, world, "" if world == 1 else "s", workers,
-                    "" if workers == 1 else "s", self._count - total, total)
+        warn_if_some_shards_idle(self.name or "shard_by_rank", total, self._count, world, workers)
 
     def next(self) -> Any:
         if self.by == "key":

@@ -6,9 +6,27 @@ from typing import Any
 
 from .._checks import check_int
 from .._rng import derive_seed, draw
+from ..errors import ConfigError
 from .base import SOURCES_KEY, Stage
 
-__all__ = ["Shuffler"]
+__all__ = ["Shuffler", "replay"]
+
+
+def replay(seed: int, size: int, draws: int, pulled: int) -> list[int]:
+    """The buffer of a shuffler after ``draws`` draws, as the sequence numbers of its items in
+    slot order: the draws of stream ``seed`` run again over integers. ``pulled`` is how many
+    items the shuffler had pulled (its source ran dry there when it is short of a full buffer)."""
+    buffer: list[int] = []
+    taken = 0
+    for step in range(draws):
+        while len(buffer) < size and taken < pulled:
+            buffer.append(taken)
+            taken += 1
+        j = draw(seed, step, len(buffer))
+        buffer[j] = buffer[-1]
+        buffer.pop()
+    buffer.extend(range(taken, pulled))  # pulled after the last draw (a fill an error ended)
+    return buffer
 
 
 class Shuffler(Stage[Any]):
@@ -18,11 +36,14 @@ class Shuffler(Stage[Any]):
     ``shard_by_rank``, of the shard index; upstream of sharding every worker and rank shuffles
     identically, which is what keeps sharding after a shuffle exact.
 
-    State without data: each buffered item is identified by its sequence number in the source,
-    and the source position before the oldest buffered item is remembered. To resume, the
-    source is rewound to that position, the items between it and the newest pulled item are
-    read again, the ones already yielded are dropped and the rest rebuild the exact buffer.
-    The cost is re-reading roughly one buffer of items once at resume.
+    State without data, and of a fixed size whatever the buffer size: the stream's seed, the
+    buffer size, the number of draws and of items pulled, and the source position before the
+    oldest buffered item. Which items are still buffered, and in which slots, follows from
+    those numbers alone: :func:`replay` runs the draws again over sequence numbers (integers,
+    no data; about a microsecond per draw, once at resume). To resume, the source is rewound
+    to that position, the items between it and the newest pulled item are read again, the
+    ones already yielded are dropped and the rest rebuild the exact buffer. The cost is
+    re-reading roughly one buffer of items once at resume.
 
     Args:
         source: the input stage.
@@ -31,6 +52,18 @@ class Shuffler(Stage[Any]):
     """
 
     one_to_one = True
+    replays_input = True
+    #: before the shard (identical on every rank), or the one buffer after it (the drop point)
+    elastic_roles = frozenset({"before_shard", "drop_point"})
+
+    @classmethod
+    def keeps_steps(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+        return False  # one item out per item in, but not in order
+
+    @classmethod
+    def mixing(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        size = args[0] if args else kwargs.get("buffer_size")
+        return {"buffer_size": size, "seed": kwargs.get("seed", 0)}
 
     def __init__(self, source: Stage[Any], buffer_size: int, *, seed: int = 0) -> None:
         super().__init__(source)
@@ -65,7 +98,10 @@ class Shuffler(Stage[Any]):
         self._step = int(state["step"])
         self._exhausted = bool(state["exhausted"])
         base, pulled = int(state["base"]), int(state["pulled"])
-        order: list[int] = list(state["buffer"])
+        order = replay(self._stream, self._size, self._step, pulled)
+        if int(state.get("seed", self._stream)) != self._stream or min(order, default=pulled) != base:
+            raise ConfigError(f"{self.name}: this state was saved by a shuffle with another seed, "
+                              "epoch or buffer size")
         wanted = set(order)
         found: dict[int, Any] = {}
         for seq in range(base, pulled):
@@ -106,10 +142,17 @@ class Shuffler(Stage[Any]):
         return item
 
     def get_state(self) -> dict[str, Any]:
-        common = {"round": self._round, "step": self._step, "exhausted": self._exhausted,
-                  "pulled": self._pulled}
+        common = {"round": self._round, "seed": self._stream, "size": self._size, "step": self._step,
+                  "exhausted": self._exhausted, "pulled": self._pulled}
         if not self._buffer:
-            return {**common, "base": self._pulled, "buffer": [], SOURCES_KEY: [self.source.state_dict()]}
+            return {**common, "base": self._pulled, SOURCES_KEY: [self.source.state_dict()]}
         base = min(self._snapshots)
-        return {**common, "base": base, "buffer": [seq for seq, _ in self._buffer],
-                SOURCES_KEY: [self._snapshots[base]]}
+        return {**common, "base": base, SOURCES_KEY: [self._snapshots[base]]}
+
+    @classmethod
+    def elastic_buffer(cls, state: dict[str, Any]) -> dict[str, Any] | None:
+        """What a state says this shuffle held: ``pulled`` items since its oldest buffered one
+        (at ``base``), and which of them (counted from ``base``) were still buffered."""
+        base, pulled = int(state["base"]), int(state["pulled"])
+        held = replay(int(state["seed"]), int(state["size"]), int(state["step"]), pulled)
+        return {"pulled": pulled - base, "buffered": sorted(seq - base for seq in held)}

@@ -16,6 +16,9 @@ T = TypeVar("T")
 class ItemSource(Stage[T]):
     """Yields the items of a sequence in order; its state is the next index.
 
+    It gives item ``i`` directly (``random_access``), so the builder reads it by assignment
+    (:mod:`pipeflow.stages.assigned`) when it is sharded or shuffled right after.
+
     Non-sequence iterables (generators, sets) are materialised once at construction so every
     DataLoader worker and every epoch sees the same items in the same order.
 
@@ -57,6 +60,14 @@ class ItemSource(Stage[T]):
                 self._sample_at = i + self._sample_soon()
             self._stop = min(len(self._items), self._sample_at)
         self._index = i + 1
+        return self._items[i]
+
+    random_access = True
+    elastic_roles = frozenset({"before_shard"})
+
+    def at(self, i: int) -> T:
+        """Item ``i`` (for reading by assignment; counted as delivered by this source)."""
+        self._earlier += 1
         return self._items[i]
 
     def get_state(self) -> dict[str, Any]:

@@ -17,6 +17,15 @@ class Unbatcher(Stage[Any]):
     already yielded; resuming re-reads that one batch and skips what was delivered.
     """
 
+    replays_input = True
+
+    elastic_roles = frozenset({"to_drop_point"})
+
+    @classmethod
+    def elastic_expansion(cls, state: dict[str, Any], after: bool) -> tuple[int, Any, bool] | None:
+        offset = int(state.get("offset", 0))
+        return offset, state[SOURCES_KEY][0], bool(offset) or not after
+
     def __init__(self, source: Stage[Any]) -> None:
         super().__init__(source)
         self._batch: list[Any] = []

@@ -35,6 +35,8 @@ class Untarrer(ExpandingStage):
 
     verb = "untar"
 
+    splits_objects = True
+
     def __init__(self, source: Stage[Any], *, on_error: OnError = "raise") -> None:
         super().__init__(source, on_error=on_error)
 

@@ -153,8 +153,25 @@ def suite_resample(rank: int) -> dict[str, object]:
     return out
 
 
-SUITES = {"census": suite_census, "equalize": suite_equalize, "empty_shard": suite_empty_shard,
-          "resample": suite_resample}
+
+#: the global batch of the order suite: every rank batches GLOBAL_BATCH // world
+GLOBAL_BATCH = 8
+
+
+def order_pipeline(per_rank: int) -> pf.Pipeline:
+    """A random-access source shuffled and batched: one global order at any topology."""
+    return (pf.from_items(_data.all_keys(NUM_SHARDS)).shuffle(50, seed=9).map(str.upper)
+            .batch(per_rank))
+
+
+def suite_order(rank: int) -> dict[str, object]:
+    """Each rank's batches of epoch 1 with 0, 2 and 3 DataLoader workers."""
+    per_rank = GLOBAL_BATCH // dist.get_world_size()
+    return {f"w{nw}": run_loader(order_pipeline(per_rank), nw, 1) for nw in WORKERS}
+
+
+SUITES = {"census": suite_census, "order": suite_order, "equalize": suite_equalize,
+          "empty_shard": suite_empty_shard, "resample": suite_resample}
 
 
 def main() -> int:

@@ -76,8 +76,8 @@ def _layer(module: str) -> str:
     return parts[1] if len(parts) > 1 else "pipeflow"
 
 
-FOUNDATION = {"errors", "_braces", "_checks", "_io", "_fs", "_rng", "items", "stats", "run_context",
-              "disk_cache"}
+FOUNDATION = {"errors", "_braces", "_checks", "_io", "_fs", "_rng", "assign", "items", "stats",
+              "run_context", "disk_cache"}
 ABOVE_STAGES = {"graph", "iterator", "elastic", "sinks", "pipeline", "loader", "map_dataset", "recipes", "_cli",
                 "cli", "testing", "pipeflow"}
 

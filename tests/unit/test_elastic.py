@@ -13,6 +13,8 @@ import pytest
 
 import pipeflow as pf
 from pipeflow.errors import ConfigError
+from pipeflow.graph import Node
+from pipeflow.stages.base import SOURCES_KEY, Stage
 from tests.reliability import _data
 
 EPOCH = 2
@@ -143,7 +145,8 @@ def test_a_finished_rank_counts_as_done(monkeypatch):
     _, done_state = run_rank(monkeypatch, census(False), 0, 2)
     got, state = run_rank(monkeypatch, census(False), 1, 2, batches=2)
     merged = pf.merge_states([done_state, state])
-    assert [0, None, 2] in merged["done"]
+    # rank 0 of 2 (no DataLoader workers, item by item: unit 0) delivered every place it reads
+    assert {"places": [0, 2, 0, 1, 0], "before": None} in merged["done"]
     after = []
     for rank in range(3):
         after += run_rank(monkeypatch, census(False).resume_from(merged), rank, 3)[0]
@@ -162,10 +165,38 @@ def test_graphs_that_cannot_be_repartitioned_name_the_stage(monkeypatch):
         states = [run_rank(monkeypatch, pipe, r, 2, batches=1, flatten=False)[1] for r in range(2)]
         with pytest.raises(ConfigError, match=stage):
             pipe.resume_from(pf.merge_states(states))
-    auto = pf.from_items(range(10)).batch(2)
+    auto = pf.Pipeline(Node(_Stream, (10,), {}, (), "stream(10)")).batch(2)  # not random-access
     states = [run_rank(monkeypatch, auto, r, 2, batches=1)[1] for r in range(2)]
     with pytest.raises(ConfigError, match="shard_by_rank"):
         auto.resume_from(pf.merge_states(states))
+
+
+class _Stream(Stage):
+    """A source that can only be read in order (no ``at(i)``): sharded by pulling."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.n = n
+        self.i = 0
+
+    def start(self, state):
+        self.i = state["i"] if state else 0
+
+    def next(self):
+        if self.i >= self.n:
+            raise StopIteration
+        self.i += 1
+        return self.i - 1
+
+    def get_state(self):
+        return {"i": self.i}
+
+
+def test_automatic_sharding_of_a_random_access_source_resumes_elastically(monkeypatch):
+    # no shard_by_rank(): from_items is read by assignment, which elastic resume re-deals
+    before, after, _ = save_and_resume(monkeypatch, lambda: pf.from_items(_data.all_keys(10)).shuffle(
+        64, seed=3).map(str.upper).batch(4), 2, 3, 2)
+    assert_exactly_once(before + after, [k.upper() for k in _data.all_keys(10)])
 
 
 def test_merge_refuses_states_of_different_moments_or_kinds(monkeypatch):
@@ -312,3 +343,88 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+# ---- a stage of one's own takes part by declaring its roles and reading its own state --------
+class Explode(Stage):
+    """A user's flattening stage (as ``unbatch``), added with ``.then(Explode)``. It holds a
+    position inside its current input, so it says how its state splits for elastic resume."""
+
+    elastic_roles = frozenset({"to_drop_point"})
+
+    def __init__(self, source):
+        super().__init__(source)
+        self.current, self.offset, self.before = [], 0, {}
+
+    def start(self, state):
+        self.current, self.offset, self.before = [], 0, {}
+        if state and state["offset"]:
+            self.before = state[SOURCES_KEY][0]
+            self.current, self.offset = list(next(self.source)), state["offset"]
+
+    def next(self):
+        while self.offset >= len(self.current):
+            self.before = self.source.state_dict()
+            self.current, self.offset = list(next(self.source)), 0
+        self.offset += 1
+        return self.current[self.offset - 1]
+
+    def get_state(self):
+        if self.offset >= len(self.current):
+            return {"offset": 0, SOURCES_KEY: [self.source.state_dict()]}
+        return {"offset": self.offset, SOURCES_KEY: [self.before]}
+
+    @classmethod
+    def elastic_expansion(cls, state, after):
+        # items of the current input delivered, the source state naming that input, and
+        # whether that input is the one the next item comes from
+        offset = int(state["offset"])
+        return offset, state[SOURCES_KEY][0], bool(offset) or not after
+
+
+class Undeclared(Explode):
+    elastic_roles = frozenset()
+
+
+def own_stage_pipeline(cls):
+    return (pf.from_items(list(_data.shard_sizes(10))).shuffle(10, seed=3).shard_by_rank()
+            .map(_data.expand).then(cls).map(_data.slow_identity, workers=2).shuffle(16, seed=3)
+            .map(_data.key_of).batch(4))
+
+
+@pytest.mark.parametrize("old,new", [(2, 3), (3, 2)])
+def test_a_stage_of_ones_own_takes_part_in_elastic_resume(monkeypatch, old, new):
+    before, after, merged = save_and_resume(monkeypatch, lambda: own_stage_pipeline(Explode), old, new, 3)
+    assert f"{__name__}:Explode" in merged["graph"]  # named by module, not mistaken for pipeflow's
+    assert_exactly_once(before + after, _data.all_keys(10))
+
+
+def test_a_stage_without_elastic_roles_is_named_in_the_refusal(monkeypatch):
+    states = [run_rank(monkeypatch, own_stage_pipeline(Undeclared), r, 2, batches=1)[1] for r in range(2)]
+    with pytest.raises(ConfigError, match="Undeclared"):
+        own_stage_pipeline(Undeclared).resume_from(pf.merge_states(states))
+
+
+@pytest.mark.parametrize("new", [3, 1])
+def test_stateful_dataloader_states_of_several_ranks_with_several_workers(monkeypatch, new):
+    # 2 ranks x 2 workers: the merge must give each worker's state its own shard,
+    # rank * workers + worker of ranks * workers (a rank or a worker alone cannot tell)
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    before, states = [], []
+    for rank, batches in ((0, 3), (1, 6)):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        pipe = census(True)
+        pipe.set_epoch(EPOCH)
+        loader = StatefulDataLoader(pipe, batch_size=None, num_workers=2)
+        it = iter(loader)
+        before += [k for _ in range(batches) for k in next(it)]
+        states.append(loader.state_dict())
+        del it, loader
+    merged = pf.merge_states(json.loads(json.dumps(states)))
+    assert sorted(w["start"] % 4 for w in merged["windows"]) == [0, 1, 2, 3]
+    after = []
+    for rank in range(new):
+        after += run_rank(monkeypatch, census(True).resume_from(merged), rank, new)[0]
+    assert_exactly_once(before + after, _data.all_keys(10))

@@ -246,6 +246,20 @@ def test_state_round_trip_of_a_sharder_on_one_rank_of_several(monkeypatch, expli
     _round_trip(pipe, True, stop_at)
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+@pytest.mark.parametrize("stop_at", [1, 3])
+def test_state_round_trip_inside_a_sample_sharded_by_key_on_one_rank_of_two(monkeypatch, rank, stop_at):
+    # saved after a sample's first object and before its second (stop_at 1 and 3: after
+    # "k.image"), on a rank of two: the resumed sharder must know it is still inside that sample
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    urls = [f"mem://d/{k:03d}.{field}" for k in range(8) for field in ("image", "label")]
+    pipe = pf.from_items(urls).shard_by_rank(by="key")
+    mine = [u for u in urls if int(u[8:11]) % 2 == rank]
+    assert list(pipe) == mine
+    _round_trip(pipe, True, stop_at)
+
+
 # ---- the state survives an error: what was delivered, whatever ended the epoch -------------------
 class Boom(Exception):
     pass
