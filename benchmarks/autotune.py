@@ -150,6 +150,7 @@ def _auto_label(grid: Grid) -> str:
 def _grids(quick: bool, s1: dict[str, Any], s2: dict[str, Any], proxies: dict[float, Any]) -> list[Grid]:
     grids = []
     inflight = (4, 16, 64) if quick else (2, 4, 8, 16, 32, 64)
+    rows: dict[str, dict[str, Any]]
     for t, proxy in proxies.items():
         rows = {f"open(workers={w})": {"open_workers": w} for w in inflight}
         if not quick:

@@ -28,6 +28,7 @@ import statistics
 import tarfile
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -61,12 +62,12 @@ class Traced(torch.utils.data.IterableDataset):
         self.pipeline = pipeline
         self.out_dir = out_dir
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Any]:
         pieces: list[tuple[float, float, int]] = []
         _trace_bodies(pieces)
         task0 = _QUEUE_WAIT[0]
         cpu0, t0 = time.process_time(), time.perf_counter()
-        waited = samples = 0
+        waited, samples = 0.0, 0
         it = iter(self.pipeline)
         try:
             while True:
@@ -107,7 +108,7 @@ def _trace_bodies(pieces: list[tuple[float, float, int]]) -> None:
         init(self, source, *args, **kwargs)
 
     obstore_backend._Body._next = timed  # type: ignore[method-assign]
-    obstore_backend._Body.__init__ = patched  # type: ignore[method-assign]
+    obstore_backend._Body.__init__ = patched  # type: ignore[method-assign,assignment]  # a tracing patch
 
 
 #: seconds this process spent in multiprocessing queue gets (a DataLoader worker: waiting for

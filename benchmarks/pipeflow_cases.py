@@ -223,7 +223,7 @@ def make_recipe(name: str, url: str, workers: int, *, batch_size: int = 4) -> An
 
 # ---- S2 decode groups: decode to 224x224 ---------------------------------------------------------
 #: what ``photo_shards`` asks ``decode()`` for; the bare loop below runs the very same call
-PHOTO_DECODE = {"mode": "torch", "resize": (224, 224)}
+PHOTO_DECODE: dict[str, Any] = {"mode": "torch", "resize": (224, 224)}
 
 
 def photo_shards(shards: list[str], *, backend: str | None) -> pf.Pipeline:

@@ -27,7 +27,7 @@ import psutil
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-_waited = []
+_waited: list[bool] = []
 
 
 def wait_first(item: Any) -> Any:

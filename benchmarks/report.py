@@ -78,7 +78,7 @@ def _table(group: list[dict[str, Any]]) -> list[str]:
                 "| | | | | | | | | | |"
             )
             continue
-        ratio = _ratio(pf and pf["samples_per_s"], r["samples_per_s"]) if r is not pf else None
+        ratio = _ratio(pf["samples_per_s"] if pf else None, r["samples_per_s"]) if r is not pf else None
         cpu_ms = r.get("cpu_s_per_sample")
         lines.append(
             f"| {r['library']} | {r['workers']} | {_fmt(r['samples_per_s'])} | "

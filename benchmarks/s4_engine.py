@@ -45,6 +45,7 @@ CASES = ("pipeflow-process", "bare-process", "pipeflow-thread", "bare-thread")
 
 def decode_224(data: bytes) -> Any:
     """JPEG bytes -> 224x224 uint8 CHW tensor (reduced-scale decode first, then bilinear)."""
+    img: Image.Image  # an ImageFile until converted
     with Image.open(io.BytesIO(data)) as img:
         img.draft("RGB", (224, 224))
         img = img.convert("RGB").resize((224, 224), Image.Resampling.BILINEAR)

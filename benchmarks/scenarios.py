@@ -305,7 +305,7 @@ def raw_get_ceiling(
     deadline = time.perf_counter() + seconds
 
     def worker(i: int) -> None:
-        conn = http.client.HTTPConnection(host.hostname, host.port, timeout=30)
+        conn = http.client.HTTPConnection(host.hostname or "127.0.0.1", host.port, timeout=30)
         j = i
         while time.perf_counter() < deadline:
             u = urlsplit(urls[j % len(urls)])

@@ -6,14 +6,14 @@ Each raises :class:`~pipeflow.errors.ConfigError` naming the option as the user 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 from .errors import ConfigError
 
 __all__ = ["check_bool", "check_choice", "check_int", "check_int_or_auto", "is_int"]
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
     """True for an ``int`` that is not a ``bool`` (``True`` is an int to Python, never to us)."""
     return isinstance(value, int) and not isinstance(value, bool)
 

@@ -97,7 +97,7 @@ def entries(root: str | None = None) -> list[CacheEntry]:
         try:
             with open(path + ".json", encoding="utf-8") as fh:
                 meta = json.load(fh)
-        except (OSError, ValueError):  # made by hand or by an older version: still listed
+        except (OSError, ValueError):  # made by hand (no readable .json beside it): still listed
             pass
         nbytes, files = usage(path)
         max_bytes = meta.get("max_bytes")

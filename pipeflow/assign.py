@@ -120,12 +120,12 @@ class Order:
     @property
     def block(self) -> int:
         """Consecutive source indices that travel together."""
-        return self._fixed[0]  # type: ignore[attr-defined, no-any-return]
+        return self._fixed[0]  # type: ignore[attr-defined]
 
     @property
     def span(self) -> int:
         """Items of one shuffled window (whole blocks)."""
-        return self._fixed[5]  # type: ignore[attr-defined, no-any-return]
+        return self._fixed[5]  # type: ignore[attr-defined]
 
     def __len__(self) -> int:
         return self.n

@@ -383,8 +383,9 @@ def resume_node(node: Node, merged: dict[str, Any]) -> Node:
             raise ConfigError(f"this merged state belongs to a pipeline of another shape: saved "
                               f"{merged['graph']}, resuming {fingerprint(root)}")
         _check_graph(stages, sharder, point)
-        by = stages[sharder].by
-        by_place = stages[sharder].reads_by_place
+        shard_stage: Any = stages[sharder]  # a sharder by its declared trait, of any class
+        by = shard_stage.by
+        by_place = shard_stage.reads_by_place
     finally:
         root.close()
     n = nodes[sharder]

@@ -2,10 +2,11 @@
 
 A pipeline is described by a tree of :class:`Node` s (stage class, options, inputs, label).
 This module turns a description into running stages for one process (:func:`build`), and holds
-every walk over a graph: whether it shards (:func:`has_sharder`), its shape for resume checks
-(:func:`fingerprint`), and the questions ``equalize`` asks (:func:`find_sharder`,
-:func:`known_total`). It imports stages, never the :mod:`pipeflow.pipeline` facade or the
-iterator, which both import it.
+the walks over a graph: whether it shards (:func:`has_sharder`), every built stage
+(:func:`walk`), its shape for resume checks (:func:`fingerprint`). The questions the counting
+stages ask of their upstream (:func:`find_sharder`, :func:`known_total`) live with the stages,
+in :mod:`pipeflow.stages._walks`, and are re-exported here. It imports stages, never the
+:mod:`pipeflow.pipeline` facade or the iterator, which both import it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from ._once import first_time
 from .errors import OptionError
 from .run_context import RunContext
+from .stages._walks import find_sharder, known_total
 from .stages.assigned import AssignedSource, ShuffledSource
 from .stages.base import Stage
 from .stages.shard import Sharder
@@ -352,28 +354,3 @@ def fingerprint(stage: Stage[Any]) -> str:
     name = type(stage).kind()
     return f"{name}({inner})" if inner else name
 
-
-def find_sharder(stage: Stage[Any]) -> Any:
-    """The nearest sharding stage upstream through one-input stages, or None."""
-    seen = 0
-    while stage is not None and seen < 64:
-        if stage.is_sharder:
-            return stage
-        if len(stage.sources) != 1:
-            return None
-        stage = stage.sources[0]
-        seen += 1
-    return None
-
-
-def known_total(stage: Stage[Any]) -> int | None:
-    """The item count of a source that knows it (``from_items``) reached through one-to-one
-    stages and sharders only, or None."""
-    while True:
-        total = stage.known_length()
-        if total is not None:
-            return total
-        if (stage.is_sharder or stage.one_to_one) and len(stage.sources) == 1:
-            stage = stage.sources[0]
-            continue
-        return None

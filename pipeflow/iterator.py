@@ -27,9 +27,9 @@ log = logging.getLogger("pipeflow")
 SKIP_COUNTERS = ("skipped", "skipped_objects", "incomplete")
 
 
-def skip_counts(stats: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+def skip_counts(stats: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
     """``{stage: {counter: n}}`` of every stage's skip counters that are not zero."""
-    out: dict[str, dict[str, int]] = {}
+    out: dict[str, dict[str, float]] = {}
     for stage, counts in stats.items():
         found = {c: n for c, n in counts.items() if c in SKIP_COUNTERS and n}
         if found:

@@ -33,8 +33,11 @@ from .run_context import RunContext
 from .stages.device import DeviceMover, _device
 
 if TYPE_CHECKING:
-    from .pipeline import Pipeline
     from .stats import PipelineStats
+
+#: a :class:`pipeflow.Pipeline` (not imported, not even for type hints: ``pipeline.py`` imports
+#: this module, and the layering allows no cycle)
+Pipeline = Any
 
 __all__ = ["Loader", "LoaderOptions"]
 

@@ -77,7 +77,7 @@ class Pipeline(torch.utils.data.IterableDataset):
         track_channel(self._channel)
         weakref.finalize(self, remove_channel, self._channel)
 
-    # ---- building -----------------------------------------------------------------------
+    # ---- building ------------------------------------------------------------------------
     def then(self, stage: type[Stage[Any]], *args: Any, label: str | None = None,
              **kwargs: Any) -> Pipeline:
         """Append a custom stage class: ``stage(source_stage, *args, **kwargs)``.
@@ -99,7 +99,7 @@ class Pipeline(torch.utils.data.IterableDataset):
         """The description of the last stage (read-only)."""
         return self._node
 
-    # ---- core stages --------------------------------------------------------------------
+    # ---- core stages ---------------------------------------------------------------------
     @checks_options
     def shuffle(self, buffer_size: int, *, seed: int = 0, by: Literal["item", "key"] = "item") -> Pipeline:
         """Buffer shuffle, reseeded from ``(seed, epoch)`` every epoch; ``by="key"`` moves whole
@@ -201,7 +201,7 @@ class Pipeline(torch.utils.data.IterableDataset):
         """Copy tensors (in dicts, lists, tuples) to ``device`` on a background thread."""
         return self._then("to", DeviceMover, device, non_blocking=non_blocking, size=size)
 
-    # ---- backends (issue: storage backends) ---------------------------------------------
+    # ---- backends ------------------------------------------------------------------------
     @checks_options
     def open(self, backend: str | Any = None, *, workers: int | Literal["auto"] = "auto", read: bool = False,
              on_error: Literal["raise", "skip"] = "raise", **options: Any) -> Pipeline:
@@ -225,7 +225,7 @@ class Pipeline(torch.utils.data.IterableDataset):
                           delete=delete, output=output, workers=workers, on_error=on_error,
                           timeout=timeout, options=options)
 
-    # ---- formats (issue: formats) -------------------------------------------------------
+    # ---- formats -------------------------------------------------------------------------
     @checks_options
     def untar(self, *, on_error: Literal["raise", "skip"] = "raise") -> Pipeline:
         """Expand opened tar shards (plain/gzip/bz2/xz) into ``Record(member, bytes, url)``."""
@@ -262,7 +262,7 @@ class Pipeline(torch.utils.data.IterableDataset):
                           parse_example=parse_example, on_error=on_error, compression=compression)
 
 
-    # ---- recipes support (issue: recipes) -----------------------------------------------
+    # ---- recipes support -----------------------------------------------------------------
     @checks_options
     def cache(self, directory: str, *, max_bytes: int, backend: Any = None, workers: int = 0,
               on_error: Literal["raise", "skip"] = "raise",
@@ -286,7 +286,7 @@ class Pipeline(torch.utils.data.IterableDataset):
         """
         return self._then("equalize", Equalizer, total=total, per_shard=per_shard, mode=mode)
 
-    # ---- epoch length -------------------------------------------------------------------
+    # ---- epoch length --------------------------------------------------------------------
     @checks_options
     def with_epoch(self, n: int) -> Pipeline:
         """Exactly ``n`` items per rank and epoch, split over the DataLoader workers (cut short
@@ -315,7 +315,7 @@ class Pipeline(torch.utils.data.IterableDataset):
     def __bool__(self) -> bool:  # a pipeline is truthy even when len() is unknown or 0
         return True
 
-    # ---- running ------------------------------------------------------------------------
+    # ---- running -------------------------------------------------------------------------
     def resume_from(self, merged: dict[str, Any]) -> Pipeline:
         """The rest of the epoch ``merged`` (:func:`pipeflow.merge_states`) was saved in, on any
         number of ranks x DataLoader workers: every item the old topology had not delivered,
@@ -334,7 +334,7 @@ class Pipeline(torch.utils.data.IterableDataset):
         """The epoch set by :meth:`set_epoch` (0 until then)."""
         return self._epoch
 
-    def __iter__(self):  # type: ignore[override]
+    def __iter__(self) -> PipelineIterator:
         # a weak reference: a live iterator must not keep its pipeline alive
         ref = weakref.ref(self)
 
@@ -409,9 +409,7 @@ class Pipeline(torch.utils.data.IterableDataset):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        channel = state.get("_channel")
-        if channel is None:  # pickled by an older version
-            self._channel = channel = StatsChannel()
+        channel = state["_channel"]
         self._stats = Stats(channel=None if channel.is_owner else channel)
 
 

@@ -91,13 +91,13 @@ class Stats:
         """A running graph: ``measure()`` (a bound method, held weakly so the graph can still
         be garbage collected) returns its stages' timings, read on every snapshot."""
         with self._lock:
-            self._live[key] = weakref.WeakMethod(measure)  # type: ignore[arg-type]
-            start = self.channel is not None and self._publisher is None
-            if start:
-                self._publisher = threading.Thread(target=_publish_loop, args=(weakref.ref(self),),
-                                                   name="pipeflow-stats", daemon=True)
-        if start:
-            self._publisher.start()  # type: ignore[union-attr]
+            self._live[key] = weakref.WeakMethod(measure)
+            publisher = None
+            if self.channel is not None and self._publisher is None:
+                publisher = self._publisher = threading.Thread(
+                    target=_publish_loop, args=(weakref.ref(self),), name="pipeflow-stats", daemon=True)
+        if publisher is not None:
+            publisher.start()
 
     def detach(self, key: int, final: dict[str, dict[str, float]]) -> None:
         """The graph stopped with ``final`` timings: they are kept, the graph is not read again."""
@@ -280,7 +280,7 @@ def remove_channel(channel: StatsChannel) -> None:
 def sweep_stale(base: str | None = None) -> list[str]:
     """Remove the channel directories whose owner process is gone; returns their paths."""
     base = base or _base_dir()
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(base)
     except OSError:

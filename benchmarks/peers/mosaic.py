@@ -77,7 +77,9 @@ def _dataset_class(decode: bool) -> Any:
     # Mosaic's documented way to transform samples: subclass StreamingDataset
     streaming = import_streaming()
 
-    class Decoded(streaming.StreamingDataset):
+    base: Any = streaming.StreamingDataset
+
+    class Decoded(base):
         def __getitem__(self, index: int) -> Any:
             sample = super().__getitem__(index)
             return _common.decode_224(sample) if decode else sample

@@ -90,9 +90,9 @@ class CpuMeter:
         self._start_cpu = 0.0
         self._start_wall = 0.0
 
-    def _descendant_cpu(self) -> float:
+    def _descendant_cpu(self, proc: Any) -> float:
         total = 0.0
-        for child in self._proc.children(recursive=True):
+        for child in proc.children(recursive=True):
             if child.pid in self._excluded:
                 continue
             try:
@@ -102,25 +102,27 @@ class CpuMeter:
                 continue
         return total
 
-    def _total(self) -> float:
-        t = self._proc.cpu_times()
+    def _total(self, proc: Any) -> float:
+        t = proc.cpu_times()
         # children_* hold the CPU of children already waited for (finished DataLoader workers)
-        return t.user + t.system + t.children_user + t.children_system + self._descendant_cpu()
+        return t.user + t.system + t.children_user + t.children_system + self._descendant_cpu(proc)
 
     def start(self) -> None:
-        if self._proc is None:
+        proc = self._proc
+        if proc is None:
             return
-        self._excluded = {c.pid for c in self._proc.children(recursive=True)}
-        self._start_cpu = self._total()
+        self._excluded = {c.pid for c in proc.children(recursive=True)}
+        self._start_cpu = self._total(proc)
         self._start_wall = time.perf_counter()
 
     def percent(self) -> float | None:
         """Average CPU use since :meth:`start` as a share of all cores (0-100)."""
-        if self._proc is None:
+        proc = self._proc
+        if proc is None:
             return None
         wall = time.perf_counter() - self._start_wall
         cores = os.cpu_count() or 1
-        return 100.0 * (self._total() - self._start_cpu) / (wall * cores) if wall > 0 else 0.0
+        return 100.0 * (self._total(proc) - self._start_cpu) / (wall * cores) if wall > 0 else 0.0
 
 
 def measure(dataset: Any, *, batch_size: int | None = 4, num_workers: int = 0, epochs: int = 1,

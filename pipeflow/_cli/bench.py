@@ -20,6 +20,12 @@ S2_GROUPS = ("sizes", "article-001", "decode")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    _add_run_arguments(parser)
+    _add_selection_arguments(parser)
+
+
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where and how the whole run happens: size, output, server, latency."""
     parser.add_argument(
         "--quick", action="store_true", help="small data and short budgets: a few minutes on 2 cores"
     )
@@ -41,6 +47,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and npm; serves ranges at their cost) or the http:// endpoint of a running S3-compatible "
         "server (credentials from the environment)",
     )
+    parser.add_argument(
+        "--repeats", type=int, default=1, metavar="N", help="run each case N times in a row (default 1)"
+    )
+    parser.add_argument("--workdir", default=None, help="keep local data and caches here")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _add_selection_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which scenarios, groups, shard sizes and libraries run."""
     parser.add_argument(
         "--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS), help="run only these scenarios"
     )
@@ -79,11 +94,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run only the cases of these libraries, named as in the tables (e.g. 'pipeflow' "
         "'S3IterableDataset' 'webdataset pipe:s5cmd')",
     )
-    parser.add_argument(
-        "--repeats", type=int, default=1, metavar="N", help="run each case N times in a row (default 1)"
-    )
-    parser.add_argument("--workdir", default=None, help="keep local data and caches here")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _import_benchmarks() -> None:

@@ -145,7 +145,7 @@ def _run_one(info: Any, url: str, args: argparse.Namespace) -> DemoRow:
     if "cache_dir" in info.options:
         options["cache_dir"] = os.path.join(args.out, "cache", info.name)
     batch_size = None if info.yields_batches(options) else args.batch_size
-    ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    ctx = mp.get_context("fork") if sys.platform.startswith("linux") else mp.get_context("spawn")
     queue = ctx.Queue()
     child_args = {"num_workers": args.num_workers, "steps": args.steps, "report_every": args.report_every,
                   "quiet": args.quiet}

@@ -53,11 +53,12 @@ def list_in_child(options: Any, url: str) -> Iterator[ObjectInfo]:
 
 
 def _main() -> None:
-    from .obstore import ObstoreBackend
+    # the class by its registry name, not an import: obstore.py imports this module
+    from .registry import backend_class
 
     options, url = pickle.loads(sys.stdin.buffer.read())
     try:
-        answer: tuple[str, Any] = ("ok", list(ObstoreBackend(options).list(url)))
+        answer: tuple[str, Any] = ("ok", list(backend_class("obstore")(options).list(url)))
     except Exception as exc:  # every failure goes back to the parent, typed when it pickles
         try:
             pickle.dumps(exc)

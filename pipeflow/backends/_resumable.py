@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import time
 from collections.abc import Callable
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
 from ._retry import RetryPolicy, RetryTimer, exhausted, is_transient
 
@@ -25,8 +25,17 @@ _READ_ALL_CHUNK = 4 << 20
 class TruncatedBodyError(ConnectionError):
     """A response body ended before the announced length (a transient failure)."""
 
+if TYPE_CHECKING:
+    # what the type checker is told: a binary file object (``Backend.open`` returns
+    # ``IO[bytes]``), as typeshed declares io.BufferedReader; at run time the io base class
+    # alone, so no abstract ``name``/``mode`` attribute of typing.IO shadows a caller's fallback
+    class _BinaryFile(io.BufferedIOBase, BinaryIO):
+        pass
+else:
+    _BinaryFile = io.BufferedIOBase
 
-class ResumableStream(io.BufferedIOBase):
+
+class ResumableStream(_BinaryFile):
     """A readable, non-seekable stream that survives broken connections.
 
     Args:

@@ -172,7 +172,7 @@ class ProcessStream(io.RawIOBase):
 
 
 def open_process(argv: Sequence[str], *, on_error: ErrorFactory, env: Mapping[str, str] | None = None,
-                 start: int = 0) -> io.BufferedReader:
+                 start: int = 0) -> io.BufferedReader[ProcessStream]:
     """Start ``argv`` and return its stdout as a buffered binary stream.
 
     Waits for the first byte (or the exit status), so a command that fails before writing

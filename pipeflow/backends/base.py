@@ -148,6 +148,13 @@ class Backend(abc.ABC):
         self.options = options
         self._init_runtime()
 
+    @classmethod
+    def usable_here(cls) -> bool:
+        """Whether this process can use the backend (True; False for an SDK whose runtime does
+        not survive a fork, in a process forked after it was used). The registry's choice of a
+        default asks it."""
+        return True
+
     # ---- per-process client ---------------------------------------------------------------
     def _init_runtime(self) -> None:
         self._pid = os.getpid()

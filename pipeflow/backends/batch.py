@@ -14,17 +14,28 @@ import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import IO, TYPE_CHECKING, Protocol, runtime_checkable
+from typing import IO, Protocol, runtime_checkable
 
 from ..errors import BackendError
 
-if TYPE_CHECKING:  # for annotations only: base.py imports this module
-    from .base import Backend
-
-__all__ = ["BatchDownloader", "BatchHandle", "ThreadPoolBatch"]
+__all__ = ["BatchDownloader", "BatchHandle", "Opens", "ThreadPoolBatch"]
 
 #: bytes copied per read; also how often a cancelled copy notices it
 _CHUNK = 1 << 20
+
+
+class Opens(Protocol):
+    """What :class:`ThreadPoolBatch` needs of a backend (every ``Backend`` has it); a protocol,
+    so this module does not import ``base.py``, which imports it."""
+
+    @property
+    def name(self) -> str:
+        """The backend's registry name (for errors)."""
+        ...
+
+    def open(self, url: str, *, start: int = 0) -> IO[bytes]:
+        """A readable binary stream of the object at ``url``."""
+        ...
 
 
 @runtime_checkable
@@ -71,7 +82,7 @@ class ThreadPoolBatch:
     is whole. ``cancel()`` stops the copies at the next chunk and joins the threads.
     """
 
-    def __init__(self, backend: Backend, pairs: Sequence[tuple[str, str]], *, workers: int) -> None:
+    def __init__(self, backend: Opens, pairs: Sequence[tuple[str, str]], *, workers: int) -> None:
         self.backend = backend
         self.pairs = list(pairs)
         self._stop = threading.Event()

@@ -166,7 +166,7 @@ class Boto3Backend(Backend):
             spool.close()
             raise
         spool.seek(start)
-        return spool  # type: ignore[return-value]
+        return spool
 
     # ---- writing ---------------------------------------------------------------------------
     def upload(self, path: str, url: str) -> None:

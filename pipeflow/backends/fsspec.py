@@ -176,7 +176,7 @@ class FsspecBackend(Backend):
 
     def _object_info(self, fs: Any, url: str, entry: Mapping[str, Any]) -> ObjectInfo:
         etag = entry.get("ETag") or entry.get("etag")
-        mtime = entry.get("LastModified") or entry.get("mtime") or entry.get("created")
+        mtime: Any = entry.get("LastModified") or entry.get("mtime") or entry.get("created")
         if hasattr(mtime, "timestamp"):
             mtime = mtime.timestamp()
         return ObjectInfo(url=url, size=entry.get("size"),

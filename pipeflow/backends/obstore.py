@@ -40,13 +40,12 @@ from __future__ import annotations
 import datetime as _dt
 import io
 import os
-import queue
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
 from pipeflow._checks import check_int
+from pipeflow._pump import Pump
 from pipeflow.backends._resumable import ResumableStream
 from pipeflow.backends._retry import is_transient
 from pipeflow.backends._s3config import S3Options
@@ -119,6 +118,11 @@ class ObstoreBackend(Backend):
     name = "obstore"
     Options = ObstoreOptions
     options: ObstoreOptions
+
+    @classmethod
+    def usable_here(cls) -> bool:
+        """False in a process forked after obstore was used here (see :func:`usable_here`)."""
+        return usable_here()
 
     def _make_client(self) -> dict[str, Any]:
         return {}
@@ -430,9 +434,6 @@ class _Body(io.RawIOBase):
         super().close()
 
 
-_END = object()
-
-
 class _ReadAhead:
     """A thread that pulls pieces into a queue of at most ``limit`` while the reader works.
 
@@ -443,9 +444,9 @@ class _ReadAhead:
 
     def __init__(self, pieces: Iterator[Any], limit: int) -> None:
         self._pieces: Iterator[Any] | None = pieces
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=limit)
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._pump, name="pipeflow-obstore-read-ahead", daemon=True)
+        # the thread owns the response from its start on; a broken body reaches the reader,
+        # which resumes it
+        self._pump = Pump(self._pull, maxsize=limit, name="pipeflow-obstore-read-ahead")
         self.pulled = 0  # pieces taken from the connection
         self._pulled_bytes = 0
         self._done_bytes = 0  # of pieces the reader has finished
@@ -453,59 +454,28 @@ class _ReadAhead:
         self.peak_held = 0
 
     def start(self) -> None:
-        self._thread.start()
+        self._pump.start()
 
-    def _pump(self) -> None:
-        pieces, self._pieces = self._pieces, None  # the thread owns the response from here on
+    def _pull(self, pump: Pump) -> None:
+        pieces, self._pieces = self._pieces, None
         assert pieces is not None
-        try:
-            for piece in pieces:
-                self.pulled += 1
-                self._pulled_bytes += len(piece)
-                self.peak_held = max(self.peak_held, self._pulled_bytes - self._done_bytes)
-                if not self._put(piece):
-                    return
-            self._put(_END)
-        except BaseException as exc:  # handed to the reader, which resumes a broken body
-            self._put(_Failure(exc))
-
-    def _put(self, item: Any) -> bool:
-        while not self._stopped.is_set():
-            try:
-                self._queue.put(item, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
+        for piece in pieces:
+            self.pulled += 1
+            self._pulled_bytes += len(piece)
+            self.peak_held = max(self.peak_held, self._pulled_bytes - self._done_bytes)
+            if not pump.put(piece):
+                return
 
     def next(self, finished: int) -> Any:
-        """The next piece, once the reader has finished the previous one (``finished`` bytes)."""
+        """The next piece, once the reader has finished the previous one (``finished`` bytes);
+        at the end StopIteration, after a failure its exception (on every later call too)."""
         self._done_bytes += finished
-        item = self._queue.get()
-        if item is _END:
-            self._queue.put(_END)  # later reads see the end again
-            raise StopIteration
-        if isinstance(item, _Failure):
-            self._queue.put(item)
-            raise item.exc
-        return item
+        return self._pump.get()
 
     def stop(self) -> None:
         """Stop pulling and drop what was pulled; the thread ends when its current pull returns
         (object_store's read timeout bounds that), dropping the response."""
-        self._stopped.set()
-        while True:
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=1.0)
-
-
-@dataclass(frozen=True)
-class _Failure:
-    exc: BaseException
+        self._pump.stop(join=1.0)
 
 
 def _object_info(bucket: str, meta: Any, url: str | None = None) -> ObjectInfo:

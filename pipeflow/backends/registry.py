@@ -7,6 +7,11 @@ needs, so a missing SDK surfaces as :class:`~pipeflow.errors.MissingDependencyEr
 listing the known ones.
 
 Third-party backends register with :func:`register_backend`.
+
+Which backend a URL gets when none is named is decided here and nowhere else: the scheme's
+default (:func:`backend_for_url`: ``s3://`` -> boto3), and the fastest measured that works in
+this process, which ``open()``, ``MapDataset`` and ``upload()`` use
+(:func:`preferred_backend_for_url`: ``s3://`` -> obstore when usable).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ __all__ = [
     "backend_class",
     "backend_for_url",
     "get_backend",
+    "preferred_backend_for_url",
     "known_backends",
     "register_backend",
     "unregister_backend",
@@ -167,6 +173,25 @@ def backend_for_url(url: str) -> str:
     if "fsspec" in _specs:
         return "fsspec"
     raise InvalidURLError(f"no backend handles the scheme {scheme!r}", url=url)
+
+
+def preferred_backend_for_url(url: str) -> str:
+    """The backend ``open()``, ``MapDataset`` and ``upload()`` use when none is named: the
+    fastest measured for the scheme.
+
+    For ``s3://`` that is ``obstore`` (object_store) for both access patterns, one stream per
+    shard and many small objects in flight (docs/backends.md has the table); without obstore
+    installed, or in a process forked after obstore was used (its runtime does not survive a
+    fork), it is the scheme's default, ``boto3``; with obstore the only S3 client installed, it
+    stays obstore (in a forked process its error says what to do). Other schemes take their
+    default.
+    """
+    name = backend_for_url(url)
+    if name != "boto3" or "obstore" not in _specs or not installed("obstore"):
+        return name
+    if backend_class("obstore").usable_here() or not installed("boto3"):
+        return "obstore"
+    return name
 
 
 def get_backend(name: str | Backend | None = None, *, url: str | None = None, **options: Any) -> Backend:

@@ -3,10 +3,10 @@
 Memory: the CRT downloads a response as fast as the network allows, whatever the reader
 consumes (and the connector's sequential reader also keeps every byte it has read, so that it
 can seek back): one GET of a 1 GB shard held up to 1 GB. With ``reader="sequential"`` (the
-default) this backend reads an object as consecutive ranged GETs of ``window`` bytes (default:
-one part, 8 MiB) and asks for the next window only once the reader has reached the current one,
-so one open stream never holds more than ``2 * window`` bytes (:mod:`pipeflow.backends._window`).
-An object that fits in one window costs one GET, as before; nothing sends a HEAD.
+default) this backend reads an object as consecutive ranged GETs of ``range_size`` bytes (default:
+one part, 8 MiB) and asks for the next range only once the reader has reached the current one,
+so one open stream never holds more than ``2 * range_size`` bytes (:mod:`pipeflow.backends._ranged`).
+An object that fits in one range costs one GET, as before; nothing sends a HEAD.
 ``reader="range_based"`` keeps the connector's own ranged reader (cheap seeks).
 
 Errors: the CRT's exception carries no attributes, only its rendered text, in which the binding
@@ -46,10 +46,10 @@ from dataclasses import dataclass
 from typing import IO, Any, Literal
 
 from pipeflow._checks import check_int, is_int
+from pipeflow.backends._ranged import RangedBody
 from pipeflow.backends._resumable import ResumableStream
 from pipeflow.backends._retry import TRANSIENT_CODES, is_transient, retry_call
 from pipeflow.backends._s3config import S3Options, error_for_status
-from pipeflow.backends._window import WindowedBody
 from pipeflow.backends.base import Backend, S3Location, parse_s3_url
 from pipeflow.errors import (
     AccessDeniedError,
@@ -102,11 +102,11 @@ class S3TorchConnectorOptions(S3Options):
     """Options of the s3torchconnector backend (plus the shared :class:`S3Options`).
 
     Attributes:
-        reader: ``"sequential"`` (bounded windows of ranged GETs) or ``"range_based"`` (the
+        reader: ``"sequential"`` (bounded consecutive ranged GETs) or ``"range_based"`` (the
             connector's ranged reader).
         part_size: CRT part size in bytes (5 MiB to 5 GiB).
-        window: bytes per ranged GET of a sequential stream (None: ``part_size``); one open
-            stream holds at most two windows.
+        range_size: bytes per ranged GET of a sequential stream (None: ``part_size``); one open
+            stream holds at most two ranges.
         throughput_target_gbps: the CRT's throughput target.
         crt_max_attempts: attempts the CRT makes per request for retryable errors; None (the
             default) derives an attempt count from the retry budget, so there is one budget.
@@ -114,7 +114,7 @@ class S3TorchConnectorOptions(S3Options):
 
     reader: Literal["sequential", "range_based"] = "sequential"
     part_size: int = 8 << 20
-    window: int | None = None
+    range_size: int | None = None
     throughput_target_gbps: float = 10.0
     crt_max_attempts: int | None = None
 
@@ -124,8 +124,9 @@ class S3TorchConnectorOptions(S3Options):
             raise ConfigError(f"reader must be 'sequential' or 'range_based', got {self.reader!r}")
         if not isinstance(self.part_size, int) or not (5 << 20) <= self.part_size <= (5 << 30):
             raise ConfigError(f"part_size must be an int between 5 MiB and 5 GiB, got {self.part_size!r}")
-        if self.window is not None and (not is_int(self.window) or self.window < (64 << 10)):
-            raise ConfigError(f"window must be an int of at least 64 KiB or None, got {self.window!r}")
+        size = self.range_size
+        if size is not None and (not is_int(size) or size < (64 << 10)):
+            raise ConfigError(f"range_size must be an int of at least 64 KiB or None, got {size!r}")
         check_int(self.crt_max_attempts, "crt_max_attempts", low=1, optional=True)
         if self.access_key is not None:
             raise ConfigError("the s3torchconnector backend takes credentials from the environment or a "
@@ -141,9 +142,9 @@ class S3TorchConnectorOptions(S3Options):
         return self.retry.sdk_attempts(sdk_base_delay=0.5, sdk_max_delay=20.0)
 
     @property
-    def effective_window(self) -> int:
+    def effective_range_size(self) -> int:
         """Bytes per ranged GET of a sequential stream."""
-        return self.window if self.window is not None else self.part_size
+        return self.range_size if self.range_size is not None else self.part_size
 
 
 def _is_past_end(exc: BaseException) -> bool:
@@ -259,12 +260,12 @@ class S3TorchConnectorBackend(Backend):
                           mtime=float(head.last_modified))
 
     # ---- reading ---------------------------------------------------------------------------
-    def _windowed(self, loc: S3Location, url: str, start: int, end: int | None) -> IO[bytes]:
-        """A bounded stream of ``[start, end)``: ranged GETs of one window at a time."""
+    def _ranged(self, loc: S3Location, url: str, start: int, end: int | None) -> IO[bytes]:
+        """A bounded stream of ``[start, end)``: ranged GETs of one range at a time."""
         client = self._client()
-        body = WindowedBody(
+        body = RangedBody(
             lambda lo, hi: client._get_object_stream(loc.bucket, loc.key, lo, hi),
-            start=start, end=end, window=self.options.effective_window,
+            start=start, end=end, range_size=self.options.effective_range_size,
             read_timeout=self.options.read_timeout, is_past_end=_is_past_end,
             on_request_error=lambda exc: self._error(exc, loc, url, "open"))
         try:
@@ -274,10 +275,10 @@ class S3TorchConnectorBackend(Backend):
             raise
         return body  # type: ignore[return-value]
 
-    def _first_window(self, loc: S3Location, url: str, start: int, end: int | None) -> IO[bytes]:
-        """The first window, its stalls retried under the policy (the CRT has no read timeout)."""
+    def _first_range(self, loc: S3Location, url: str, start: int, end: int | None) -> IO[bytes]:
+        """The first range, its stalls retried under the policy (the CRT has no read timeout)."""
         try:
-            return retry_call(lambda: self._windowed(loc, url, start, end), policy=self.options.retry,
+            return retry_call(lambda: self._ranged(loc, url, start, end), policy=self.options.retry,
                               url=url, backend=self.name, op="open",
                               classify=lambda exc: isinstance(exc, TimeoutError))
         except RetryExhaustedError as exc:
@@ -305,10 +306,10 @@ class S3TorchConnectorBackend(Backend):
             self.info(url)
             return io.BytesIO(b"")
         ranged = self.options.reader == "range_based" and not start and end is None
-        first = self._reader(loc, url) if ranged else self._first_window(loc, url, start, end)
+        first = self._reader(loc, url) if ranged else self._first_range(loc, url, start, end)
 
         def reopen(offset: int) -> IO[bytes]:
-            return self._windowed(loc, url, offset, end)
+            return self._ranged(loc, url, offset, end)
 
         def classify(exc: BaseException) -> bool:
             # the CRT has already retried its requests; a body failing or stalling mid-way is

@@ -13,29 +13,21 @@ Two mechanisms, both armed in every process worker as it starts (the pool's init
 The fork server and multiprocessing's resource tracker need nothing of their own: they exit
 when the last holder of their pipes closes it, and those holders are the owner and the workers.
 
-Idle process pools are kept per process by :class:`PoolCache`, so a pipeline iterated epoch
-after epoch reuses its warm workers instead of starting new ones.
+Idle pools between epochs are the pool module's concern (:class:`~pipeflow.executor.pool.PoolCache`).
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import ctypes
 import os
 import select
 import signal
 import threading
-import weakref
-from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING, Any
 
 from .shm import pid_alive, set_worker_prefix, sweep_owner
 
-if TYPE_CHECKING:
-    from .pool import WorkerPool
-
-__all__ = ["PoolCache", "arm_worker", "pool_cache"]
+__all__ = ["arm_worker"]
 
 _PR_SET_PDEATHSIG = 1
 _POLL_SECONDS = 0.5
@@ -89,77 +81,3 @@ def arm_worker(owner_pid: int, shm_prefix: str) -> None:
         _owner_gone(owner_pid)
     threading.Thread(target=_watch, args=(owner_pid, pidfd), name="pipeflow-owner-watchdog",
                      daemon=True).start()
-
-
-class PoolCache:
-    """Idle process pools of this process, by key, each leased to an owner object.
-
-    A stage takes a pool with :meth:`acquire` and gives it back with :meth:`release` when its
-    epoch ended normally; the next epoch's stage (same key) gets the same warm workers. An
-    idle pool is shut down when its owner is garbage collected, at interpreter exit, and in a
-    forked child (which must never use its parent's pools).
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._idle: dict[Hashable, list[WorkerPool]] = {}
-        self._finalizers: dict[int, weakref.finalize] = {}
-
-    def acquire(self, key: Hashable, factory: Callable[[], WorkerPool]) -> WorkerPool:
-        with self._lock:
-            pools = self._idle.get(key, [])
-            while pools:
-                pool = pools.pop()
-                fin = self._finalizers.pop(id(pool), None)
-                if fin is not None:
-                    fin.detach()
-                if pool.usable():
-                    return pool
-                pool.shutdown(wait=False)
-        return factory()
-
-    def release(self, key: Hashable, pool: WorkerPool, owner: Any) -> None:
-        """Keep ``pool`` idle for the next ``acquire(key)`` while ``owner`` lives."""
-        if not pool.usable():
-            pool.shutdown(wait=True)
-            return
-        try:
-            fin = weakref.finalize(owner, self._drop, key, pool)
-        except TypeError:  # an owner without weak references: nothing to tie the pool to
-            pool.shutdown(wait=True)
-            return
-        fin.atexit = True
-        with self._lock:
-            self._idle.setdefault(key, []).append(pool)
-            self._finalizers[id(pool)] = fin
-
-    def _drop(self, key: Hashable, pool: WorkerPool) -> None:
-        with self._lock:
-            pools = self._idle.get(key, [])
-            if pool in pools:
-                pools.remove(pool)
-            self._finalizers.pop(id(pool), None)
-        pool.shutdown(wait=False)
-
-    def clear(self, *, wait: bool = True) -> None:
-        """Shut down every idle pool."""
-        with self._lock:
-            pools = [p for ps in self._idle.values() for p in ps]
-            self._idle.clear()
-            for fin in self._finalizers.values():
-                fin.detach()
-            self._finalizers.clear()
-        for pool in pools:
-            pool.shutdown(wait=wait)
-
-    def _forget_after_fork(self) -> None:
-        # the child must not shut down (or use) the parent's workers: just drop the references
-        self._lock = threading.Lock()
-        for fin in self._finalizers.values():
-            fin.detach()
-        self._idle, self._finalizers = {}, {}
-
-
-pool_cache = PoolCache()
-atexit.register(pool_cache.clear, wait=False)
-os.register_at_fork(after_in_child=pool_cache._forget_after_fork)

@@ -10,11 +10,13 @@ process that started them (:mod:`.lifetime`), large results through shared memor
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import multiprocessing
 import os
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Hashable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Literal
@@ -23,11 +25,11 @@ from .._checks import check_choice, check_int
 from .._once import first_time
 from .chunks import run_chunk, settle, spread
 from .intraop import one_intraop_thread
-from .lifetime import arm_worker, pool_cache
+from .lifetime import arm_worker
 from .shm import Slots, discard, pool_prefix, restore, run_in_slot, run_task, sweep, sweep_dead_owners
 from .shm import available as shm_available
 
-__all__ = ["WorkerPool", "lease_pool", "make_pool", "prestart", "return_pool"]
+__all__ = ["PoolCache", "WorkerPool", "lease_pool", "make_pool", "pool_cache", "prestart", "return_pool"]
 
 #: how long close() waits for busy process workers before terminating them
 PROCESS_GRACE_SECONDS = 5.0
@@ -256,3 +258,77 @@ def return_pool(pool: WorkerPool, fn: Callable[..., Any], *, start_method: str |
     key = (id(owner), _pool_key(fn, pool.workers, "process", start_method))
     pool.park()
     pool_cache.release(key, pool, owner)
+
+
+class PoolCache:
+    """Idle process pools of this process, by key, each leased to an owner object.
+
+    A stage takes a pool with :meth:`acquire` and gives it back with :meth:`release` when its
+    epoch ended normally; the next epoch's stage (same key) gets the same warm workers. An
+    idle pool is shut down when its owner is garbage collected, at interpreter exit, and in a
+    forked child (which must never use its parent's pools).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: dict[Hashable, list[WorkerPool]] = {}
+        self._finalizers: dict[int, weakref.finalize] = {}
+
+    def acquire(self, key: Hashable, factory: Callable[[], WorkerPool]) -> WorkerPool:
+        with self._lock:
+            pools = self._idle.get(key, [])
+            while pools:
+                pool = pools.pop()
+                fin = self._finalizers.pop(id(pool), None)
+                if fin is not None:
+                    fin.detach()
+                if pool.usable():
+                    return pool
+                pool.shutdown(wait=False)
+        return factory()
+
+    def release(self, key: Hashable, pool: WorkerPool, owner: Any) -> None:
+        """Keep ``pool`` idle for the next ``acquire(key)`` while ``owner`` lives."""
+        if not pool.usable():
+            pool.shutdown(wait=True)
+            return
+        try:
+            fin = weakref.finalize(owner, self._drop, key, pool)
+        except TypeError:  # an owner without weak references: nothing to tie the pool to
+            pool.shutdown(wait=True)
+            return
+        fin.atexit = True
+        with self._lock:
+            self._idle.setdefault(key, []).append(pool)
+            self._finalizers[id(pool)] = fin
+
+    def _drop(self, key: Hashable, pool: WorkerPool) -> None:
+        with self._lock:
+            pools = self._idle.get(key, [])
+            if pool in pools:
+                pools.remove(pool)
+            self._finalizers.pop(id(pool), None)
+        pool.shutdown(wait=False)
+
+    def clear(self, *, wait: bool = True) -> None:
+        """Shut down every idle pool."""
+        with self._lock:
+            pools = [p for ps in self._idle.values() for p in ps]
+            self._idle.clear()
+            for fin in self._finalizers.values():
+                fin.detach()
+            self._finalizers.clear()
+        for pool in pools:
+            pool.shutdown(wait=wait)
+
+    def _forget_after_fork(self) -> None:
+        # the child must not shut down (or use) the parent's workers: just drop the references
+        self._lock = threading.Lock()
+        for fin in self._finalizers.values():
+            fin.detach()
+        self._idle, self._finalizers = {}, {}
+
+
+pool_cache = PoolCache()
+atexit.register(pool_cache.clear, wait=False)
+os.register_at_fork(after_in_child=pool_cache._forget_after_fork)

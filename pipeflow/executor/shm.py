@@ -127,7 +127,8 @@ class _SlotWriter:
     __slots__ = ("buffer", "capacity", "name", "offset")
 
     def __init__(self, name: str, capacity: int) -> None:
-        self.name, self.capacity, self.offset, self.buffer = name, capacity, 0, None
+        self.name, self.capacity, self.offset = name, capacity, 0
+        self.buffer: mmap.mmap | None = None
 
     def put(self, value: Any, kind: str) -> Any:
         import numpy as np
@@ -280,8 +281,8 @@ class Slots:
                 if slot.capacity >= want:
                     return slot.name, slot.capacity, self.generation
                 self._retire(slot)
-            slot = self._create(want)
-            return None if slot is None else (slot.name, slot.capacity, self.generation)
+            fresh = self._create(want)
+            return None if fresh is None else (fresh.name, fresh.capacity, self.generation)
 
     def _create(self, want: int) -> _Slot | None:
         capacity = -(-(want + want // 8) // mmap.PAGESIZE) * mmap.PAGESIZE  # room to grow a little
@@ -420,14 +421,16 @@ def _view(handle: _Handle) -> Any:
     """The array of ``handle`` viewing its slot; the slot goes back once every view is gone."""
     import numpy as np
 
-    lease = handle.lease
-    if lease is None:
+    lease, offset = handle.lease, handle.offset
+    if lease is None or offset is None:
         raise OSError(f"shared-memory slot {handle.name} is not this pool's")
     # the views hang from a ctypes object (numpy does not collapse the chain past it, unlike
     # an ndarray base), so its finalizer runs exactly when the last view is collected
-    anchor = (ctypes.c_char * max(handle.nbytes, 1)).from_buffer(lease.slot.mapping, handle.offset)
+    anchor = (ctypes.c_char * max(handle.nbytes, 1)).from_buffer(lease.slot.mapping, offset)
     weakref.finalize(anchor, lease.dropped)
-    array = np.frombuffer(anchor, dtype=np.dtype(handle.dtype), count=-1 if handle.nbytes else 0)
+    # numpy's stubs list no ctypes array among buffers, though it exports the buffer protocol
+    array = np.frombuffer(anchor, dtype=np.dtype(handle.dtype),  # type: ignore[call-overload]
+                          count=-1 if handle.nbytes else 0)
     array = array.reshape(handle.shape)
     if handle.kind == "torch":
         import torch

@@ -19,33 +19,27 @@ failed".
 
 from __future__ import annotations
 
-import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures.process import BrokenProcessPool
-from random import getrandbits
-from time import perf_counter
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from .._checks import check_bool, check_choice, check_int
+from .._meter import TaskMeter
 from ..errors import WorkerCrashedError
 from ..items import describe_item
 from ._bootstrap import crashed_error
 from .autotune import Tuner
 from .pool import WorkerPool, lease_pool, return_pool
 
-__all__ = ["Source", "Task", "Window", "default_limit"]
+__all__ = ["Source", "Task", "Window", "WindowOptions", "default_limit"]
 
 
 def default_limit(workers: int, method: str) -> int:
     """The default ``max_inflight`` of a window with ``workers`` workers (threads or processes)."""
     return max(2 * workers, 1)
-
-#: thread workers time one item in about this many (a power of two), jittered...
-TIME_EVERY = 16
-#: ...after timing every one of the first items, so a short run's figure is exact
-TIME_ALL_FIRST = 64
-_TIME_BITS = TIME_EVERY.bit_length() - 1
 
 
 class Source(Protocol):
@@ -54,6 +48,43 @@ class Source(Protocol):
     def __next__(self) -> Any: ...
 
     def state_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class WindowOptions:
+    """How a :class:`Window` runs its function, every value resolved (no ``"auto"``) and checked
+    once, here: the window is built from one of these and nobody changes it afterwards.
+
+    Args:
+        workers: pool size; 0 runs ``fn`` in the consumer's thread, one item at a time.
+        method: ``"thread"`` or ``"process"``.
+        in_order: deliver in input order, else as results complete.
+        limit: items submitted but not yet delivered (ignored when ``workers`` is 0; default
+            :func:`default_limit`).
+        name: shown in worker thread names and errors.
+        start_method: multiprocessing start method for process workers.
+        inline: optional ``item -> (done, value)`` tried first in the consumer's thread (a
+            cache hit); ``(False, None)`` sends the item to the pool.
+        on_discard: called with the future of every task dropped undelivered whose work could
+            not be cancelled (when it completes), to release what its result holds.
+        size_of: ``result -> bytes`` of a delivered result, for a tuner's memory budget.
+    """
+
+    workers: int = 0
+    method: Literal["thread", "process"] = "thread"
+    in_order: bool = True
+    limit: int | None = None
+    name: str = "pipeflow"
+    start_method: str | None = None
+    inline: Callable[[Any], tuple[bool, Any]] | None = None
+    on_discard: Callable[[Future[Any]], None] | None = None
+    size_of: Callable[[Any], int] | None = None
+
+    def __post_init__(self) -> None:
+        check_int(self.workers, "window workers", low=0)
+        check_choice(self.method, "window method", ("thread", "process"))
+        check_bool(self.in_order, "window in_order")
+        check_int(self.limit, "window limit", low=1, optional=True)
 
 
 class Task:
@@ -80,65 +111,47 @@ class Window:
 
     Args:
         fn: the per-item function (picklable for ``method="process"``).
-        workers: pool size; 0 runs ``fn`` in the consumer's thread, one item at a time.
-        method: ``"thread"`` or ``"process"``.
-        in_order: deliver in input order, else as results complete.
-        limit: items submitted but not yet delivered (ignored when ``workers`` is 0).
-        name: shown in worker thread names and errors.
-        start_method: multiprocessing start method for process workers.
-        inline: optional ``item -> (done, value)`` tried first in the consumer's thread (a
-            cache hit); ``(False, None)`` sends the item to the pool.
-        on_discard: called with the future of every task dropped undelivered whose work could
-            not be cancelled (when it completes), to release what its result holds.
-        tuner: when set, it owns the limit (``workers`` is then the pool's upper bound) and is
-            told of every delivered item.
-        size_of: ``result -> bytes`` of a delivered result, for the tuner's memory budget.
+        options: how it runs (:class:`WindowOptions`).
+        tuner: when set, it owns the limit (``options.workers`` is then the pool's upper
+            bound) and is told of every delivered item.
+        owner: the object whose lifetime bounds idle process pools kept between epochs (the
+            pipeline's stats); None keeps the pool until :meth:`shutdown`.
     """
 
-    def __init__(self, fn: Callable[[Any], Any], *, workers: int = 0,
-                 method: Literal["thread", "process"] = "thread", in_order: bool = True,
-                 limit: int | None = None, name: str = "pipeflow", start_method: str | None = None,
-                 inline: Callable[[Any], tuple[bool, Any]] | None = None,
-                 on_discard: Callable[[Future[Any]], None] | None = None,
-                 tuner: Tuner | None = None, size_of: Callable[[Any], int] | None = None) -> None:
+    def __init__(self, fn: Callable[[Any], Any], options: WindowOptions | None = None, *,
+                 tuner: Tuner | None = None, owner: Any = None) -> None:
+        options = options or WindowOptions()
         self.fn = fn
+        self.options = options
+        workers, method = options.workers, options.method
         self.workers = workers
         self.method = method
-        self.in_order = in_order
-        self._limit = (limit or default_limit(workers, method)) if workers else 1
+        self.in_order = options.in_order
+        self._limit = (options.limit or default_limit(workers, method)) if workers else 1
         self.tuner = tuner
-        self.size_of = size_of
+        self.size_of = options.size_of
         #: items per process task: two tasks per worker fill the window, each carrying as many
         #: items as that leaves room for (1 with the default window; a deeper ``max_inflight``
         #: asks for chunks, which divide the per-task cost for small per-item work). A tuned
         #: window moves its limit, so it keeps one item per task.
         self.chunk = (max(1, self._limit // (2 * workers))
                       if workers and method == "process" and tuner is None else 1)
-        self.name = name
-        self.start_method = start_method
-        self.inline = inline
-        self.on_discard = on_discard
-        #: the object whose lifetime bounds idle process pools kept between epochs (the
-        #: pipeline's stats, set by the stage); None keeps the pool until shutdown()
-        self.owner: Any = None
+        self.name = options.name
+        self.start_method = options.start_method
+        self.inline = options.inline
+        self.on_discard = options.on_discard
+        self.owner = owner
         self._pool: WorkerPool | None = None
         self._pending: deque[Task] = deque()
-        # the workers' time in ``fn``: process workers every item (from submission to
-        # result), thread workers a jittered one in about TIME_EVERY (timing costs a lock and a
-        # frame per item, a visible share of a thread hand-off)
-        self._busy_lock = threading.Lock()
-        self._process_s = 0.0
-        self._sampled_s = 0.0
-        self._sampled = self._submitted = self._sample_at = 0
+        #: the measurement hook: the workers' time in ``fn``
+        self.meter = TaskMeter()
         self._clear()
 
     @property
     def busy_s(self) -> float:
-        """Seconds the workers spent in ``fn``, summed over workers (process workers: from
-        submission to result, so queueing is included; thread workers: estimated from a
-        sample of the items)."""
-        sampled = self._sampled_s * self._submitted / self._sampled if self._sampled else 0.0
-        return self._process_s + sampled
+        """Seconds the workers spent in ``fn``, summed over workers (see
+        :attr:`~pipeflow._meter.TaskMeter.busy_s`)."""
+        return self.meter.busy_s
 
     @property
     def limit(self) -> int:
@@ -195,7 +208,7 @@ class Window:
 
     def futures(self) -> list[Future[Any]]:
         """The futures of the tasks not yet delivered, oldest first."""
-        return [t.future for t in self._pending]
+        return [t.future for t in self._pending if t.future is not None]
 
     # ---- work -----------------------------------------------------------------------------
     def next_task(self, source: Source) -> Task | None:
@@ -207,7 +220,9 @@ class Window:
             return None
         if self.in_order or len(self._pending) == 1:
             return self._pending[0]
-        done, _ = wait([t.future for t in self._pending], return_when=FIRST_COMPLETED)
+        # every task has its future here: _fill() sends what it pulled before returning
+        done, _ = wait([t.future for t in self._pending if t.future is not None],
+                       return_when=FIRST_COMPLETED)
         return next(t for t in self._pending if t.future in done)
 
     def complete(self, task: Task) -> None:
@@ -223,8 +238,8 @@ class Window:
         if self.tuner is not None:
             self.tuner.delivered(self._size(task.future))
 
-    def _size(self, future: Future[Any]) -> int:
-        if self.size_of is None or not future.done() or future.exception() is not None:
+    def _size(self, future: Future[Any] | None) -> int:
+        if self.size_of is None or future is None or not future.done() or future.exception() is not None:
             return 0
         return self.size_of(future.result())
 
@@ -283,14 +298,9 @@ class Window:
         assert self._pool is not None
         try:
             if self._pool.method == "thread":
-                self._submitted += 1
-                if self._submitted <= self._sample_at:
-                    return self._pool.submit(self.fn, item)
-                if self._submitted >= TIME_ALL_FIRST:
-                    self._sample_at = self._submitted + TIME_EVERY // 2 + getrandbits(_TIME_BITS)
-                return self._pool.submit(self._timed, item)
+                return self._pool.submit(self.meter.thread_task(self.fn), item)
             future = self._pool.submit(self.fn, item)
-            future.add_done_callback(self._timer(perf_counter()))
+            future.add_done_callback(self.meter.process_task())
             return future
         except BrokenProcessPool as exc:  # a worker died before this item was queued
             return self._not_submitted(item, exc)
@@ -301,7 +311,7 @@ class Window:
         items = [t.item for t in batch]
         try:
             futures = self._pool.submit_chunk(self.fn, items)
-            futures[-1].add_done_callback(self._timer(perf_counter()))
+            futures[-1].add_done_callback(self.meter.process_task())
         except BrokenProcessPool as exc:
             futures = [self._not_submitted(item, exc) for item in items]
         except BaseException:
@@ -331,23 +341,6 @@ class Window:
         """The error for a dead process worker (says when a missing main guard is the cause)."""
         start_method = self._pool.start_method if self._pool is not None else None
         return crashed_error(self.name, start_method, detail)
-
-    def _timed(self, item: Any) -> Any:
-        t0 = perf_counter()
-        try:
-            return self.fn(item)
-        finally:
-            seconds = perf_counter() - t0
-            with self._busy_lock:
-                self._sampled_s += seconds
-                self._sampled += 1
-
-    def _timer(self, t0: float) -> Callable[[Future[Any]], None]:
-        return lambda _future: self._add_busy(perf_counter() - t0)
-
-    def _add_busy(self, seconds: float) -> None:
-        with self._busy_lock:
-            self._process_s += seconds
 
     # ---- position -------------------------------------------------------------------------
     def position(self, source: Source) -> tuple[dict[str, Any], list[int]]:

@@ -129,6 +129,7 @@ def _rgb_mode(img: Any) -> str:
 def _pil_image(data: bytes, mode: str, resize: tuple[int, int] | None) -> Any:
     from PIL import Image
 
+    img: Image.Image  # an ImageFile until converted
     with Image.open(io.BytesIO(data)) as img:
         if resize is not None and img.format == "JPEG":
             img.draft(img.mode, (resize[1], resize[0]))

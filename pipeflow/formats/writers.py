@@ -87,8 +87,9 @@ class TarEncoder(ShardEncoder):
 
     def encode(self, item: Any) -> tuple[str | None, bytes]:
         if isinstance(item, Record):
-            key = split_key(item.name)[0]
             _check_member_name(item.name, item.name)
+            split = split_key(item.name)
+            key = split[0] if split is not None else None  # a member of no sample (README)
             return key, _member(item.name, _as_bytes(item.data, item.name, item.name))
         if not isinstance(item, dict):
             raise _error(f"tar shards take sample dicts or Records, got {type(item).__name__}",

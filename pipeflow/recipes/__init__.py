@@ -92,7 +92,7 @@ def get(name: str) -> RecipeInfo:
     return _filled(_entry(name), name)
 
 
-def list() -> builtins.list[RecipeInfo]:  # noqa: A001 - the name the issue asks for
+def list() -> builtins.list[RecipeInfo]:  # noqa: A001 - public as pipeflow.recipes.list(), always qualified
     """Every recipe's :class:`RecipeInfo`, sorted by article then name."""
     infos = [get(n) for n in names()]
     return sorted(infos, key=lambda i: (i.article, i.name))

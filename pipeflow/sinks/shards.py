@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Protocol, runtime_checkable
 
 from .._checks import check_bool, check_choice, check_int
-from ..backends.base import Backend, scheme_of
+from ..backends.base import Backend
 from ..errors import ConfigError, ObjectNotFoundError
 from ..formats.writers import ENCODERS, ShardEncoder
 from .manifest import MANIFEST_NAME, ShardInfo, ShardManifest
@@ -48,7 +48,16 @@ Progress = Callable[[int, int], None]
 
 @runtime_checkable
 class Uploader(Protocol):
-    """The write capability ``write_shards()`` needs from a backend."""
+    """What ``write_shards()`` needs from a backend: reading (its manifest) and the write
+    capability, ``upload``, which only some backends have."""
+
+    @property
+    def name(self) -> str:
+        """The backend's registry name (for errors)."""
+        ...
+
+    def read(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
+        """The bytes of ``url`` (see :meth:`~pipeflow.backends.base.Backend.read`)."""
 
     def upload(self, path: str, url: str) -> None:
         """Publish the local file ``path`` as ``url``, atomically."""
@@ -240,7 +249,7 @@ def _store_manifest(store: Uploader, base: str, manifest: ShardManifest) -> None
         os.unlink(path)
 
 
-def _load_manifest(store: Backend, base: str) -> ShardManifest | None:
+def _load_manifest(store: Uploader, base: str) -> ShardManifest | None:
     try:
         text = store.read(f"{base}/{MANIFEST_NAME}")
     except ObjectNotFoundError:
@@ -248,12 +257,10 @@ def _load_manifest(store: Backend, base: str) -> ShardManifest | None:
     return ShardManifest.from_json(text, base)
 
 
-def _backend(url: str, backend: str | Backend | None, options: dict[str, Any]) -> Backend:
+def _backend(url: str, backend: str | Backend | None, options: dict[str, Any]) -> Uploader:
     from ..backends.registry import get_backend
 
-    if backend is None:
-        backend = "boto3" if scheme_of(url) == "s3" else None
-    store = get_backend(backend, url=url, **options)
+    store = get_backend(backend, url=url, **options)  # None: the scheme's default (the registry)
     if not isinstance(store, Uploader):
         raise ConfigError(f"backend {store.name!r} cannot write objects; write_shards() needs a "
                           "backend with upload(): 'local', 'boto3' or 'obstore'")
@@ -266,7 +273,7 @@ def _base(url: str) -> str:
     return url.rstrip("/")
 
 
-def _previous(store: Backend, base: str, options: ShardOptions,
+def _previous(store: Uploader, base: str, options: ShardOptions,
               overwrite_hint: str = "overwrite=True") -> ShardManifest | None:
     """The manifest an earlier run with the same options left under ``base``, or None."""
     previous = _load_manifest(store, base)

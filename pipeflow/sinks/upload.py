@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._checks import check_bool, check_int
-from ..backends.base import Backend, scheme_of
+from ..backends.base import Backend
 from ..errors import ConfigError, ObjectNotFoundError
 from ..items import ObjectInfo
 from .shards import Uploader
@@ -55,13 +55,12 @@ class _File:
 
 
 def _store(url: str, backend: str | Backend | None, options: dict[str, Any]) -> Backend:
-    from ..backends.obstore import usable_here as obstore_usable_here
-    from ..backends.registry import get_backend
+    from ..backends.registry import get_backend, preferred_backend_for_url
 
-    if backend is None and scheme_of(url) == "s3":
-        # as open() chooses: obstore when installed and safe in this process (measured faster
-        # for many small files, see docs/cli.md), else boto3
-        backend = "obstore" if obstore_usable_here() else "boto3"
+    if backend is None:
+        # as open() chooses: for s3://, obstore when installed and safe in this process
+        # (measured faster for many small files, see docs/cli.md), else boto3
+        backend = preferred_backend_for_url(url)
     store = get_backend(backend, url=url, **options)
     if not isinstance(store, Uploader):
         raise ConfigError(f"backend {store.name!r} cannot write objects; upload() needs a backend "

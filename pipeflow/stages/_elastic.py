@@ -183,7 +183,7 @@ def _renumbering(sharder: Stage[Any], partial: dict[int, Any]) -> tuple[Callable
     remaining = sharder.sources[0] if sharder.sources else None
     if not isinstance(remaining, ElasticRemaining):
         raise ConfigError("elastic resume: ElasticDropper needs ElasticRemaining before the shard")
-    index, count = sharder.shard
+    index, count = cast(Any, sharder).shard  # a sharder by its declared trait, of any class
     last, q = -1, 0
     for g in range(max(partial) + 1):
         if in_ranges(g, remaining.done):

@@ -20,14 +20,18 @@ first item is requested, so ``load_state_dict`` right after construction is chea
 error or ``close()``. A subclass that overrides ``reset`` anyway must call
 ``super().reset(state)``; one that does not is refused with
 :class:`~pipeflow.errors.StageContractError` at its first item instead of restarting forever.
+
+Measurement is not the stage's business: each stage carries a
+:class:`~pipeflow._meter.StageMeter` that times its calls and computes what ``stats()`` shows.
+``__next__`` keeps only the meter's countdown (``_left``), the cheapest place for it, since it
+runs on every item.
 """
 
 from __future__ import annotations
 
-from random import getrandbits
-from time import perf_counter
 from typing import Any, Generic, TypeVar
 
+from .._meter import StageMeter
 from ..errors import ConfigError, StageContractError
 from ..items import describe_item
 from ..run_context import RunContext
@@ -43,51 +47,6 @@ _OWN: dict[str, type] = {}
 SOURCES_KEY = "sources"
 #: the key under which a state counts source items to pull and drop before resuming (:class:`Rewind`)
 REPLAY_KEY = "replay"
-#: two calls in about this many (a power of two; at least) are timed, in a row, the second one
-#: also measuring the gap since the first returned (the time the output waited on the consumer)
-SAMPLE_EVERY = 256
-#: the first calls of a stage are all timed: a short run gets exact figures, and one call
-#: slowed by the machine (another process got the core) is not multiplied by the sampling ratio
-TIME_ALL_FIRST = 64
-#: a stage's calls between two samples take about this long at least: cheaper calls are
-#: sampled less often (down to one pair in 32 * SAMPLE_EVERY), so that timing them stays well
-#: under 1% of their cost
-SAMPLE_SPAN_S = 2e-3
-_MIN_BITS = SAMPLE_EVERY.bit_length() - 1
-_MAX_BITS = _MIN_BITS + 5
-
-
-def sample_interval(meter: Meter) -> int:
-    """Calls until the next sample: jittered (from half to one and a half times the mean), so
-    a stage with a period of its own (a batch every 8 calls) is not always sampled in the same
-    phase; the mean is :data:`SAMPLE_EVERY`, or more for cheap calls (:data:`SAMPLE_SPAN_S`)."""
-    bits = _MIN_BITS
-    if meter.timed:
-        span = meter.timed_s * SAMPLE_EVERY / meter.timed  # seconds of SAMPLE_EVERY calls
-        while span < SAMPLE_SPAN_S and bits < _MAX_BITS:
-            span *= 2
-            bits += 1
-    return (1 << (bits - 1)) + getrandbits(bits)
-
-
-class Meter:
-    """A stage's measurements: two calls in about :data:`SAMPLE_EVERY` timed, and every call
-    counted unless the stage counts its items itself (``own``, see :meth:`Stage.delivered`)."""
-
-    __slots__ = ("gap_s", "gaps", "issued", "lost", "once_s", "own", "returned", "second",
-                 "slow_calls", "timed", "timed_s")
-
-    def __init__(self) -> None:
-        self.second = self.own = False
-        self.slow_calls = self.issued = self.lost = self.timed = self.gaps = 0
-        self.timed_s = self.gap_s = self.returned = 0.0
-        self.once_s = 0.0  # setup and end-of-run calls, counted unscaled
-
-    def items(self, left: int) -> int:
-        """Items delivered, given the cheap calls ``left`` before the next timed one."""
-        return self.slow_calls + self.issued - max(0, left - 1) - self.lost
-
-
 class Stage(Generic[T]):
     """Base class of all stages. See the module docstring for the contract."""
 
@@ -161,12 +120,11 @@ class Stage(Generic[T]):
         self._needs_reset = True
         self._resume_state: dict[str, Any] | None = None
         self._closed = False
-        # one attribute, not eleven: many instance attributes make every attribute load of
-        # a stage slower (the instance dict stops sharing its keys)
-        self._meter = Meter()
-        # how the next call goes: 0, plainly (the stage counts its own items, no sample is
-        # due); n > 1, counted here and not timed, n - 1 times; 1, the slow way: timed, and
-        # restarting first when a reset is due
+        #: the measurement hook (pipeflow._meter): it times this stage's calls
+        self._meter = StageMeter()
+        # the meter's countdown, read by __next__ on every call: 0, call plainly (the stage
+        # counts its own items, no sample is due); n > 1, count the call here, n - 1 times;
+        # 1, hand the call to the meter (timed, and restarting first when a reset is due)
         self._left = 1
 
     @property
@@ -289,13 +247,14 @@ class Stage(Generic[T]):
 
     def delivered(self) -> int | None:
         """Items ``next()`` returned so far, over every run of this stage object, when the stage
-        counts them itself; None (the default) has the base class count every call.
+        counts them itself; None (the default) has the meter count every call.
 
         A stage counts itself where its own bookkeeping does it in bulk or for free (a
-        position it keeps anyway, a counter per batch), so its calls skip the base class's
-        per-call counting, the largest cost of recording on a chain of cheap stages. Such a
-        stage also chooses which of its calls are timed: it calls :meth:`_sample_soon` at an
-        item boundary about every :data:`SAMPLE_EVERY` items, as the value it returns says.
+        position it keeps anyway, a counter per batch), so its calls skip the per-call
+        counting, the largest cost of recording on a chain of cheap stages. Such a stage also
+        tells the meter where a sample may begin: it calls :meth:`_sample_soon` at an item
+        boundary as often as the value it returns says (about every
+        :data:`~pipeflow._meter.SAMPLE_EVERY` items).
         """
         return None
 
@@ -303,11 +262,7 @@ class Stage(Generic[T]):
     def reset(self, state: dict[str, Any] | None = None) -> None:
         """Restart from the beginning (falsy ``state``) or from ``state``: stop the current
         run, reset the sources to their part of ``state``, then :meth:`start`."""
-        t0 = perf_counter()
-        try:
-            self._reset(state)
-        finally:
-            self._meter.once_s += perf_counter() - t0
+        self._meter.setup(self._reset, state)
 
     def _reset(self, state: dict[str, Any] | None) -> None:
         self.stop()
@@ -318,7 +273,7 @@ class Stage(Generic[T]):
         self._closed = False
         self._resume_state = None
         self.start(state or None)
-        self._meter.own = self.delivered() is not None
+        self._meter.started(self)
 
     def close(self) -> None:
         """Release resources held by this stage and its sources. Idempotent.
@@ -332,7 +287,9 @@ class Stage(Generic[T]):
             self._resume_state = self.get_state()
         self._closed = True
         self._needs_reset = True
-        self._reset_due()
+        meter = getattr(self, "_meter", None)  # None: __init__ skipped (__next__ says so)
+        if meter is not None:
+            meter.reset_due(self)
         self.stop()
         for src in self.sources:
             src.close()
@@ -355,98 +312,26 @@ class Stage(Generic[T]):
             except BaseException:
                 self._meter.lost += 1  # not an item
                 raise
-        return self._timed_next(self._meter)
-
-    def _timed_next(self, meter: Meter) -> T:
-        t0 = perf_counter()
-        second = meter.second
-        if second and meter.returned:
-            meter.gap_s += t0 - meter.returned
-            meter.gaps += 1
-        meter.returned = 0.0
-        meter.slow_calls += 1
-        # the next call is timed too (measuring the gap), then about SAMPLE_EVERY - 2 are not
-        meter.second = not second
-        if not second or meter.slow_calls < TIME_ALL_FIRST:
-            left = 1
-        elif meter.own:
-            left = 0  # until the stage asks for the next sample
-        else:
-            # a jittered interval, so a stage with a period of its own (a batch every 8
-            # calls) is not always sampled in the same phase
-            left = sample_interval(meter)
-            meter.issued += left - 1
-        self._left = left
-        try:
-            if self._needs_reset:
-                self._restart_lazily()
-            value = self.next()
-        except BaseException:
-            meter.lost += 1
-            meter.once_s += perf_counter() - t0
-            raise
-        t1 = perf_counter()
-        meter.timed_s += t1 - t0
-        meter.timed += 1
-        if not second:
-            meter.returned = t1
-        return value
+        return self._meter.call(self)
 
     def _sample_soon(self) -> int:
-        """Time this stage's next call and the one after it (for a stage that counts its own
-        items); returns in how many items to call again (:func:`sample_interval`)."""
-        if not self._left:
-            self._left = 1
-        return sample_interval(self._meter)
-
-    def _reset_due(self) -> None:
-        # route the next call through the slow path, which resets; unused cheap calls are
-        # taken back so they are not counted as items
-        left = getattr(self, "_left", 1)
-        if left > 1:
-            self._meter.issued -= left - 1
-        self._left = 1
-
-    @property
-    def items_out(self) -> int:
-        """Items delivered by ``next()`` so far (over every run of this stage object)."""
-        own = self.delivered()
-        return self._meter.items(self._left) if own is None else own
+        """Have the meter time this stage's next call and the one after it (for a stage that
+        counts its own items); returns in how many items to call again."""
+        return self._meter.sample_soon(self)
 
     def _restart_lazily(self) -> None:
         state, self._resume_state = self._resume_state, None
-        t0 = perf_counter()
         self.reset(state)
         if self._needs_reset:
             raise StageContractError(
                 f"{type(self).__name__}.reset() did not call super().reset(state), so the stage "
                 "would restart on every item and never end; implement start(state) and stop() "
                 "instead of reset(), or call super().reset(state) first")
-        # reset() counted itself as unscaled time; keep it out of the sampled call
-        self._meter.timed_s -= perf_counter() - t0
-
-    # ---- measurement ----------------------------------------------------------------------
-    def inclusive_s(self) -> float:
-        """Estimated seconds spent in this stage's ``next()`` and setup, its sources' included
-        (when they run on the same thread)."""
-        meter = self._meter
-        sampled = meter.timed_s * self.items_out / meter.timed if meter.timed else 0.0
-        return max(0.0, sampled) + meter.once_s
 
     def measure(self) -> dict[str, float]:
-        """This stage's numbers: ``items`` delivered, ``busy_s`` in its own work, ``wait_s``
-        waiting on its input, ``blocked_s`` its output waited on the consumer, ``lanes`` (how
-        many threads do its work)."""
-        inclusive = self.inclusive_s()
-        if self.pulls_in_background:
-            busy, wait = 0.0, inclusive
-        else:
-            wait = sum(src.inclusive_s() for src in self.sources)
-            busy = max(0.0, inclusive - wait)
-        meter = self._meter
-        items = self.items_out
-        blocked = meter.gap_s * items / meter.gaps if meter.gaps else 0.0
-        return {"items": items, "busy_s": busy, "wait_s": wait, "blocked_s": blocked, "lanes": 1}
+        """This stage's numbers for ``stats()`` (:meth:`~pipeflow._meter.StageMeter.measure`:
+        items, busy, wait and blocked seconds, lanes); a stage may add its own."""
+        return self._meter.measure(self)
 
     def state_dict(self) -> dict[str, Any]:
         """The current position; cheap before the first item, and kept after ``close()``."""
@@ -458,7 +343,7 @@ class Stage(Generic[T]):
         """Resume from ``state`` when the next item is requested."""
         self._resume_state = dict(state) if state else None
         self._needs_reset = True
-        self._reset_due()
+        self._meter.reset_due(self)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"

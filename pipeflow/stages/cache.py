@@ -17,7 +17,7 @@ from typing import Any, Literal
 from ..disk_cache import DiskCache
 from ..items import Record
 from ._backends import BackendsByScheme, url_of
-from .map import WindowedStage
+from .map import WindowedOptions, WindowedStage
 
 __all__ = ["Cacher"]
 
@@ -46,8 +46,8 @@ class Cacher(WindowedStage):
         self.cache = DiskCache(directory, max_bytes=max_bytes)
         self.backends = BackendsByScheme(backend, backend_options or {}, what="cache",
                                          options_need_backend=False)
-        super().__init__(source, self._fetch, what="cache", workers=workers, method="thread",
-                         on_error=on_error, inline=self._hit)
+        super().__init__(source, self._fetch, WindowedOptions(
+            what="cache", workers=workers, method="thread", on_error=on_error, inline=self._hit))
 
     def _hit(self, item: Any) -> tuple[bool, Any]:
         # hits are a local file read: serve them in the consumer's thread, no pool round trip

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from ..errors import ConfigError, DecodeError
 from ..formats.decoders import DecodeOptions, FieldDecodeError, Handler, Mode, decode_sample
 from .base import Stage
-from .map import WindowedStage
+from .map import WindowedOptions, WindowedStage
 
 __all__ = ["Decoder"]
 
@@ -71,9 +71,9 @@ class Decoder(WindowedStage):
                                      allow_pickle=allow_pickle, jpeg_decoder=jpeg_decoder)
         self._decode_fn = _DecodeFn(self.options)
         # only undecodable data is skippable; a pipeline wired wrongly always raises
-        super().__init__(source, self._decode_fn, what="decode", workers=workers, method=method,
-                         on_error=on_error, skippable=lambda exc: not isinstance(exc, ConfigError),
-                         kind="cpu")
+        super().__init__(source, self._decode_fn, WindowedOptions(
+            what="decode", workers=workers, method=method, on_error=on_error,
+            skippable=lambda exc: not isinstance(exc, ConfigError), kind="cpu"))
         self.on_error = on_error
 
     def start(self, state: dict[str, Any] | None) -> None:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from .._checks import check_choice, check_int
 from ..errors import ConfigError, EmptyShardError
-from ..graph import find_sharder, known_total
+from ._walks import find_sharder, known_total
 from .base import SOURCES_KEY, Stage
 
 __all__ = ["Equalizer"]

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from .._checks import check_bool, check_choice
 from ..errors import ConfigError, MissingFieldError
 from .base import Stage
-from .map import WindowedStage
+from .map import WindowedOptions, WindowedStage
 
 __all__ = ["FieldMapper", "Renamer", "TupleMaker", "parse_fields"]
 
@@ -120,9 +120,9 @@ class _FieldStage(WindowedStage):
 
     def __init__(self, source: Stage[Any], fn: _Lookup) -> None:
         check_choice(fn.on_missing, f"{fn.what}(on_missing=...)", _ON_MISSING)
-        super().__init__(source, fn, what=fn.what,
-                         on_error="skip" if fn.on_missing == "skip" else "raise",
-                         skippable=_is_missing_field)
+        super().__init__(source, fn, WindowedOptions(
+            what=fn.what, on_error="skip" if fn.on_missing == "skip" else "raise",
+            skippable=_is_missing_field))
         self._lookup = fn
 
     def start(self, state: dict[str, Any] | None) -> None:

@@ -3,7 +3,9 @@
 :class:`WindowedStage` is the shared shape of every stage that applies a function to items
 (``map``, ``open``, ``cache``, ``decode``): it runs one :class:`~pipeflow.executor.window.Window`
 and decides what a failed item means (skip and count it, or raise it with a note naming the
-stage and item). The stages configure it; none of them reaches into its window.
+stage and item). A stage says how in one :class:`WindowedOptions`, checked where the pipeline
+is written; the window is built from it once, at the first start (``"auto"`` is sized in the
+process that runs the work), and nobody changes it afterwards.
 """
 
 from __future__ import annotations
@@ -13,18 +15,95 @@ import pickle
 from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._checks import check_choice, check_int_or_auto, is_int
+from .._checks import check_bool, check_choice, check_int_or_auto, is_int
 from ..errors import ConfigError, WorkerCrashedError
 from ..executor.autotune import AUTO, BYTE_BUDGET, Kind, Tuner, bounds, dataloader_workers
 from ..executor.pool import prestart
-from ..executor.window import Window
+from ..executor.window import Window, WindowOptions
 from .base import SOURCES_KEY, Rewind, Stage, describe_item
 
-__all__ = ["Mapper", "WindowedStage"]
+__all__ = ["Mapper", "WindowedOptions", "WindowedStage"]
 
 log = logging.getLogger("pipeflow")
+
+
+@dataclass(frozen=True)
+class WindowedOptions:
+    """How a :class:`WindowedStage` applies its function; checked on construction.
+
+    Args:
+        what: the method name used in option errors (``"map"``, ``"open"``, ...).
+        workers, method, in_order, max_inflight, start_method: see :class:`Mapper`.
+        on_error: ``"raise"`` or ``"skip"``.
+        inline: ``item -> (done, value)`` tried in the consumer's thread first (cache hits).
+        on_discard: releases the result of a task dropped undelivered (open streams).
+        skippable: which exceptions ``on_error="skip"`` may skip (default: all).
+        kind: what bounds ``"auto"``: ``"cpu"`` work, ``"thread"`` work that may wait, or
+            ``"io"`` requests (see :func:`~pipeflow.executor.autotune.bounds`); by default
+            ``"thread"`` for thread workers and ``"cpu"`` for processes.
+        size_of: ``result -> bytes`` held in flight, for the memory budget of ``"auto"``.
+    """
+
+    what: str
+    workers: int | str = 0
+    method: Literal["thread", "process"] = "thread"
+    in_order: bool = True
+    max_inflight: int | str | None = None
+    on_error: Literal["raise", "skip"] = "raise"
+    start_method: str | None = None
+    inline: Callable[[Any], tuple[bool, Any]] | None = None
+    on_discard: Callable[[Future[Any]], None] | None = None
+    skippable: Callable[[BaseException], bool] | None = None
+    kind: Kind | None = None
+    size_of: Callable[[Any], int] | None = None
+
+    def __post_init__(self) -> None:
+        what = self.what
+        check_int_or_auto(self.workers, f"{what}(workers=...)", low=0)
+        check_choice(self.method, f"{what}(method=...)", ("thread", "process"))
+        check_bool(self.in_order, f"{what}(in_order=...)")
+        check_choice(self.on_error, f"{what}(on_error=...)", ("raise", "skip"))
+        check_int_or_auto(self.max_inflight, f"{what}(max_inflight=...)", low=1, optional=True)
+        if self.max_inflight == AUTO and self.workers == 0:
+            raise ConfigError(f"{what}(max_inflight='auto') needs workers > 0 or workers='auto'")
+
+    @property
+    def tuned(self) -> bool:
+        """True when a :class:`~pipeflow.executor.autotune.Tuner` sizes the window."""
+        return AUTO in (self.workers, self.max_inflight)
+
+    def window(self, name: str) -> tuple[WindowOptions, Tuner | None]:
+        """The window's options and its tuner, ``"auto"`` sized for this process."""
+        workers, limit, tuner = self.workers, self.max_inflight, None
+        if self.tuned:
+            workers, tuner = self._tune()
+            limit = None
+        assert is_int(workers) and (limit is None or is_int(limit))  # "auto" resolved above
+        return WindowOptions(workers=workers, method=self.method, in_order=self.in_order, limit=limit,
+                             name=name, start_method=self.start_method, inline=self.inline,
+                             on_discard=self.on_discard, size_of=self.size_of), tuner
+
+    def _tune(self) -> tuple[int, Tuner]:
+        """The pool's size and the tuner that moves the limit below it."""
+        kind = self.kind or ("thread" if self.method == "thread" else "cpu")
+        workers, max_inflight = self.workers, self.max_inflight
+        if workers == AUTO:
+            start, high = bounds(kind)
+            if is_int(max_inflight):  # an explicit bound on items in flight caps everything
+                size, tuner = min(high, max_inflight), Tuner(1, max_inflight, min(start, max_inflight))
+            else:
+                # results delivered in order hold their slot until delivered, so the limit may
+                # go past the pool's size
+                size, tuner = high, Tuner(1, 2 * high, start)
+        else:
+            assert is_int(workers)  # max_inflight is the "auto" one
+            size, tuner = workers, Tuner(workers, 4 * workers, 2 * workers)
+        if kind in ("io", "stream"):
+            tuner.byte_budget = BYTE_BUDGET // dataloader_workers()
+        return size, tuner
 
 
 class WindowedStage(Stage[Any]):
@@ -33,59 +112,34 @@ class WindowedStage(Stage[Any]):
     Args:
         source: the input stage.
         fn: the per-item function.
-        what: the method name used in option errors (``"map"``, ``"open"``, ...).
-        workers, method, in_order, max_inflight, start_method: see :class:`Mapper`.
-        on_error: ``"raise"`` or ``"skip"``.
-        inline: ``item -> (done, value)`` tried in the consumer's thread first (cache hits).
-        on_discard: releases the result of a task dropped undelivered (open streams).
-        skippable: which exceptions ``on_error="skip"`` may skip (default: all).
-        kind: what bounds ``"auto"``: ``"cpu"`` work, ``"thread"`` work that may wait, or
-            ``"io"`` requests (see :func:`~pipeflow.executor.autotune.bounds`).
-        size_of: ``result -> bytes`` held in flight, for the memory budget of ``"auto"``.
+        options: how it is applied (:class:`WindowedOptions`).
 
     State: the source position before the oldest item not yet delivered (plus, when unordered,
     which later items were already delivered). Items in flight are recomputed after a resume;
     an item whose function raised was not delivered, so the state stays before it.
     """
 
-    def __init__(self, source: Stage[Any], fn: Callable[[Any], Any], *, what: str,
-                 workers: int | str = 0, method: Literal["thread", "process"] = "thread",
-                 in_order: bool = True, max_inflight: int | str | None = None,
-                 on_error: Literal["raise", "skip"] = "raise", start_method: str | None = None,
-                 inline: Callable[[Any], tuple[bool, Any]] | None = None,
-                 on_discard: Callable[[Future[Any]], None] | None = None,
-                 skippable: Callable[[BaseException], bool] | None = None,
-                 kind: Kind | None = None, size_of: Callable[[Any], int] | None = None) -> None:
+    def __init__(self, source: Stage[Any], fn: Callable[[Any], Any], options: WindowedOptions) -> None:
         super().__init__(source)
         if not callable(fn):
-            raise ConfigError(f"{what}() needs a callable, got {type(fn).__name__}")
-        check_int_or_auto(workers, f"{what}(workers=...)", low=0)
-        check_choice(method, f"{what}(method=...)", ("thread", "process"))
-        check_choice(on_error, f"{what}(on_error=...)", ("raise", "skip"))
-        check_int_or_auto(max_inflight, f"{what}(max_inflight=...)", low=1, optional=True)
-        if max_inflight == AUTO and workers == 0:
-            raise ConfigError(f"{what}(max_inflight='auto') needs workers > 0 or workers='auto'")
-        self._auto = (workers, max_inflight) if AUTO in (workers, max_inflight) else None
-        self._kind: Kind = kind or ("thread" if method == "thread" else "cpu")
+            raise ConfigError(f"{options.what}() needs a callable, got {type(fn).__name__}")
+        #: how this stage applies its function (read-only)
+        self.window_options = options
         self._fn = fn
-        self._inline = inline
-        self._on_error = on_error
-        self._skippable = skippable
+        self._inline = options.inline
+        #: 0 runs ``fn`` in the consumer's thread and no window is ever built
+        self._pooled = options.workers != 0
         #: skips would make equalize's count an overestimate
-        self.one_to_one = on_error == "raise"
+        self.one_to_one = options.on_error == "raise"
         #: unordered, the state names the items delivered ahead by their count in the input
-        self.ordered_output = in_order
-        self.replays_input = not in_order
-        if workers and method == "process":
+        self.ordered_output = options.in_order
+        self.replays_input = not options.in_order
+        if self._pooled and options.method == "process":
             self._check_picklable()
-        self._prestart = bool(workers) and method == "process"
-        self._start_method = start_method
-        # "auto" is sized in start(), in the process that runs the work (a DataLoader worker
-        # has a share of the cores): until then the window has one worker, a placeholder
-        self._window = Window(fn, workers=1 if workers == AUTO else workers, method=method,
-                              in_order=in_order, limit=None if max_inflight == AUTO else max_inflight,
-                              start_method=start_method, inline=inline, on_discard=on_discard,
-                              size_of=size_of)
+        self._prestart = self._pooled and options.method == "process"
+        #: built at the first start() from the options, then kept: the pool and the tuner's
+        #: value carry over restarts (repeat() resets this stage every round)
+        self._window: Window | None = None
         #: inline (workers=0): the position before an item whose function raised
         self._rewind = Rewind(samples=True)
         self._undelivered = 0
@@ -94,7 +148,7 @@ class WindowedStage(Stage[Any]):
     elastic_roles = frozenset({"before_shard", "to_drop_point", "after_drop_point"})
 
     def elastic_supported(self) -> bool:
-        return self._window.in_order  # unordered: a state cannot name which items were delivered
+        return self.window_options.in_order  # unordered: a state cannot name which items were delivered
 
     @classmethod
     def keeps_steps(cls, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
@@ -110,51 +164,29 @@ class WindowedStage(Stage[Any]):
                 f"not a lambda or closure); {self._fn!r} is not: {exc}") from exc
 
     @property
-    def window(self) -> Window:
-        """The in-flight window (read it, e.g. ``window.futures()``; the stage drives it)."""
+    def window(self) -> Window | None:
+        """The in-flight window (read it, e.g. ``window.futures()``; the stage drives it), from
+        the first start on; None before, and always with ``workers=0``."""
         return self._window
-
-    def _autotune(self) -> None:
-        """Size the pool and the tuner for ``"auto"`` options (once: the tuner's value carries
-        over to later epochs of this stage)."""
-        if self._auto is None or self._window.tuner is not None:
-            return
-        workers, max_inflight = self._auto
-        window = self._window
-        if workers == AUTO:
-            start, high = bounds(self._kind)
-            if is_int(max_inflight):  # an explicit bound on items in flight caps everything
-                window.workers = min(high, max_inflight)
-                tuner = Tuner(1, max_inflight, min(start, max_inflight))
-            else:
-                # results delivered in order hold their slot until delivered, so the limit may
-                # go past the pool's size
-                window.workers = high
-                tuner = Tuner(1, 2 * high, start)
-        else:
-            tuner = Tuner(workers, 4 * workers, 2 * workers)
-        if self._kind in ("io", "stream"):
-            tuner.byte_budget = BYTE_BUDGET // dataloader_workers()
-        window.tuner = tuner
 
     def measure(self) -> dict[str, float]:
         numbers = super().measure()
         window = self._window
-        workers = window.workers
-        if window.tuner is not None and workers:
+        workers = window.workers if window is not None else 0
+        if window is not None and window.tuner is not None and workers:
             workers = min(workers, window.limit)  # the pool's threads beyond the limit stay idle
             numbers["inflight"] = window.limit
         numbers["workers"] = workers
-        if workers:
+        if window is not None and workers:
             # the work runs on the pool: the consumer's thread only waits for it
-            numbers["busy_s"] = self._window.busy_s
+            numbers["busy_s"] = window.busy_s
             numbers["lanes"] = workers
         return numbers
 
     def delivered(self) -> int | None:
         # inline, items are counted from the pulls the stage counts anyway; with workers every
         # item costs far more than counting it per call
-        return None if self._window.workers else self._rewind.pulls - self._dropped
+        return None if self._pooled else self._rewind.pulls - self._dropped
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self, state: dict[str, Any] | None) -> None:
@@ -162,22 +194,27 @@ class WindowedStage(Stage[Any]):
             # before the upstream stages produce anything: the fork server's imports (1-2 s)
             # overlap their first items instead of following them
             self._prestart = False
-            prestart(self._fn, self._start_method)
-        self._autotune()
+            prestart(self._fn, self.window_options.start_method)
         Rewind.replay(self.source, state)
         self._rewind.restart(self.source)
         self._undelivered = 0
-        self._window.name = self.name
-        self._window.owner = self.context.stats  # idle process pools live as long as the pipeline
+        if not self._pooled:
+            return
+        if self._window is None:
+            options, tuner = self.window_options.window(self.name)
+            # idle process pools live as long as the pipeline (its stats)
+            self._window = Window(self._fn, options, tuner=tuner, owner=self.context.stats)
         self._window.restart(state.get("skip", ()) if state else ())
 
     def stop(self) -> None:
-        self._window.cancel()
+        if self._window is not None:
+            self._window.cancel()
 
     def close(self) -> None:
         super().close()
         # the pool outlives restarts (repeat() resets this stage every round); close ends it
-        self._window.shutdown()
+        if self._window is not None:
+            self._window.shutdown()
 
     def __del__(self) -> None:
         window = getattr(self, "_window", None)
@@ -186,15 +223,17 @@ class WindowedStage(Stage[Any]):
 
     # ---- work -----------------------------------------------------------------------------
     def next(self) -> Any:
-        if not self._window.workers:
-            return self._next_inline()
         window = self._window
+        if window is None:
+            return self._next_inline()
         while True:
             task = window.next_task(self.source)
             if task is None:
                 raise StopIteration
+            future = task.future
+            assert future is not None  # next_task() returns sent tasks only
             try:
-                value = task.future.result()
+                value = future.result()
             except Exception as exc:
                 self._failed(exc, task.item)  # raises unless the item is skipped
                 window.complete(task)
@@ -228,10 +267,11 @@ class WindowedStage(Stage[Any]):
     def _failed(self, exc: BaseException, item: Any) -> None:
         if isinstance(exc, WorkerCrashedError):
             raise exc  # never skippable: the pool is gone
-        if isinstance(exc, BrokenProcessPool):
+        if isinstance(exc, BrokenProcessPool) and self._window is not None:
             oldest = describe_item(item)
             raise self._window.crashed(f"items were in flight, the oldest being {oldest}") from exc
-        if self._on_error == "skip" and (self._skippable is None or self._skippable(exc)):
+        options = self.window_options
+        if options.on_error == "skip" and (options.skippable is None or options.skippable(exc)):
             self.context.stats.incr(self.name, "skipped")
             log.warning("pipeflow: %s skipped %s: %s: %s", self.name, describe_item(item),
                         type(exc).__name__, exc)
@@ -240,11 +280,12 @@ class WindowedStage(Stage[Any]):
         raise exc
 
     def get_state(self) -> dict[str, Any]:
-        if not self._window.workers:
+        window = self._window
+        if window is None:
             if self._undelivered:
                 return self._rewind.before(self._undelivered)
             return {SOURCES_KEY: [self._rewind.here(self.source)], "skip": []}
-        snapshot, skip = self._window.position(self.source)
+        snapshot, skip = window.position(self.source)
         return {SOURCES_KEY: [snapshot], "skip": skip}
 
 
@@ -283,5 +324,6 @@ class Mapper(WindowedStage):
                  method: Literal["thread", "process"] = "thread", in_order: bool = True,
                  max_inflight: int | str | None = None, on_error: Literal["raise", "skip"] = "raise",
                  start_method: str | None = None) -> None:
-        super().__init__(source, fn, what="map", workers=workers, method=method, in_order=in_order,
-                         max_inflight=max_inflight, on_error=on_error, start_method=start_method)
+        super().__init__(source, fn, WindowedOptions(
+            what="map", workers=workers, method=method, in_order=in_order, max_inflight=max_inflight,
+            on_error=on_error, start_method=start_method))

@@ -18,32 +18,19 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from .._checks import check_bool
-from ..backends._optional import installed
 from ..backends.base import Backend, scheme_of
-from ..backends.obstore import usable_here as obstore_usable_here
-from ..backends.registry import backend_for_url
+from ..backends.registry import preferred_backend_for_url
 from ..items import Opened, Record
 from ..stats import Stats
 from ._backends import BackendsByScheme, url_of
 from .base import Stage
-from .map import WindowedStage
+from .map import WindowedOptions, WindowedStage
 
 __all__ = ["OpenFn", "Opener", "default_backend"]
 
 
-def default_backend(url: str) -> str:
-    """The backend ``open()`` uses when none is named: the fastest measured for the scheme.
-
-    For ``s3://`` that is ``obstore`` (object_store) for both access patterns, one stream per
-    shard and many small objects in flight (docs/backends.md has the table); without obstore
-    installed, or in a process forked after obstore was used (its runtime does not survive a
-    fork), it is the registry's default, ``boto3``. Other schemes take the registry's default.
-    """
-    name = backend_for_url(url)
-    if name == "boto3" and (obstore_usable_here() or (installed("obstore") and not installed("boto3"))):
-        # with obstore the only S3 client, a forked process keeps it: its error says what to do
-        return "obstore"
-    return name
+#: the backend ``open()`` uses when none is named (decided in the registry, for every caller)
+default_backend = preferred_backend_for_url
 
 
 #: ``open()``'s own options; the rest of its keywords are backend options
@@ -125,10 +112,10 @@ class Opener(WindowedStage):
                  max_inflight: int | str | None = None, **options: Any) -> None:
         check_bool(read, "open(read=...)")
         self._open_fn = OpenFn(backend, read, options)
-        super().__init__(source, self._open_fn, what="open", workers=workers, method="thread",
-                         in_order=True, max_inflight=max_inflight, on_error=on_error,
-                         on_discard=_close_result, kind="io" if read else "stream",
-                         size_of=_size)
+        super().__init__(source, self._open_fn, WindowedOptions(
+            what="open", workers=workers, method="thread", in_order=True, max_inflight=max_inflight,
+            on_error=on_error, on_discard=_close_result, kind="io" if read else "stream",
+            size_of=_size))
         self._handed_out: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def start(self, state: dict[str, Any] | None) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal, TypeVar
 
 from .._checks import check_choice, check_int
-from ..graph import find_sharder
+from ._walks import find_sharder
 from .base import SOURCES_KEY, Stage
 
 __all__ = ["Taker", "share"]

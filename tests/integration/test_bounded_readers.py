@@ -1,4 +1,4 @@
-"""Every S3 reader holds a bounded window of an object, whatever its size.
+"""Every S3 reader holds a bounded part of an object, whatever its size.
 
 Each test streams a 64 MB object from the local server in 1 MiB reads and watches the reader's
 own buffer (not the process's RSS): the bytes it holds, or has requested and not yet handed out.
@@ -133,4 +133,4 @@ def test_crt_holds_two_windows(big):
     be = get_backend("s3torchconnector")
     digest, peak = _stream(be.open(url), lambda raw: raw.peak_buffered)
     assert digest == expected
-    assert 0 < peak <= 2 * be.options.effective_window, peak
+    assert 0 < peak <= 2 * be.options.effective_range_size, peak

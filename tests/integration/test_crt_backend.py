@@ -54,16 +54,16 @@ def test_reading_a_large_object_keeps_the_buffer_bounded(big):
     assert 0 < peak <= 2 * WINDOW, f"held {peak} bytes of a {BIG}-byte object"
 
 
-def test_an_object_smaller_than_a_window_is_one_get(s3):
+def test_an_object_smaller_than_a_range_is_one_get(s3):
     bucket = s3.make_bucket("crt-small")
     url = s3.put(bucket, "small.bin", b"x" * 1000)
     exact = s3.put(bucket, "exact.bin", b"y" * (1 << 20))
     with DelayProxy(s3.endpoint, delay_ms=0) as proxy:
-        be = get_backend("s3torchconnector", endpoint=proxy.url, window=1 << 20)
+        be = get_backend("s3torchconnector", endpoint=proxy.url, range_size=1 << 20)
         assert be.read(url) == b"x" * 1000
         assert proxy.counts().get("GET") == 1
         assert proxy.counts().get("HEAD", 0) == 0
-        # exactly one window: the next window starts at the end and is answered 416
+        # exactly one range: the next range starts at the end and is answered 416
         assert be.read(exact) == b"y" * (1 << 20)
         be.close()
 
@@ -165,15 +165,16 @@ def test_a_stream_dropped_without_close_leaves_no_thread(big):
     url, data = big
     be = get_backend("s3torchconnector", part_size=WINDOW)
     before = {t.ident for t in threading.enumerate()}
-    # the windowed body itself, as a wrapper that forgot to close it would hold it
-    stream = be._windowed(parse_s3_url(url), url, 0, None)
+    # the ranged body itself, as a wrapper that forgot to close it would hold it
+    stream = be._ranged(parse_s3_url(url), url, 0, None)
     assert stream.read(1000) == data[:1000]
     del stream  # never closed, read far from the end: the pump waits for a reader that is gone
     gc.collect()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        left = [t for t in threading.enumerate() if t.name == "pipeflow-window" and t.ident not in before]
+        left = [t for t in threading.enumerate()
+                if t.name == "pipeflow-ranged-read" and t.ident not in before]
         if not left:
             break
         time.sleep(0.1)
-    assert not left, "the window thread outlived its stream"
+    assert not left, "the range thread outlived its stream"

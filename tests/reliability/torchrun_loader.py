@@ -56,7 +56,8 @@ def run(rank: int) -> dict[str, object]:
     for shuffle in (False, True):
         name = "shuffled" if shuffle else "ordered"
         loader = pipeline(shuffle).loader(batch_size=4, collate=False)
-        out[name] = {"epoch0": batches(loader), "epoch1": batches(loader)}
+        out[name] = {"epoch0": batches(loader), "epoch1": batches(loader),
+                     "direct": [list(b) for b in pipeline(shuffle).batch(4)]}
         # save after 3 batches, resume in a fresh loader: the rest of this rank's epoch
         first = pipeline(shuffle).loader(batch_size=4, collate=False)
         head = batches(first, 3)

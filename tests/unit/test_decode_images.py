@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import torch
 from PIL import Image, ImageFilter
 
 import pipeflow as pf
-from pipeflow.errors import ConfigError, DecodeError, MissingDependencyError
+from pipeflow.errors import DISTRIBUTION, ConfigError, DecodeError, MissingDependencyError
 from pipeflow.formats import images
 from pipeflow.formats.images import RESIZE_TOLERANCE, decode_image, draft_size
 
@@ -108,7 +109,7 @@ def test_auto_falls_back_to_pil_and_an_explicit_missing_decoder_names_the_extra(
     images._simplejpeg.cache_clear()
     try:
         assert "jpeg_decoder='pil'" in pf.from_items([]).decode("torch").explain()
-        with pytest.raises(MissingDependencyError, match=r"pipeflow\[fast-decode\]"):
+        with pytest.raises(MissingDependencyError, match=re.escape(f"'{DISTRIBUTION}[fast-decode]'")):
             pf.from_items([]).decode(jpeg_decoder="simplejpeg")
     finally:
         images._simplejpeg.cache_clear()

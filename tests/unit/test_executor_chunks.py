@@ -10,18 +10,19 @@ import pytest
 
 import pipeflow as pf
 from pipeflow.executor.chunks import RemoteTraceback
-from pipeflow.executor.window import Window, default_limit
+from pipeflow.executor.window import Window, WindowOptions, default_limit
 
 from ._core_helpers import double, fail_on_13, lambda_on_5, wait_for_file
 
 
 def test_chunk_size_follows_the_in_flight_bound():
-    assert Window(double, workers=2, method="process").limit == default_limit(2, "process") == 4
-    assert Window(double, workers=2, method="process").chunk == 1  # the default: one item per task
-    assert Window(double, workers=2, method="process", limit=16).chunk == 4
-    assert Window(double, workers=2, method="process", limit=9).chunk == 2
-    assert Window(double, workers=2, method="thread").chunk == 1
-    assert Window(double, workers=2, method="thread").limit == 4
+    default = Window(double, WindowOptions(workers=2, method="process"))
+    assert default.limit == default_limit(2, "process") == 4
+    assert default.chunk == 1  # the default: one item per task
+    assert Window(double, WindowOptions(workers=2, method="process", limit=16)).chunk == 4
+    assert Window(double, WindowOptions(workers=2, method="process", limit=9)).chunk == 2
+    assert Window(double, WindowOptions(workers=2, method="thread")).chunk == 1
+    assert Window(double, WindowOptions(workers=2, method="thread")).limit == 4
 
 
 def test_an_error_inside_a_chunk_names_its_own_item_and_keeps_the_worker_traceback():
@@ -45,7 +46,10 @@ def test_an_unpicklable_result_fails_its_item_only():
     assert any("on 5" in n for n in info.value.__notes__)
 
 
-def test_a_chunked_process_window_pulls_exactly_its_bound(tmp_path):
+# 12: four chunks of 3 (a bound that is a multiple of 2 * workers is met); 13: still chunks of 3,
+# and a fifth chunk waits for room for all of it, so the window stays at 12
+@pytest.mark.parametrize("inflight,bound", [(12, 12), (13, 12)])
+def test_a_chunked_process_window_pulls_exactly_its_bound(tmp_path, inflight, bound):
     gate = tmp_path / "open"
     pulled = []
 
@@ -54,10 +58,9 @@ def test_a_chunked_process_window_pulls_exactly_its_bound(tmp_path):
         return (x, str(gate))
 
     it = iter(pf.from_items(range(1000)).map(record).map(wait_for_file, workers=2, method="process",
-                                                                    max_inflight=12))
+                                                                    max_inflight=inflight))
     consumer = threading.Thread(target=lambda: next(it))
     consumer.start()
-    bound = 12  # four chunks of 3 (whole chunks: a bound that is a multiple of 2 * workers is met)
     deadline = time.monotonic() + 30
     while len(pulled) < bound and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -116,3 +116,16 @@ def test_no_source_file_suggests_the_unrelated_name():
         if re.search(r"""pip install ['"]?pipeflow[\[\s'"]""", text):
             offenders.append(str(path.relative_to(ROOT)))
     assert offenders == []
+
+
+def test_ci_runs_lint_and_types_then_the_readme_test_command():
+    # .ci/run is `./dev lint` then exactly `./dev test`; the tools lint runs come with the
+    # test extra, so a clean clone set up by ./dev has them
+    lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    commands = [line for line in lines if line and not line.startswith(("#", "set ", "cd "))]
+    assert commands == ["./dev lint", "exec ./dev test"]
+    with open(ROOT / "pyproject.toml", "rb") as fh:
+        project = tomllib.load(fh)
+    test_extra = project["project"]["optional-dependencies"]["test"]
+    assert {r.split(">")[0].split("=")[0] for r in test_extra} >= {"ruff", "mypy"}
+    assert project["tool"]["mypy"]["files"] == ["pipeflow", "benchmarks"]

@@ -1,4 +1,4 @@
-"""WindowedBody: ranged requests of one window, at most two ahead, consecutive ones overlapping."""
+"""RangedBody: ranged requests of one size, at most two ahead, consecutive ones overlapping."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pipeflow.backends._window import WindowedBody
+from pipeflow.backends._ranged import RangedBody
 
 W = 64 << 10
 
@@ -53,12 +53,12 @@ class Server:
         return Body()
 
 
-def _body(server: Server, **kw) -> WindowedBody:
-    return WindowedBody(server.fetch, start=kw.pop("start", 0), end=kw.pop("end", None), window=W,
+def _body(server: Server, **kw) -> RangedBody:
+    return RangedBody(server.fetch, start=kw.pop("start", 0), end=kw.pop("end", None), range_size=W,
                         read_timeout=10, is_past_end=lambda e: isinstance(e, PastEnd), **kw)
 
 
-def _read_slowly(body: WindowedBody, pause: float = 0.0) -> bytes:
+def _read_slowly(body: RangedBody, pause: float = 0.0) -> bytes:
     out = []
     while chunk := body.read(16 << 10):
         out.append(chunk)
@@ -78,20 +78,20 @@ def test_an_object_inside_one_window_costs_one_request():
 def test_consecutive_windows_overlap_within_the_two_window_bound(size):
     data = bytes((i * 7) % 251 for i in range(size))
     # the network is the bottleneck (the reader takes each chunk as it comes): the case where a
-    # request waiting for the previous one's last byte would cost a round trip per window
+    # request waiting for the previous one's last byte would cost a round trip per range
     server = Server(data, delay=0.03, per_chunk=0.001)
     with _body(server) as body:
         got = _read_slowly(body)
         peak = body.peak_buffered
     assert got == data
-    # two requests were open at once (a window's request started while the one before arrived)
+    # two requests were open at once (a range's request started while the one before arrived)
     assert server.most_open == 2, server.requests
     assert 0 < peak <= 2 * W, peak
-    windows = -(-size // W)
+    ranges = -(-size // W)
     starts = [lo for lo, _ in server.requests]
-    assert starts[:windows] == [i * W for i in range(windows)]
+    assert starts[:ranges] == [i * W for i in range(ranges)]
     # at most one request past the end (the probe of an object whose size is not known)
-    assert len(server.requests) <= windows + 1
+    assert len(server.requests) <= ranges + 1
 
 
 def test_a_known_end_sends_nothing_past_it():
