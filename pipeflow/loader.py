@@ -93,7 +93,7 @@ def extend(pipe: Pipeline, options: LoaderOptions) -> Pipeline:
     elif options.collate is True:
         pipe = pipe.map(default_convert)
     elif options.collate is not False:
-        pipe = pipe.map(options.collate)  # type: ignore[arg-type]
+        pipe = pipe.map(options.collate)
     size = options.prefetch
     if options.device is not None:
         return pipe.then(DeviceMover, options.device, pin=options.pin_memory,

@@ -26,7 +26,7 @@ __all__ = ["one_intraop_thread"]
 def _omp_set_num_threads() -> Callable[[int], object] | None:
     """OpenMP's setter of the calling thread's team size, where torch loaded OpenMP."""
     try:
-        return ctypes.CDLL(None).omp_set_num_threads  # type: ignore[no-any-return]
+        return ctypes.CDLL(None).omp_set_num_threads
     except (AttributeError, OSError):  # no OpenMP in this process (a torch built without it)
         return None
 
