@@ -47,9 +47,16 @@ class SampleShuffler(Stage[Any]):
 
     State without data, of a fixed size whatever the buffer size: the stream's seed, the buffer
     size, the draw and sample counts, the source position before the oldest sample still
-    buffered (or being delivered) and how many items of the sample being delivered are out.
-    Which samples were buffered follows from those numbers (:func:`replay_samples` runs the
-    draws again over sample numbers). Resuming re-reads about one buffer of URLs once.
+    buffered (or being delivered, or being read) and how many items of the sample drawn last
+    are out. Which samples were buffered follows from those numbers (:func:`replay_samples`
+    runs the draws again over sample numbers). Resuming re-reads about one buffer of URLs once.
+
+    An error can end a call between two draws, while the buffer is refilled: the sample drawn
+    last therefore stays the current one, all its items out, until the next draw replaces it
+    (the replay names it as the current sample; counting none of its items out would deliver
+    it again). And a sample's source position is kept from its first item on, not once it is
+    read to the end: an error in the middle of it rewinds to its start, not past the items
+    read of it (which would be lost).
 
     Args:
         source: the input stage (URLs or ``ObjectInfo`` items, sorted so a sample's objects
@@ -125,6 +132,7 @@ class SampleShuffler(Stage[Any]):
             except StopIteration:
                 self._ended = True
                 return None
+        self._snapshots[seq] = snap  # from the first item on: an error below rewinds to it
         items, key = [first], _sample_key(first)
         while key is not None:
             after = self.source.state_dict()
@@ -137,22 +145,21 @@ class SampleShuffler(Stage[Any]):
                 self._held = (item, after)
                 break
             items.append(item)
-        self._snapshots[seq] = snap
         self._pulled = seq + 1
         return items
 
     def next(self) -> Any:
         if self._done < len(self._current):
             return self._deliver()
-        if self._current_seq >= 0:
-            del self._snapshots[self._current_seq]
-            self._current, self._current_seq, self._done = [], -1, 0
         buffer = self._buffer
-        while len(buffer) < self._size:
+        while len(buffer) < self._size:  # an error here leaves the last draw current, delivered
             items = self._pull_sample(self._pulled)
             if items is None:
                 break
             buffer.append((self._pulled - 1, items))
+        if self._current_seq >= 0:  # replaced by the draw below (or by nothing at the end)
+            del self._snapshots[self._current_seq]
+            self._current, self._current_seq, self._done = [], -1, 0
         if not buffer:
             raise StopIteration
         j = draw(self._stream, self._step, len(buffer))

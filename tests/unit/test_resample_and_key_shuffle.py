@@ -144,3 +144,74 @@ def test_elastic_resume_refuses_what_it_cannot_repartition():
         next(it)
         with pytest.raises(ConfigError):
             pipe.resume_from(pf.merge_states([it.state_dict()]))
+
+
+# ---- shuffle(by="key"): resuming inside a sample ----------------------------------------------
+#: three fields per sample, and a sample of one object (no extension) every fifth key
+FIELDS = [u for k in range(16)
+          for u in ([f"s3://b/p/{k:02d}"] if k % 5 == 4 else [f"s3://b/p/{k:02d}.{f}" for f in "abc"])]
+
+
+class _Failure(Exception):
+    pass
+
+
+class _FailOn:
+    """A map function that raises on item ``bad`` while armed (picklable)."""
+
+    def __init__(self, bad: str | None) -> None:
+        self.bad = bad
+
+    def __call__(self, item):
+        if item == self.bad:
+            raise _Failure(item)
+        return item
+
+
+def _key_shuffled(size: int, *, before: str | None = None, after: str | None = None):
+    pipe = pf.from_items(FIELDS).map(_FailOn(before)).shuffle(size, seed=7, by="key")
+    return pipe.map(_FailOn(after))
+
+
+def _resumed(pipe, state):
+    it = iter(pickle.loads(pickle.dumps(pipe)))  # a fresh process rebuilds the pipeline
+    it.load_state_dict(pickle.loads(pickle.dumps(state)))
+    return it
+
+
+@pytest.mark.parametrize("size", [1, 2, 4])
+@pytest.mark.parametrize("side", ["before", "after"])
+def test_key_shuffle_resumed_after_an_error_inside_a_sample_delivers_each_item_once(size, side):
+    # the error comes while the shuffle reads a sample (before: the fill stops mid-sample, the
+    # items read of it are lost with the call) or while it hands one out (after)
+    full = list(_key_shuffled(size))
+    assert sorted(full) == sorted(FIELDS)
+    for bad in FIELDS:
+        it = iter(_key_shuffled(size, **{side: bad}))
+        head = []
+        with pytest.raises(_Failure):
+            for item in it:
+                head.append(item)
+        tail = list(_resumed(_key_shuffled(size), it.state_dict()))
+        twice = sorted(u for u, n in Counter(head + tail).items() if n > 1)
+        assert twice == [], f"failing on {bad}: delivered twice"
+        assert sorted(head + tail) == sorted(full), f"failing on {bad}: lost"
+        assert head + tail == full, f"failing on {bad}: another order"
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_key_shuffle_saved_at_every_place_inside_a_sample_resumes_again_and_again(size):
+    # every item boundary, saved and resumed several times in a row (a checkpoint right after a
+    # restart, before an item of the rebuilt buffer came out, included)
+    pipe = _key_shuffled(size)
+    full = list(_key_shuffled(size))
+    for start in range(len(full)):
+        it = iter(_key_shuffled(size))  # a pipeline's second iteration is its next epoch
+        got = [next(it) for _ in range(start)]
+        for take in (0, 1, 0, 2, 1):
+            state = it.state_dict()
+            it.close()
+            it = _resumed(pipe, state)
+            got += [x for _, x in zip(range(take), it)]
+        got += list(it)
+        assert got == full, start

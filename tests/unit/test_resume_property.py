@@ -214,6 +214,11 @@ STAGES: dict[str, StageBuilder] = {
         fits=_replayable,
         options=st.fixed_dictionaries({"size": st.integers(1, 9), "seed": st.integers(0, 3)}),
         apply=lambda p, o: p.shuffle(o["size"], seed=o["seed"])),
+    # whole samples (runs of one key) moved: URLs, in an order that replays
+    "shuffle_by_key": StageBuilder(
+        fits=lambda s: s.kind == "url" and _replayable(s),
+        options=st.fixed_dictionaries({"size": st.integers(1, 9), "seed": st.integers(0, 3)}),
+        apply=lambda p, o: p.shuffle(o["size"], seed=o["seed"], by="key")),
     "map_in_order": StageBuilder(fits=lambda s: True, options=_map_options(True), apply=_map),
     "map_out_of_order": StageBuilder(
         fits=_replayable, options=_map_options(False), apply=_map,
@@ -375,10 +380,16 @@ def check_resumes(chain, shape: Shape, where: tuple[int, int], takes: list[int],
 _SLOW_EARLY = {"workers": 3, "in_order": False, "slow": frozenset(URLS[1:2])}
 _FIVE_RESUMES = ([("shuffle", {"size": 8, "seed": 1}), ("map_out_of_order", _SLOW_EARLY),
                   ("batch", {"size": 3})], Shape(kind="batch:url", ordered=False))
+#: whole samples shuffled, then an item in flight across the saves, inside and between samples
+_SAMPLES_MOVED = ([("shuffle_by_key", {"size": 3, "seed": 1}),
+                   ("map_in_order", {"workers": 2, "in_order": True, "slow": frozenset(URLS[:2])}),
+                   ("batch", {"size": 3})], Shape(kind="batch:url"))
 
 
 @settings(max_examples=EXAMPLES or 60, **SETTINGS)
 @example(pipe=_FIVE_RESUMES, where=(0, 1), takes=[3, 1, 0, 1, 2], driver=None)
+@example(pipe=_SAMPLES_MOVED, where=(1, 2), takes=[1, 0, 3, 1, 2], driver=None)
+@example(pipe=_SAMPLES_MOVED, where=(0, 1), takes=[5, 0, 1, 1, 4], driver=0)
 @example(pipe=_FIVE_RESUMES, where=(1, 2), takes=[2, 1, 1, 0, 1], driver=0)
 @given(pipe=pipelines(), where=st.sampled_from(RANKS), takes=TAKES,
        driver=st.sampled_from([None, 0]))
