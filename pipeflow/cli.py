@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("pipeflow._cli.convert", "turn a prefix of single-sample objects into tar/TFRecord shards"),
     "serve": ("pipeflow._cli.serve", "run a local S3-compatible server on 127.0.0.1"),
     "bench": ("pipeflow._cli.bench", "benchmark pipeflow against peer libraries"),
+    "index": ("pipeflow._cli.index", "list a prefix once into an index file that jobs read instead"),
     "cache": ("pipeflow._cli.cache", "list or clear the disk caches pipeflow keeps (ls, clear)"),
 }
 

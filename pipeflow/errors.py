@@ -16,10 +16,12 @@ __all__ = [
     "CorruptDataError",
     "DecodeError",
     "EmptyShardError",
+    "EndpointUnreachableError",
     "IncompleteSampleError",
     "InvalidURLError",
     "MissingDependencyError",
     "MissingFieldError",
+    "ObjectChangedError",
     "ObjectNotFoundError",
     "OptionError",
     "PipeflowError",
@@ -119,6 +121,17 @@ class UnknownBackendError(ConfigError):
 
 class RetryExhaustedError(BackendError):
     """A transient failure persisted past the retry budget."""
+
+
+class EndpointUnreachableError(BackendError, ConnectionError):
+    """The endpoint has never answered in this process: it refuses connections, or its host
+    name does not resolve. Raised within seconds (``RetryPolicy.first_contact``), not after the
+    whole retry budget: that is a wrong endpoint or a server not started, not an outage."""
+
+
+class ObjectChangedError(BackendError):
+    """The object was replaced while it was being read: its ETag changed between two requests
+    for parts of it, so the bytes read so far and the rest would mix two versions."""
 
 
 class StageError(PipeflowError):

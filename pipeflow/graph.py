@@ -71,7 +71,11 @@ def short_labels(node: Node) -> dict[int, str]:
 
 
 def _described(node: Node, labels: dict[int, str]) -> str:
-    return labels[id(node)] + node.title()[len(node.short()):]
+    text = labels[id(node)] + node.title()[len(node.short()):]
+    # a stage may add a note of its own (the open stage: its retry budget)
+    note = getattr(node.stage, "explain_note", None)
+    extra = note(node.args, node.kwargs) if callable(note) else None
+    return f"{text}  [{extra}]" if extra else text
 
 
 def draw(node: Node, notes: dict[int, str] | None = None) -> str:

@@ -22,6 +22,7 @@ from .elastic import resume_node
 from .formats.images import resolve_jpeg_decoder
 from .graph import Node, checks_options, draw, format_value, make_label, order_notes, validate
 from .iterator import PipelineIterator
+from .keytable import KeyTable, shareable
 from .loader import Loader, LoaderOptions
 from .sinks import shards as _shards
 from .stages.base import Stage
@@ -35,7 +36,7 @@ from .stages.fetch_batch import BatchFetcher
 from .stages.fields import FieldMapper, Renamer, TupleMaker
 from .stages.filter import Filterer
 from .stages.group import PairGrouper
-from .stages.listing import ObjectLister, list_now, write_manifest
+from .stages.listing import LIST_THREADS, ObjectLister, obtain_listing
 from .stages.map import Mapper
 from .stages.mix import Interleaver, Mixer
 from .stages.open import Opener
@@ -434,6 +435,8 @@ def from_items(items: Iterable[Any]) -> Pipeline:
     """
     source = ItemSource(items)  # validates, and materialises a generator once, here
     items = expand_url_items(source.items)
+    if shareable(items):  # a long list of keys: held once per node, not copied into each worker
+        items = KeyTable.build(items)
     return Pipeline(Node(ItemSource, (items,), {}, (), f"from_items({format_value(items)})"))
 
 
@@ -482,18 +485,19 @@ def tfrecord_stream(path: str, *, check_crc: bool = True, parse_example: bool = 
 # ---- backends: listing source ------------------------------------------------------------------
 @checks_options
 def list_objects(url: str, *, pattern: str | None = None, backend: str | Any = None,
-                 manifest: str | None = None, **options: Any) -> Pipeline:
+                 manifest: str | None = None, threads: int = LIST_THREADS, **options: Any) -> Pipeline:
     """A pipeline over the objects under ``url`` (``ObjectInfo`` items, sorted by URL).
 
-    The store is listed once, here (or read from ``manifest``, written on first use), never
-    again in each DataLoader worker. See :mod:`pipeflow.stages.listing`.
+    The store is listed once per job, here (by rank 0 under torchrun with a process group, or
+    read from ``manifest``, a local path or ``s3://`` URL written on first use), never again in
+    each rank or DataLoader worker; ``threads`` list requests run at once where the backend can
+    list key ranges concurrently. See :mod:`pipeflow.stages.listing` and ``docs/scale.md``.
     """
+    validate(ObjectLister, 0, (url,), {"pattern": pattern, "backend": backend, "manifest": manifest,
+                                       "threads": threads, "options": options})
+    objects = obtain_listing(url, pattern=pattern, backend=backend, manifest=manifest,
+                             threads=threads, options=options)
     kwargs: dict[str, Any] = {"pattern": pattern, "backend": backend, "manifest": manifest,
-                              "options": options}
-    if manifest is None:
-        kwargs["objects"] = tuple(list_now(url, pattern=pattern, backend=backend, **options))
-    elif not os.path.exists(manifest):
-        write_manifest(manifest, url, pattern, list_now(url, pattern=pattern, backend=backend, **options))
-    validate(ObjectLister, 0, (url,), kwargs)
+                              "objects": objects, "threads": threads, "options": options}
     shown = {k: v for k, v in (("pattern", pattern), ("backend", backend), ("manifest", manifest)) if v}
     return Pipeline(Node(ObjectLister, (url,), kwargs, (), make_label("list_objects", (url,), shown)))

@@ -20,7 +20,6 @@ import threading
 import time
 import uuid
 import weakref
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -37,7 +36,7 @@ PUBLISH_EVERY_S = 0.5
 _sink = threading.local()
 
 
-def note(counter: str, n: int = 1) -> None:
+def note(counter: str, n: float = 1) -> None:
     """Count ``counter`` for the stage whose work runs on this thread now (see
     :meth:`Stats.counting`); a no-op elsewhere. Backends call it for retries."""
     target = getattr(_sink, "target", None)
@@ -67,7 +66,7 @@ class Stats:
 
     def __init__(self, channel: StatsChannel | None = None) -> None:
         self._lock = threading.Lock()
-        self._counts: Counter[tuple[str, str]] = Counter()
+        self._counts: dict[tuple[str, str], float] = {}
         self._finished: dict[str, dict[str, float]] = {}
         self._live: dict[int, weakref.WeakMethod[Callable[[], dict[str, dict[str, float]]]]] = {}
         self.pid = os.getpid()
@@ -78,10 +77,10 @@ class Stats:
         self._publish_lock = threading.Lock()
 
     # ---- recording -------------------------------------------------------------------------
-    def incr(self, stage: str, counter: str, n: int = 1) -> None:
+    def incr(self, stage: str, counter: str, n: float = 1) -> None:
         """Add ``n`` to ``counter`` of ``stage`` (thread-safe)."""
         with self._lock:
-            self._counts[(stage, counter)] += n
+            self._counts[(stage, counter)] = self._counts.get((stage, counter), 0) + n
 
     def counting(self, stage: str) -> _Counting:
         """A context in which :func:`note` counts into ``stage`` (on this thread)."""

@@ -16,6 +16,11 @@ to the reader through a queue; the reader waits at most ``read_timeout`` seconds
 chunk, so a server that stalls in the middle of a body becomes a :class:`TimeoutError`
 (transient: the caller resumes with a new ranged request) instead of a hang.
 
+Versions: some clients' GET streams carry no ETag and take no ``If-Match``. A ``check``
+callback (a HEAD comparing the ETag with the first one seen) then runs before every range after
+the first and once after the last range of a body of several, so an object replaced between
+two ranges fails the read instead of splicing two versions together.
+
 The end of the object needs no HEAD request: a range that comes back shorter than asked is
 the last one, and a range that starts exactly at the end is refused by the server (HTTP 416),
 which ``is_past_end`` recognises.
@@ -40,9 +45,12 @@ class _Requests:
     without ``close()`` is still collected (and its finaliser stops the pump)."""
 
     def __init__(self, fetch: Callable[[int, int], Iterable[bytes]], start: int, end: int | None,
-                 range_size: int, is_past_end: Callable[[BaseException], bool]) -> None:
+                 range_size: int, is_past_end: Callable[[BaseException], bool],
+                 check: Callable[[], None] | None = None, check_first: bool = False) -> None:
         self.fetch, self.start, self.end, self.size = fetch, start, end, range_size
         self.is_past_end = is_past_end
+        self.check = check
+        self.check_first = check_first
         self.cond = threading.Condition()
         self.stop = False
         self.pos = start    # next byte the reader gets
@@ -51,7 +59,14 @@ class _Requests:
     def _bounds(self, lo: int) -> int:
         return lo + self.size if self.end is None else min(lo + self.size, self.end)
 
+    def _check(self, lo: int) -> None:
+        """The version check before the range at ``lo`` (none before the body's first one
+        unless ``check_first``: a stream resumed mid-object checks at once)."""
+        if self.check is not None and (lo > self.start or self.check_first):
+            self.check()
+
     def request(self, lo: int) -> tuple[Iterable[bytes], int]:
+        self._check(lo)
         hi = self._bounds(lo)
         with self.cond:
             # never more than two ranges ahead of the reader: wait until it reaches `lo - size`
@@ -68,6 +83,7 @@ class _Requests:
             if self.stop or self.pos < lo - self.size:
                 return None
             self.peak = max(self.peak, hi - self.pos)
+        self._check(lo)
         return iter(self.fetch(lo, hi)), hi
 
     def run(self, pump: Pump) -> None:
@@ -106,6 +122,8 @@ class _Requests:
                     (chunks, hi), ahead = ahead, None
                 else:
                     chunks, hi = self.request(lo)
+            if lo > self.start or self.check_first:
+                self._check(lo)  # the last range came from the version checked before it
         finally:
             # drop the requests now (the client cancels them), not when the thread is freed
             del chunks, ahead
@@ -125,16 +143,20 @@ class RangedBody(io.RawIOBase):
         on_request_error: maps the failure of a request that delivered nothing of the body
             (the first range) to the error to raise; later failures are raised unchanged for
             the caller to resume.
+        check: called (on the request thread) before each range after the first and once
+            after the last one of a body of several; raises when the object has changed.
+        check_first: run ``check`` before the first range too (a body resuming a read).
     """
 
     def __init__(self, fetch: Callable[[int, int], Iterable[bytes]], *, start: int, end: int | None,
                  range_size: int, read_timeout: float | None,
                  is_past_end: Callable[[BaseException], bool],
-                 on_request_error: Callable[[BaseException], BaseException] | None = None) -> None:
+                 on_request_error: Callable[[BaseException], BaseException] | None = None,
+                 check: Callable[[], None] | None = None, check_first: bool = False) -> None:
         super().__init__()
         self._timeout = read_timeout
         self._on_request_error = on_request_error
-        self._requests = _Requests(fetch, start, end, range_size, is_past_end)
+        self._requests = _Requests(fetch, start, end, range_size, is_past_end, check, check_first)
         self._buf = memoryview(b"")
         self._done = False
         self._arrived = False  # a chunk of the body has reached the reader

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
-from ._retry import RetryPolicy, RetryTimer, exhausted, is_transient
+from ._retry import RetryPolicy, RetryTimer, exhausted, is_transient, note_retry
 
 __all__ = ["ResumableStream", "TruncatedBodyError"]
 
@@ -186,4 +186,5 @@ class ResumableStream(_BinaryFile):
             raise exhausted(self._timer, exc, what=f"stream broken off at byte {self._pos}",
                             url=self._url, backend=self._backend, op="read",
                             endpoint=self._endpoint) from exc
+        note_retry(delay)
         self._sleep(delay)

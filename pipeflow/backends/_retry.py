@@ -8,6 +8,11 @@
   timeouts, truncated bodies.
 * :func:`retry_call`: run a request under a policy; :class:`~pipeflow.errors.RetryExhaustedError`
   when the budget is spent.
+* The first-contact rule: an endpoint that has never answered in this process and refuses
+  connections (or whose name does not resolve) is a configuration mistake, not an outage; it
+  ends in :class:`~pipeflow.errors.EndpointUnreachableError` after ``first_contact`` seconds
+  (3 s by default), not after the whole budget. Once the endpoint has answered once, any
+  outage gets the whole budget.
 
 Streams that resume where they broke live in :mod:`pipeflow.backends._resumable`.
 """
@@ -17,23 +22,29 @@ from __future__ import annotations
 import http.client
 import math
 import random
+import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from .._checks import is_int
-from ..errors import ConfigError, PipeflowError, RetryExhaustedError
+from ..errors import ConfigError, EndpointUnreachableError, PipeflowError, RetryExhaustedError
 from ..stats import note
 
 __all__ = [
     "TRANSIENT_CODES",
     "RetryPolicy",
     "RetryTimer",
+    "check_first_contact",
     "exhausted",
+    "has_answered",
     "is_transient",
     "is_transient_status",
+    "mark_answered",
     "retry_call",
     "s3_error_code",
 ]
@@ -75,6 +86,11 @@ class RetryPolicy:
         max_delay: seconds; the cap of any single backoff.
         max_resumes: total mid-body resumptions allowed for one stream (None: no limit; each
             stretch without progress is bounded by ``budget`` / ``max_attempts`` anyway).
+        first_contact: seconds a request to an endpoint that has never answered in this
+            process is retried while that endpoint refuses connections or its name does not
+            resolve; then :class:`~pipeflow.errors.EndpointUnreachableError` names it (a wrong
+            endpoint is a mistake to report at once, not an outage to wait out). None: such
+            an endpoint gets the whole budget too.
 
     Also accepted wherever a backend takes ``retry=``: an int ``n`` (``n`` retries after the
     first try, i.e. ``max_attempts=n + 1``, within the default budget; 0 disables retries) and a
@@ -86,6 +102,7 @@ class RetryPolicy:
     base_delay: float = 0.1
     max_delay: float = 5.0
     max_resumes: int | None = None
+    first_contact: float | None = 3.0
 
     def __post_init__(self) -> None:
         if self.max_attempts is not None and (not is_int(self.max_attempts) or self.max_attempts < 1):
@@ -94,9 +111,9 @@ class RetryPolicy:
         if self.max_resumes is not None and (not is_int(self.max_resumes) or self.max_resumes < 0):
             raise ConfigError(f"RetryPolicy(max_resumes=...) must be a non-negative int or None, "
                               f"got {self.max_resumes!r}")
-        for name in ("budget", "base_delay", "max_delay"):
+        for name in ("budget", "base_delay", "max_delay", "first_contact"):
             value = getattr(self, name)
-            if value is None and name == "budget":
+            if value is None and name in ("budget", "first_contact"):
                 continue
             if (not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0
                     or not math.isfinite(value)):
@@ -128,6 +145,16 @@ class RetryPolicy:
         raise ConfigError(f"{what}= must be a RetryPolicy, an int number of retries or a mapping of "
                           f"RetryPolicy fields, got {type(value).__name__}")
 
+    def describe(self) -> str:
+        """One line for ``explain()``: ``"60 s budget, backoff 0.1-5 s, fail fast 3 s"``."""
+        parts = [f"{self.budget:g} s budget" if self.budget is not None else "no time budget"]
+        if self.max_attempts is not None:
+            parts.append(f"at most {self.max_attempts} attempts")
+        parts.append(f"backoff {self.base_delay:g}-{self.max_delay:g} s")
+        if self.first_contact is not None:
+            parts.append(f"fail fast {self.first_contact:g} s")
+        return ", ".join(parts)
+
     def backoff(self, attempt: int) -> float:
         """The (random) delay before retry number ``attempt`` (0-based): full jitter."""
         cap = min(self.max_delay, self.base_delay * (2 ** min(attempt, 32)))
@@ -135,7 +162,7 @@ class RetryPolicy:
 
     def sdk_attempts(self, *, sdk_base_delay: float | None = None,
                      sdk_max_delay: float | None = None) -> int:
-        """Attempts to give an SDK that can only count attempts, not time (the CRT, s5cmd run).
+        """Attempts to give an SDK that can only count attempts, not time (s5cmd's batched run).
 
         ``max_attempts`` when set; otherwise the number of tries whose average backoff fits in
         the budget (capped at 50), computed with the SDK's own backoff (``sdk_base_delay`` and
@@ -295,24 +322,99 @@ def retry_call(fn: Callable[[], T], *, policy: RetryPolicy, url: str = "", backe
                on_retry: Callable[[BaseException, int], None] | None = None) -> T:
     """Call ``fn()``, retrying transient failures with backoff until the policy's budget is spent.
 
-    Non-transient exceptions propagate unchanged (the backend translates them).
+    Non-transient exceptions propagate unchanged (the backend translates them). A success
+    marks ``endpoint`` as one that has answered in this process (the first-contact rule).
 
     Raises:
         RetryExhaustedError: still failing when the budget (time, and attempts when capped) is
             spent; names ``url`` and ``endpoint``, raised from the last failure.
+        EndpointUnreachableError: ``endpoint`` never answered in this process and refuses
+            connections (or does not resolve) after ``policy.first_contact`` seconds.
     """
     timer = policy.timer(clock)
     while True:
         try:
-            return fn()
+            result = fn()
         except Exception as exc:
             if not classify(exc):
                 raise
+            if s3_error_code(exc) is not None:
+                mark_answered(endpoint)  # an error response (a 503) is an answer too
             delay = timer.failed()
             if delay is None:
                 raise exhausted(timer, exc, what="request", url=url, backend=backend, op=op,
                                 endpoint=endpoint) from exc
-            note("retries")  # counted for the stage whose request this is (stats())
+            delay = check_first_contact(timer, exc, delay, endpoint=endpoint, url=url,
+                                        backend=backend, op=op)
+            note_retry(delay)
             if on_retry is not None:
                 on_retry(exc, timer.failures)
             sleep(delay)
+        else:
+            mark_answered(endpoint)
+            return result
+
+
+def note_retry(delay: float) -> None:
+    """Count a retry and the seconds waited before it, for the stage whose request this is."""
+    note("retries")
+    note("retry_wait_s", delay)
+
+
+# ---- the first-contact rule ------------------------------------------------------------------
+#: endpoints that have answered a request in this process (never cleared: a small set of URLs)
+_answered: set[str] = set()
+_answered_lock = threading.Lock()
+#: seconds a TCP connection to an endpoint may take when checking whether it refuses them
+_PROBE_TIMEOUT = 2.0
+
+
+def mark_answered(endpoint: str | None) -> None:
+    """Record that ``endpoint`` answered a request in this process."""
+    if endpoint and endpoint not in _answered:
+        with _answered_lock:
+            _answered.add(endpoint)
+
+
+def has_answered(endpoint: str | None) -> bool:
+    """Whether ``endpoint`` has answered a request in this process."""
+    return bool(endpoint) and endpoint in _answered
+
+
+def refused(endpoint: str, timeout: float = _PROBE_TIMEOUT) -> OSError | None:
+    """The error of a TCP connection to ``endpoint`` when it is refused or the host name does not
+    resolve; None when something accepts it, or when the attempt only timed out or the network
+    is unreachable (no proof of a wrong endpoint) or ``endpoint`` is no ``http(s)://`` URL."""
+    parts = urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+    except (socket.gaierror, ConnectionRefusedError) as exc:
+        return exc
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def check_first_contact(timer: RetryTimer, exc: BaseException, delay: float, *,
+                        endpoint: str | None, url: str, backend: str, op: str) -> float:
+    """The first-contact rule for one transient failure: the delay to sleep (shortened so the
+    check comes on time), or :class:`~pipeflow.errors.EndpointUnreachableError` once the
+    endpoint, which has never answered in this process, still refuses after
+    ``first_contact`` seconds."""
+    limit = timer.policy.first_contact
+    if limit is None or not endpoint or has_answered(endpoint):
+        return delay
+    left = limit - timer.elapsed
+    if left > 0:
+        return min(delay, max(left, 0.01))
+    cause = refused(endpoint)
+    if cause is None:
+        return delay
+    why = "the host name does not resolve" if isinstance(cause, socket.gaierror) else "connection refused"
+    raise EndpointUnreachableError(
+        f"the endpoint {endpoint} has not answered since this process started ({why}, "
+        f"{timer.describe()}): check the endpoint (endpoint=, AWS_ENDPOINT_URL) and that the "
+        f"server is running", url=url, backend=backend, op=op) from exc

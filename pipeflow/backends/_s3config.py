@@ -27,6 +27,7 @@ from ..errors import (
     BackendError,
     ConfigError,
     InvalidURLError,
+    ObjectChangedError,
     ObjectNotFoundError,
     PipeflowError,
     RetryExhaustedError,
@@ -131,8 +132,9 @@ class S3Options(BackendOptions):
         return resolve_region(self.region)
 
     def endpoint_label(self) -> str:
-        """The endpoint for error messages: the resolved URL, or AWS's default."""
-        return self.resolved_endpoint() or "the AWS default endpoint"
+        """The endpoint requests go to: the resolved URL, or AWS's regional endpoint. Named in
+        error messages, and the key of the first-contact rule (:mod:`pipeflow.backends._retry`)."""
+        return self.resolved_endpoint() or f"https://s3.{self.resolved_region()}.amazonaws.com"
 
     def endpoint_for(self, url: str) -> str | None:
         """:meth:`endpoint_label` for an ``s3://`` URL, None for any other (for error messages)."""
@@ -205,6 +207,9 @@ def error_for_status(status: int | None, code: str, *, url: str, backend: str, o
                                    op=op)
     if code in DENIED_CODES or status == 403:
         return AccessDeniedError(f"access denied ({code or 403})", url=url, backend=backend, op=op)
+    if code == "PreconditionFailed" or status == 412:  # If-Match: the object was replaced
+        return ObjectChangedError("the object changed while it was read (its ETag no longer "
+                                  "matches): read it again", url=url, backend=backend, op=op)
     if code in INVALID_CODES:
         return InvalidURLError(f"invalid bucket or key ({code})", url=url, backend=backend, op=op)
     return BackendError(detail, url=url, backend=backend, op=op)

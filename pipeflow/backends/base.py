@@ -22,12 +22,13 @@ downloads on a thread pool over ``open``; see :mod:`pipeflow.backends.batch`).
 from __future__ import annotations
 
 import abc
+import builtins
 import os
 import re
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
-from typing import IO, Any, ClassVar
+from typing import IO, Any, ClassVar, Protocol, runtime_checkable
 from urllib.parse import unquote, urlsplit
 
 from .._checks import is_int
@@ -36,7 +37,11 @@ from ..errors import ConfigError, InvalidURLError
 from ..items import ObjectInfo
 from .batch import BatchHandle, ThreadPoolBatch
 
-__all__ = ["Backend", "BackendOptions", "S3Location", "bucket_name_problem", "parse_s3_url", "scheme_of"]
+__all__ = ["Backend", "BackendOptions", "Publisher", "S3Location", "bucket_name_problem",
+           "malformed_scheme", "parse_s3_url", "scheme_of"]
+
+#: schemes that only ever name remote stores; "s3:/x" is a typo for "s3://x", never a local path
+REMOTE_SCHEMES = frozenset({"s3", "gs", "gcs", "az", "abfs", "abfss", "http", "https", "hf"})
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,17 @@ class BackendOptions:
 
     def __post_init__(self) -> None:  # subclasses call super().__post_init__()
         pass
+
+
+@runtime_checkable
+class Publisher(Protocol):
+    """The write capability an index or manifest needs from a backend (local, boto3)."""
+
+    def upload(self, path: str, url: str) -> None:
+        """Publish the local file ``path`` as ``url``, atomically, replacing what is there."""
+
+    def upload_new(self, path: str, url: str) -> bool:
+        """Publish ``path`` as ``url`` unless something is there already; False if it was."""
 
 
 def scheme_of(url: str) -> str:
@@ -58,6 +74,19 @@ def scheme_of(url: str) -> str:
     if not sep or len(head) <= 1 or not head.replace("+", "").replace("-", "").replace(".", "").isalnum():
         return ""
     return head.lower()
+
+
+def malformed_scheme(url: str, *, schemes: frozenset[str] | set[str] = REMOTE_SCHEMES,
+                     backend: str = "", op: str = "") -> InvalidURLError | None:
+    """The error for a URL whose scheme lacks its ``//`` (``s3:/bucket/key``), with the URL it
+    probably meant; None for any other. Checked before any I/O, so such a URL is never read as
+    a relative local path."""
+    head, sep, rest = url.partition(":")
+    if sep and not rest.startswith("//") and head.lower() in schemes:
+        fixed = f"{head}://{rest.lstrip('/')}"
+        return InvalidURLError(f"malformed URL: the scheme {head!r} must be followed by '://' "
+                               f"(did you mean {fixed!r}?)", url=url, backend=backend, op=op)
+    return None
 
 
 @dataclass(frozen=True)
@@ -98,6 +127,9 @@ def parse_s3_url(url: str, *, backend: str = "", op: str = "") -> S3Location:
         InvalidURLError: not an ``s3://`` URL, or no bucket.
     """
     if scheme_of(url) != "s3":
+        malformed = malformed_scheme(url, backend=backend, op=op)
+        if malformed is not None:
+            raise malformed
         raise InvalidURLError("expected an s3://bucket/key URL", url=url, backend=backend, op=op)
     rest = url.split("://", 1)[1]
     bucket, _, key = rest.partition("/")
@@ -110,6 +142,9 @@ def local_path(url: str, *, backend: str = "", op: str = "") -> str:
     """The filesystem path of a ``file://`` URL or a bare path (returned unchanged)."""
     scheme = scheme_of(url)
     if scheme == "":
+        malformed = malformed_scheme(url, backend=backend, op=op)
+        if malformed is not None:
+            raise malformed
         return url
     if scheme != "file":
         raise InvalidURLError("expected a local path or file:// URL", url=url, backend=backend, op=op)
@@ -132,6 +167,9 @@ class Backend(abc.ABC):
     name: ClassVar[str] = "base"
     #: the frozen dataclass of options this backend takes
     Options: ClassVar[type[BackendOptions]] = BackendOptions
+    #: True when :meth:`list_page` starts anywhere in the key space for one request (S3's
+    #: ``StartAfter``), so a listing can run as several chains of pages at once
+    pages_from_any_key: ClassVar[bool] = False
 
     def __init__(self, options: BackendOptions | None = None, /, **kwargs: Any) -> None:
         if options is None:
@@ -200,6 +238,28 @@ class Backend(abc.ABC):
         Raises:
             ObjectNotFoundError: the bucket or directory does not exist.
         """
+
+    def list_page(self, url: str, *, start_after: str | None, limit: int = 1000,
+                  ) -> tuple[builtins.list[ObjectInfo], bool]:
+        """One page of the listing of ``url``: up to ``limit`` objects whose URL sorts after
+        ``start_after`` (from the first when None), and whether more follow.
+
+        The default walks :meth:`list` (O(N) per page); a backend that can start a page at any
+        key for one request overrides it and sets :attr:`pages_from_any_key`.
+        """
+        page: builtins.list[ObjectInfo] = []
+        for info in self.list(url):
+            if start_after is None or info.url > start_after:
+                if len(page) == limit:
+                    return page, True
+                page.append(info)
+        return page, False
+
+    def list_prefixes(self, url: str) -> builtins.list[str]:
+        """The "directories" one level below ``url`` (common prefixes up to the next ``/``),
+        sorted, from one request; empty when the backend cannot tell them cheaply. A parallel
+        listing starts its chains at these boundaries."""
+        return []
 
     def list_before_fork(self, url: str) -> Iterator[ObjectInfo]:
         """:meth:`list`, from a process that may fork workers afterwards (where a pipeline is

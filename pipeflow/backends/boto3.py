@@ -7,6 +7,7 @@ ranged GETs for large objects), which is what many training scripts do.
 
 from __future__ import annotations
 
+import builtins
 import io
 import os
 import tempfile
@@ -16,7 +17,7 @@ from typing import IO, Any, Literal
 
 from pipeflow._checks import check_int, is_int
 from pipeflow.backends._resumable import ResumableStream
-from pipeflow.backends._retry import retry_call
+from pipeflow.backends._retry import retry_call, s3_error_code
 from pipeflow.backends._s3config import S3Options, is_invalid_range, translate_s3_error
 from pipeflow.backends.base import Backend, S3Location, parse_s3_url
 from pipeflow.errors import BackendError, ConfigError
@@ -60,6 +61,7 @@ class Boto3Backend(Backend):
     name = "boto3"
     Options = Boto3Options
     options: Boto3Options
+    pages_from_any_key = True
 
     def _make_client(self) -> Any:
         return self.options.boto3_client(max_pool_connections=self.options.max_pool_connections)
@@ -93,6 +95,31 @@ class Boto3Backend(Backend):
             token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
             if not token:
                 return
+
+    def list_page(self, url: str, *, start_after: str | None, limit: int = 1000,
+                  ) -> tuple[builtins.list[ObjectInfo], bool]:
+        loc = parse_s3_url(url, backend=self.name, op="list")
+        client = self._client()
+        kwargs: dict[str, Any] = {"Bucket": loc.bucket, "Prefix": loc.key,
+                                  "MaxKeys": min(limit, self.options.page_size)}
+        if start_after is not None:
+            after = parse_s3_url(start_after, backend=self.name, op="list")
+            if after.key >= loc.key:
+                kwargs["StartAfter"] = after.key
+        page = self._call(lambda: client.list_objects_v2(**kwargs), url, "list")
+        infos = [ObjectInfo(url=f"s3://{loc.bucket}/{obj['Key']}", size=int(obj["Size"]),
+                            etag=_etag(obj.get("ETag")), mtime=_mtime(obj.get("LastModified")))
+                 for obj in page.get("Contents", ())]
+        return infos, bool(page.get("IsTruncated"))
+
+    def list_prefixes(self, url: str) -> builtins.list[str]:
+        loc = parse_s3_url(url, backend=self.name, op="list")
+        client = self._client()
+        kwargs = {"Bucket": loc.bucket, "Prefix": loc.key, "Delimiter": "/", "MaxKeys": 1000}
+        page = self._call(lambda: client.list_objects_v2(**kwargs), url, "list")
+        if page.get("IsTruncated"):
+            return []  # too many to spread evenly from one page: cut by key instead
+        return sorted(f"s3://{loc.bucket}/{p['Prefix']}" for p in page.get("CommonPrefixes", ()))
 
     def info(self, url: str) -> ObjectInfo:
         loc = parse_s3_url(url, backend=self.name, op="info")
@@ -189,6 +216,25 @@ class Boto3Backend(Backend):
                                 multipart_chunksize=_MULTIPART_BYTES, max_concurrency=4)
         self._call(lambda: client.upload_file(path, loc.bucket, loc.key, Config=config), url,
                    "upload")
+
+    def upload_new(self, path: str, url: str) -> bool:
+        """Upload the local file ``path`` as ``url`` unless an object is there already (a
+        conditional write, ``If-None-Match: *``): True when this call wrote it, False when
+        another writer was first. Two jobs racing to publish one index both end up reading
+        the same object."""
+        loc = parse_s3_url(url, backend=self.name, op="upload")
+        client = self._client()
+        with open(path, "rb") as fh:
+            data = fh.read()
+        try:
+            self._call(lambda: client.put_object(Bucket=loc.bucket, Key=loc.key, Body=data,
+                                                 IfNoneMatch="*"), url, "upload")
+        except BackendError as exc:
+            code, status = s3_error_code(exc) or ("", None)
+            if status in (409, 412) or code in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False
+            raise
+        return True
 
     def close(self) -> None:
         client, self._client_obj = self._client_obj, None

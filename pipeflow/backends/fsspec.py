@@ -20,12 +20,13 @@ from typing import IO, Any, TypeVar
 from pipeflow.backends._resumable import ResumableStream
 from pipeflow.backends._retry import retry_call
 from pipeflow.backends._s3config import S3Options, is_invalid_range, translate_s3_error
-from pipeflow.backends.base import Backend, scheme_of
+from pipeflow.backends.base import Backend, malformed_scheme, scheme_of
 from pipeflow.errors import (
     BackendError,
     ConfigError,
     InvalidURLError,
     ObjectNotFoundError,
+    PipeflowError,
 )
 from pipeflow.items import ObjectInfo
 
@@ -103,7 +104,12 @@ class FsspecBackend(Backend):
 
     def _fs(self, url: str) -> tuple[Any, str]:
         """The filesystem for ``url`` and the path to give it."""
-        protocol = scheme_of(url) or "file"
+        protocol = scheme_of(url)
+        if not protocol:
+            malformed = malformed_scheme(url, backend=self.name)
+            if malformed is not None:  # "s3:/b/k" is a typo, not a relative local path
+                raise malformed
+            protocol = "file"
         cache = self._client()
         fs = cache.get(protocol)
         if fs is None:
@@ -140,7 +146,7 @@ class FsspecBackend(Backend):
 
     def _error(self, exc: BaseException, url: str, op: str) -> BaseException:
         err = translate_s3_error(exc, url=url, backend=self.name, op=op)
-        if err is exc and isinstance(exc, OSError):
+        if err is exc and isinstance(exc, OSError) and not isinstance(exc, PipeflowError):
             return BackendError(f"{type(exc).__name__} (errno {exc.errno})", url=url, backend=self.name,
                                 op=op)
         return err

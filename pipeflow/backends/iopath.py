@@ -7,8 +7,12 @@ options: ``AWS_ENDPOINT_URL`` and path-style addressing then work as for every o
 iopath's own ``open`` downloads the whole object into memory before the first byte is returned;
 pipeflow uses iopath's chunked reader instead (ranged GETs of ``chunk_size`` bytes, 8 MiB by
 default), so one open stream holds at most one chunk. ``chunk_size=None`` restores the
-whole-object download. (iopath's chunked reader learns the object's size by starting a GET whose
-body it does not read, twice per open: that is iopath's cost, not pipeflow's.) Listing uses
+whole-object download. iopath's chunked reader learns the object's size with a GET of its own
+whose body it never reads; pipeflow hands the reader a client for that one open whose size
+request is the first chunk's ranged GET (the size comes from its ``Content-Range``), kept for
+the reader's first read: an object of one chunk costs one GET. Every later chunk is asked for
+``If-Match`` the first one's ETag, so an object replaced mid-read fails with
+:class:`~pipeflow.errors.ObjectChangedError` instead of mixing versions. Listing uses
 iopath's ``ls`` (one level per call) recursively; iopath reports no sizes, so listed
 ``ObjectInfo`` items have ``size=None``.
 """
@@ -16,7 +20,7 @@ iopath's ``ls`` (one level per call) recursively; iopath reports no sizes, so li
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableSequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -104,13 +108,18 @@ class IopathBackend(Backend):
                           etag=etag.strip('"') if isinstance(etag, str) else None,
                           mtime=mtime.timestamp() if mtime is not None else None)
 
-    def _open_at(self, url: str, offset: int) -> IO[bytes]:
-        parse_s3_url(url, backend=self.name, op="open")
-        manager, _ = self._client()
-        kwargs = {"read_chunk_size": self.options.chunk_size} if self.options.chunk_size else {}
+    def _open_at(self, url: str, offset: int, etag: MutableSequence[str] | None = None) -> IO[bytes]:
+        loc = parse_s3_url(url, backend=self.name, op="open")
+        manager, client = self._client()
+        chunk = self.options.chunk_size
 
         def go() -> IO[bytes]:
-            fh = manager.open(url, "rb", **kwargs)
+            if chunk is None:
+                fh = manager.open(url, "rb")
+            else:
+                from iopath.common.s3 import S3ChunkReadIO
+
+                fh = S3ChunkReadIO(_OneOpen(client, offset, chunk, etag), loc.bucket, loc.key, chunk)
             length = getattr(fh, "length", None)  # the chunked reader knows the size
             if offset and isinstance(length, int) and offset >= length:
                 fh.close()  # its reader would ask for a range past the end (416)
@@ -122,14 +131,68 @@ class IopathBackend(Backend):
         try:
             return self._run(go, url, "open")
         except BackendError as exc:
-            if offset and is_invalid_range(exc):
+            if is_invalid_range(exc):  # a range at or past the end; at 0: an empty object
                 return io.BytesIO(b"")
             raise
 
     def open(self, url: str, *, start: int = 0) -> IO[bytes]:
-        first = self._open_at(url, start)
-        return ResumableStream(lambda off: self._open_at(url, off), start=start, policy=self.options.retry,
+        etag: MutableSequence[str] = []  # the first chunk's ETag: every later one must match
+        first = self._open_at(url, start, etag)
+        return ResumableStream(lambda off: self._open_at(url, off, etag), start=start,
+                               policy=self.options.retry,
                                url=url, backend=self.name, first=first,
                                endpoint=self.options.endpoint_for(url),
                                translate=lambda exc: translate_s3_error(exc, url=url, backend=self.name,
                                                                         op="read"))
+
+
+class _OneOpen:
+    """The boto3 client as iopath's chunked reader sees it, for one open at ``offset``.
+
+    The reader's first request, a GET of the whole object whose body it never reads (it wants
+    the size), becomes the ranged GET of the chunk the reader asks for next; that response is
+    kept and handed over when the reader asks for it. Every GET carries ``If-Match`` the ETag
+    first seen (shared with the stream's later resumptions through ``etag``).
+    """
+
+    def __init__(self, client: Any, offset: int, chunk: int, etag: MutableSequence[str] | None) -> None:
+        self._client = client
+        self._offset = offset
+        self._chunk = chunk
+        self._etag = etag if etag is not None else []
+        self._first: dict[str, Any] | None = None
+
+    def get_object(self, **kwargs: Any) -> dict[str, Any]:
+        if self._etag:
+            kwargs["IfMatch"] = f'"{self._etag[0]}"'
+        if "Range" not in kwargs:  # the size request: fetch the first chunk instead
+            # the reader asks for bytes offset..offset+chunk (its range end is inclusive)
+            kwargs["Range"] = f"bytes={self._offset}-{self._offset + self._chunk}"
+            resp = self._client.get_object(**kwargs)
+            self._remember_etag(resp)
+            self._first = resp
+            return {"ContentLength": _total_size(resp)}
+        first, self._first = self._first, None
+        if first is not None and kwargs["Range"].startswith(f"bytes={self._offset}-"):
+            return first
+        if first is not None:
+            first["Body"].close()
+        resp = self._client.get_object(**kwargs)
+        self._remember_etag(resp)
+        return resp
+
+    def _remember_etag(self, resp: dict[str, Any]) -> None:
+        etag = resp.get("ETag")
+        if not self._etag and isinstance(etag, str):
+            self._etag.append(etag.strip('"'))
+
+
+def _total_size(resp: dict[str, Any]) -> int:
+    """The object's size from a ranged GET's ``Content-Range: bytes a-b/total`` (a server that
+    ignored the range sent the whole object: its length)."""
+    content_range = resp.get("ContentRange")
+    if isinstance(content_range, str) and "/" in content_range:
+        total = content_range.rsplit("/", 1)[1]
+        if total.isdigit():
+            return int(total)
+    return int(resp["ContentLength"])

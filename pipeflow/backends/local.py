@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
 
 from pipeflow._checks import check_bool, is_int
+from pipeflow._fs import create_temp
 from pipeflow._io import read_exact
 from pipeflow.backends.base import Backend, BackendOptions, local_path, scheme_of
 from pipeflow.errors import AccessDeniedError, BackendError, ConfigError, ObjectNotFoundError
 from pipeflow.items import ObjectInfo
 
 __all__ = ["LocalBackend", "LocalOptions"]
+
+#: the temporary files of uploads in progress (``.upload-{host}-{pid}-{random}``)
+_UPLOAD_PREFIX = ".upload-"
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,27 @@ class LocalBackend(Backend):
         except OSError as exc:
             raise self._error(exc, url, "read") from exc
 
+    def upload_new(self, path: str, url: str) -> bool:
+        """Publish ``path`` as ``url`` unless a file is there already (a hard link made with
+        ``O_EXCL`` semantics): True when this call wrote it, False when another writer was first."""
+        dest = local_path(url, backend=self.name, op="upload")
+        directory = os.path.dirname(dest) or "."
+        try:
+            os.makedirs(directory, exist_ok=True)
+            fd, tmp = create_temp(directory, _UPLOAD_PREFIX)  # umask applies; swept if killed
+            try:
+                with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 20)
+                os.link(tmp, dest)
+            except FileExistsError:
+                return False
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+        except OSError as exc:
+            raise self._error(exc, url, "upload") from exc
+        return True
+
     def upload(self, path: str, url: str) -> None:
         """Publish the local file ``path`` as ``url`` atomically: readers of ``url`` see the
         previous file or the whole new one, never a part (a temporary file in the same
@@ -137,10 +161,9 @@ class LocalBackend(Backend):
         directory = os.path.dirname(dest) or "."
         try:
             os.makedirs(directory, exist_ok=True)
-            # not mkstemp: its files are 0600, and a published file should get the usual
-            # permissions (0666 less the umask), like any file this process writes
-            tmp = os.path.join(directory, f".upload-{secrets.token_hex(8)}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            # the usual permissions (not mkstemp's 0600), and a name that lets the next upload
+            # into this directory remove a temporary file left by a killed process
+            fd, tmp = create_temp(directory, _UPLOAD_PREFIX)
             try:
                 with os.fdopen(fd, "wb") as out, open(path, "rb") as src:
                     shutil.copyfileobj(src, out, 1 << 20)

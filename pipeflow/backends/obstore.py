@@ -13,18 +13,18 @@ sender never stops and the reader's ``read()`` finds its bytes in hand.
 Errors: obstore raises ``FileNotFoundError`` for a missing object or bucket and typed
 ``PermissionDeniedError``/``UnauthenticatedError`` for refused credentials; those map to
 :class:`~pipeflow.errors.ObjectNotFoundError` and :class:`~pipeflow.errors.AccessDeniedError`.
-Everything else (5xx after retries, an unreachable endpoint, a refused range) is one
-``GenericError`` type, which pipeflow does not split by its message: the backend asks the store
-a structural question instead (a HEAD of the object): a range that starts at or past the end
-is an empty read, as on every backend; a HEAD refused as missing or denied gives that typed
-error; otherwise the request kept failing through object_store's retries:
-:class:`~pipeflow.errors.RetryExhaustedError` naming the endpoint.
+Everything else (a 5xx, an unreachable endpoint, a missing bucket when listing, a refused
+range) is one ``GenericError`` type, which pipeflow does not split by its message: the backend
+asks the store a structural question instead, a HEAD of the object (of the bucket, for a
+listing). A range that starts at or past the end is an empty read, as on every backend; a HEAD
+refused as missing or denied gives that typed error; otherwise the failure is transient.
 
-Retries: object_store retries 5xx, dropped connections and timeouts itself; pipeflow gives it
-the budget of the backend's :class:`~pipeflow.backends._retry.RetryPolicy` (its time budget as
-object_store's retry timeout, ``max_attempts`` when set as the cap on tries, backoff from
-``base_delay`` to ``max_delay``) and adds no loop of its own around requests. A body
-that breaks off mid-way is resumed from the byte already delivered with a ranged GET.
+Retries: object_store's own retries are off (it counts retries, and spent a budget handed to it
+as a count in seconds against a refused connection); every request runs under the backend's
+:class:`~pipeflow.backends._retry.RetryPolicy` instead, the same time budget as on every backend:
+capped, jittered backoff until the budget's deadline, and the first-contact rule for an endpoint
+that never answered. A body that breaks off mid-way is resumed from the byte already delivered
+with a ranged GET, under the same policy.
 
 Processes: obstore's Rust runtime does not survive ``fork``. A process forked after it made an
 obstore request gets a :class:`~pipeflow.errors.ConfigError` saying so instead of a hang; use
@@ -40,14 +40,14 @@ from __future__ import annotations
 import datetime as _dt
 import io
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from pipeflow._checks import check_int
 from pipeflow._pump import Pump
 from pipeflow.backends._resumable import ResumableStream
-from pipeflow.backends._retry import is_transient
+from pipeflow.backends._retry import is_transient, mark_answered, retry_call
 from pipeflow.backends._s3config import S3Options
 from pipeflow.backends.base import Backend, S3Location, parse_s3_url
 from pipeflow.errors import (
@@ -55,7 +55,6 @@ from pipeflow.errors import (
     ConfigError,
     ObjectNotFoundError,
     PipeflowError,
-    RetryExhaustedError,
 )
 from pipeflow.items import ObjectInfo
 
@@ -63,6 +62,8 @@ __all__ = ["ObstoreBackend", "ObstoreOptions", "usable_here"]
 
 #: the process whose obstore runtime is live (the Rust runtime's threads do not survive a fork)
 _runtime_pid: int | None = None
+
+T = TypeVar("T")
 
 #: object_store's total-request timeout is meant for small requests; a stream must outlive it
 _REQUEST_LIFETIME = _dt.timedelta(days=7)
@@ -163,14 +164,8 @@ class ObstoreBackend(Backend):
         if opts.timeout is not None:
             client.update(connect_timeout=_seconds(opts.connect_timeout or 0),
                           read_timeout=_seconds(opts.read_timeout or 0))
-        policy = opts.retry
-        # object_store counts tries and time itself: the budget is its retry_timeout; the
-        # attempt count only caps it (max_attempts when set)
-        retry = {"max_retries": policy.sdk_attempts() - 1,
-                 "retry_timeout": (_seconds(policy.budget) if policy.budget is not None
-                                   else _REQUEST_LIFETIME),
-                 "backoff": {"init_backoff": _seconds(max(policy.base_delay, 0.001)),
-                             "max_backoff": _seconds(max(policy.max_delay, 0.001)), "base": 2}}
+        # pipeflow's RetryPolicy is the only retry layer (one try per object_store request)
+        retry = {"max_retries": 0, "retry_timeout": _REQUEST_LIFETIME}
         return S3Store(bucket, config=config, client_options=client, retry_config=retry)
 
     # ---- errors ----------------------------------------------------------------------------
@@ -189,32 +184,55 @@ class ObstoreBackend(Backend):
             return None
         return exc
 
-    def _error(self, exc: BaseException, loc: S3Location, url: str, op: str) -> BaseException:
+    def _final(self, exc: BaseException, loc: S3Location, url: str, op: str) -> BaseException | None:
+        """The typed, final error for ``exc``; None when it is transient (to be retried).
+
+        obstore's generic error is split by a HEAD of the object (of the bucket, ``""``, for a
+        listing): a HEAD refused as missing or denied is that error; a HEAD that fails too, or
+        succeeds (the store answers: one request failed), leaves the failure transient.
+        """
         typed = self._typed(exc, url, op)
         if typed is not None:
-            return typed
+            return typed if self._is_final(typed) else None
         import obstore
 
-        # the generic error, after object_store's own retries: a missing or refused object
-        # shows in a HEAD; otherwise the request kept failing
         try:
-            obstore.head(self._store(loc.bucket), loc.key)
+            obstore.head(self._store(loc.bucket), "" if op == "list" else loc.key)
         except Exception as probe:
             typed = self._typed(probe, url, op)
-            if typed is not None:
+            if typed is not None and self._is_final(typed):
+                mark_answered(self.options.endpoint_label())
                 return typed
-        endpoint = self.options.resolved_endpoint() or "the AWS S3 endpoint"
-        policy = self.options.retry
-        limit = (f"{policy.budget:g} s retry budget" if policy.budget is not None
-                 else f"{policy.max_attempts} attempts")
-        return RetryExhaustedError(f"gave up after the {limit} at {endpoint}", url=url,
-                                   backend=self.name, op=op)
+            return None
+        mark_answered(self.options.endpoint_label())
+        return None
 
-    def _raise(self, exc: BaseException, loc: S3Location, url: str, op: str) -> None:
-        err = self._error(exc, loc, url, op)
-        if err is exc:
-            raise exc
-        raise err from exc
+    @staticmethod
+    def _is_final(err: BaseException) -> bool:
+        return isinstance(err, PipeflowError) or not is_transient(err)
+
+    def _call(self, fn: Callable[[], T], loc: S3Location, url: str, op: str) -> T:
+        """Run one request under the retry policy; typed errors on failure."""
+
+        def attempt() -> T:
+            try:
+                return fn()
+            except Exception as exc:
+                final = self._final(exc, loc, url, op)
+                if final is None or final is exc:
+                    raise
+                raise final from exc
+
+        return retry_call(attempt, policy=self.options.retry, url=url, backend=self.name, op=op,
+                          endpoint=self.options.endpoint_label(), classify=self._transient)
+
+    @staticmethod
+    def _transient(exc: BaseException) -> bool:
+        from obstore.exceptions import BaseError
+
+        if isinstance(exc, PipeflowError):
+            return False
+        return isinstance(exc, BaseError) or is_transient(exc)
 
     # ---- writing ---------------------------------------------------------------------------
     def upload(self, path: str, url: str) -> None:
@@ -226,17 +244,20 @@ class ObstoreBackend(Backend):
         import obstore
 
         loc = parse_s3_url(url, backend=self.name, op="upload")
-        try:
-            obstore.put(self._store(loc.bucket), loc.key, pathlib.Path(path))
-        except Exception as exc:
-            # no HEAD probe as for reads: the object is not expected to exist yet; obstore's
-            # generic error comes after its own retries
-            err = self._typed(exc, url, "upload") or RetryExhaustedError(
-                f"the upload kept failing at {self.options.resolved_endpoint() or 'the AWS S3 endpoint'}",
-                url=url, backend=self.name, op="upload")
-            if err is exc:
-                raise
-            raise err from exc
+
+        def put() -> None:
+            # no HEAD probe as for reads (the object is not expected to exist yet): a missing
+            # bucket or refused credentials are typed by obstore; its generic error is retried
+            try:
+                obstore.put(self._store(loc.bucket), loc.key, pathlib.Path(path))
+            except Exception as exc:
+                typed = self._typed(exc, url, "upload")
+                if typed is None or typed is exc:
+                    raise
+                raise typed from exc
+
+        retry_call(put, policy=self.options.retry, url=url, backend=self.name, op="upload",
+                   endpoint=self.options.endpoint_label(), classify=self._transient)
 
     # ---- listing ---------------------------------------------------------------------------
     def list(self, url: str) -> Iterator[ObjectInfo]:
@@ -246,15 +267,29 @@ class ObstoreBackend(Backend):
         # object_store lists whole path segments ("data/sam" means "data/sam/"): list the
         # enclosing segment and keep the keys that start with the prefix
         parent = loc.key.rpartition("/")[0]
-        try:
+        store = self._store(loc.bucket)
+        pages: list[Iterator[Any]] = []  # the listing stream, dropped when it fails
+        last: list[str] = []  # the last key seen: a failed listing restarts after it
+
+        def page() -> Any:
+            if not pages:
+                pages.append(iter(obstore.list(store, parent or None, offset=last[-1] if last else None,
+                                               chunk_size=self.options.page_size)))
+            try:
+                return next(pages[0], None)
+            except BaseException:
+                pages.clear()
+                raise
+
+        while True:
+            batch = self._call(page, loc, url, "list")
+            if batch is None:
+                return
             # S3 returns keys in UTF-8 byte order, which is code point order: already sorted
-            for batch in obstore.list(self._store(loc.bucket), parent or None,
-                                      chunk_size=self.options.page_size):
-                for meta in batch:
-                    if meta["path"].startswith(loc.key):
-                        yield _object_info(loc.bucket, meta)
-        except Exception as exc:
-            self._raise(exc, loc, url, "list")
+            for meta in batch:
+                last[:] = [meta["path"]]
+                if meta["path"].startswith(loc.key):
+                    yield _object_info(loc.bucket, meta)
 
     def list_before_fork(self, url: str) -> Iterator[ObjectInfo]:
         if _runtime_pid == os.getpid():
@@ -267,10 +302,7 @@ class ObstoreBackend(Backend):
         import obstore
 
         loc = parse_s3_url(url, backend=self.name, op="info")
-        try:
-            meta = obstore.head(self._store(loc.bucket), loc.key)
-        except Exception as exc:
-            self._raise(exc, loc, url, "info")
+        meta = self._call(lambda: obstore.head(self._store(loc.bucket), loc.key), loc, url, "info")
         return _object_info(loc.bucket, meta, url)
 
     # ---- reading ---------------------------------------------------------------------------
@@ -282,15 +314,18 @@ class ObstoreBackend(Backend):
             options["range"] = (start, end)
         elif start:
             options["range"] = {"offset": start}
-        try:
-            result = obstore.get(self._store(loc.bucket), loc.key, options=options or None)
-        except Exception as exc:
-            if start and self._typed(exc, url, "open") is None and self._past_end(loc, start):
-                return io.BytesIO(b"")  # a range starting at or past the end (S3 answers 416)
-            err = self._error(exc, loc, url, "open")
-            if err is exc:
+
+        def get() -> Any:
+            try:
+                return obstore.get(self._store(loc.bucket), loc.key, options=options or None)
+            except Exception as exc:
+                if start and self._typed(exc, url, "open") is None and self._past_end(loc, start):
+                    return None  # a range starting at or past the end (S3 answers 416)
                 raise
-            raise err from exc
+
+        result = self._call(get, loc, url, "open")
+        if result is None:
+            return io.BytesIO(b"")
         body = _Body(iter(result.stream(min_chunk_size=self.options.chunk_size)),
                      ahead=self.options.read_ahead)
         # the first piece is pulled here, on the thread that opens the object: a stream opened

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import ConfigError, InvalidURLError, MissingDependencyError, UnknownBackendError
 from ._optional import installed
-from .base import Backend, scheme_of
+from .base import REMOTE_SCHEMES, Backend, malformed_scheme, scheme_of
 
 __all__ = [
     "BackendSpec",
@@ -146,17 +146,11 @@ def backend_class(name: str) -> type[Backend]:
     return cls
 
 
-#: schemes that only ever name remote stores; "s3:/x" is a typo for "s3://x", never a local path
-_REMOTE_SCHEMES = frozenset({"s3", "gs", "gcs", "az", "abfs", "abfss", "http", "https", "hf"})
-
-
 def _refuse_malformed_scheme(url: str) -> None:
-    head, sep, rest = url.partition(":")
-    scheme = head.lower()
-    if sep and (scheme in _REMOTE_SCHEMES or (scheme not in ("", "file") and scheme in _scheme_default)):
-        fixed = f"{head}://{rest.lstrip('/')}"
-        raise InvalidURLError(f"malformed URL: the scheme {head!r} must be followed by '://' "
-                              f"(did you mean {fixed!r}?)", url=url)
+    known = REMOTE_SCHEMES | {s for s in _scheme_default if s not in ("", "file")}
+    malformed = malformed_scheme(url, schemes=known)
+    if malformed is not None:
+        raise malformed
 
 
 def backend_for_url(url: str) -> str:

@@ -12,20 +12,24 @@ An object that fits in one range costs one GET, as before; nothing sends a HEAD.
 Errors: the CRT's exception carries no attributes, only its rendered text, in which the binding
 places machine-readable codes: the CRT's symbolic error code (``AWS_IO_SOCKET_CONNECTION_REFUSED``),
 the HTTP status (``response_status: 503``), the S3 error code of the response body
-(``<Code>SlowDown</Code>``) and the kind of client error (``Forbidden``, no signing credentials, throttled).
-Pipeflow reads those codes (never the prose around them) and maps them as the other S3 backends
-do: 403 and missing credentials to :class:`~pipeflow.errors.AccessDeniedError`; an unreachable
-endpoint, 5xx, 429 and throttling codes, already retried by the CRT, to
-:class:`~pipeflow.errors.RetryExhaustedError` naming the endpoint. A missing key or bucket is
-reported by the CRT without any code, so for those the backend asks the store a structural
-question: it lists the key's prefix; if the bucket lists but the key is absent, the error is
-:class:`~pipeflow.errors.ObjectNotFoundError`.
+(``<Code>SlowDown</Code>``) and the kind of error, one of a fixed set the binding renders
+(``Forbidden``, no signing credentials, throttled; "the bucket does not exist", "the key does not
+exist", "the object was not found"). Pipeflow reads those codes (never the prose around them)
+and maps them as the other S3 backends do: 403 and missing credentials to
+:class:`~pipeflow.errors.AccessDeniedError`; a missing bucket or key to
+:class:`~pipeflow.errors.ObjectNotFoundError` (listing and open alike); an unreachable endpoint,
+5xx, 429 and throttling codes are transient. A failure that carries no code at all is settled
+structurally: the backend lists the key's prefix; if the bucket lists but the key is absent,
+the error is :class:`~pipeflow.errors.ObjectNotFoundError`.
 
-Retries: the CRT classifies and retries failed *requests* itself, with the budget of the
-backend's :class:`~pipeflow.backends._retry.RetryPolicy`: ``crt_max_attempts`` defaults to the
-attempt count that spends the policy's time budget under the CRT's own backoff (the CRT takes a
-count, not a duration). Pipeflow adds no loop around requests; it only resumes a body that breaks
-off or stalls mid-way, with a ranged GET from the byte already delivered.
+Retries: the CRT makes as few attempts per request as it can (``crt_max_attempts``, default 2:
+the binding reads 1 as "the CRT's default", which is 4; the CRT counts attempts, not time);
+every request runs under the backend's
+:class:`~pipeflow.backends._retry.RetryPolicy`, the same time budget as on every backend, with the
+first-contact rule for an endpoint that never answered. A body that breaks off or stalls
+mid-way is resumed with a ranged GET from the byte already delivered; each range after the
+first must carry the ETag of the first (else :class:`~pipeflow.errors.ObjectChangedError`: an
+object replaced mid-read would otherwise mix two versions).
 
 Timeouts: ``S3ClientConfig`` has no read timeout, so pipeflow bounds a stalled body itself: a
 stream that receives no bytes for the read part of ``timeout`` (default 30 s) raises a transient
@@ -41,33 +45,42 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, TypeVar
 
 from pipeflow._checks import check_int, is_int
 from pipeflow.backends._ranged import RangedBody
 from pipeflow.backends._resumable import ResumableStream
-from pipeflow.backends._retry import TRANSIENT_CODES, is_transient, retry_call
+from pipeflow.backends._retry import TRANSIENT_CODES, is_transient, mark_answered, retry_call
 from pipeflow.backends._s3config import S3Options, error_for_status
 from pipeflow.backends.base import Backend, S3Location, parse_s3_url
 from pipeflow.errors import (
     AccessDeniedError,
     BackendError,
     ConfigError,
+    ObjectChangedError,
     ObjectNotFoundError,
     PipeflowError,
-    RetryExhaustedError,
 )
 from pipeflow.items import ObjectInfo
 
 __all__ = ["S3TorchConnectorBackend", "S3TorchConnectorOptions", "crt_error_codes"]
 
+T = TypeVar("T")
+
+#: the fewest attempts per request the CRT binding accepts (it reads 1 as its default, 4)
+_CRT_FEWEST_ATTEMPTS = 2
+
 # the codes the binding renders into its exception (see the module docstring)
 _CRT_NAME = re.compile(r"\b(AWS_(?:IO|ERROR)_[A-Z0-9_]+)\b")
 _HTTP_STATUS = re.compile(r"\bresponse_status: (\d{3})\b")
 _S3_CODE = re.compile(r"<Code>([A-Za-z0-9.]+)</Code>")
-_KIND = re.compile(r"^(?:Client|Service) error: (Forbidden|No signing credentials|Request throttled)\b")
+_KIND = re.compile(r"^(?:Client|Service) error: (Forbidden|No signing credentials|Request throttled"
+                   r"|The bucket does not exist|The key does not exist|The object was not found)\b")
+#: kinds of error (see ``_KIND``) that mean the bucket or the key does not exist
+_MISSING_KINDS = frozenset({"The bucket does not exist", "The key does not exist",
+                            "The object was not found"})
 
 #: CRT error codes meaning the endpoint could not be reached or the connection broke
 UNREACHABLE_CRT_CODES = frozenset({
@@ -108,8 +121,10 @@ class S3TorchConnectorOptions(S3Options):
         range_size: bytes per ranged GET of a sequential stream (None: ``part_size``); one open
             stream holds at most two ranges.
         throughput_target_gbps: the CRT's throughput target.
-        crt_max_attempts: attempts the CRT makes per request for retryable errors; None (the
-            default) derives an attempt count from the retry budget, so there is one budget.
+        crt_max_attempts: attempts the CRT makes per request for retryable errors, inside each
+            attempt of the retry policy; None (the default): 2, the fewest the binding accepts
+            (it reads 1 as its own default, 4), so the policy's time budget is the one that
+            counts.
     """
 
     reader: Literal["sequential", "range_based"] = "sequential"
@@ -134,12 +149,8 @@ class S3TorchConnectorOptions(S3Options):
 
     @property
     def effective_crt_attempts(self) -> int:
-        """The attempts the CRT makes per request: ``crt_max_attempts``, else derived from the policy."""
-        if self.crt_max_attempts is not None:
-            return self.crt_max_attempts
-        # the CRT's own backoff (full jitter, 0.5 s scale, 20 s cap, as measured) turns the
-        # policy's time budget into an attempt count
-        return self.retry.sdk_attempts(sdk_base_delay=0.5, sdk_max_delay=20.0)
+        """The attempts the CRT makes per request: ``crt_max_attempts``, else 2 (the policy retries)."""
+        return self.crt_max_attempts if self.crt_max_attempts is not None else _CRT_FEWEST_ATTEMPTS
 
     @property
     def effective_range_size(self) -> int:
@@ -188,30 +199,39 @@ class S3TorchConnectorBackend(Backend):
             return None
         return None
 
-    def _by_code(self, exc: BaseException, url: str, op: str) -> BackendError | None:
-        """The typed error the CRT's codes name, None when they name none."""
+    def _transient(self, exc: BaseException) -> bool:
+        """Whether a failure is worth another attempt: a stall, or CRT codes that say the
+        endpoint could not be reached or asked to slow down (5xx, 429, throttling)."""
+        if isinstance(exc, PipeflowError):
+            return False
+        if not self._is_sdk_error(exc):
+            return is_transient(exc)
         codes = crt_error_codes(exc)
-        endpoint = self.options.resolved_endpoint() or "the AWS S3 endpoint"
-        attempts = self.options.effective_crt_attempts
+        status = codes.status
+        if status is not None or codes.s3:
+            mark_answered(self.options.endpoint_label())  # an error response is an answer too
+        return bool(codes.crt & UNREACHABLE_CRT_CODES or codes.kind == "Request throttled"
+                    or codes.s3 in TRANSIENT_CODES
+                    or (status is not None and (status >= 500 or status == 429)))
+
+    def _by_code(self, exc: BaseException, url: str, op: str) -> BackendError | None:
+        """The typed, final error the CRT's codes name, None when they name none (or a transient one)."""
+        codes = crt_error_codes(exc)
         if codes.kind in ("Forbidden", "No signing credentials"):
             what = "no usable credentials found" if codes.kind != "Forbidden" else "access denied (403)"
             return AccessDeniedError(what, url=url, backend=self.name, op=op)
-        unreachable = sorted(codes.crt & UNREACHABLE_CRT_CODES)
-        if unreachable:
-            return RetryExhaustedError(f"gave up after {attempts} attempts to reach {endpoint}: "
-                                       f"{unreachable[0]}", url=url, backend=self.name, op=op)
-        status = codes.status
-        if (codes.kind == "Request throttled" or codes.s3 in TRANSIENT_CODES
-                or (status is not None and (status >= 500 or status == 429))):
-            cause = codes.s3 or status or "throttled"
-            return RetryExhaustedError(f"gave up after {attempts} attempts at {endpoint}: {cause}",
-                                       url=url, backend=self.name, op=op)
-        if status is not None or codes.s3:
-            return error_for_status(status, codes.s3, url=url, backend=self.name, op=op)
+        if codes.kind in _MISSING_KINDS:
+            return ObjectNotFoundError(f"no such object or bucket ({codes.kind.lower()})", url=url,
+                                       backend=self.name, op=op)
+        if self._transient(exc):
+            return None
+        if codes.status is not None or codes.s3:
+            return error_for_status(codes.status, codes.s3, url=url, backend=self.name, op=op)
         return None
 
     def _error(self, exc: BaseException, loc: S3Location, url: str, op: str) -> BaseException:
-        if isinstance(exc, PipeflowError) or not self._is_sdk_error(exc):
+        """The typed error for a failure; transient failures are returned unchanged."""
+        if isinstance(exc, PipeflowError) or not self._is_sdk_error(exc) or self._transient(exc):
             return exc
         typed = self._by_code(exc, url, op)
         if typed is not None:
@@ -225,49 +245,63 @@ class S3TorchConnectorBackend(Backend):
             return ObjectNotFoundError("no such object", url=url, backend=self.name, op=op)
         return BackendError("S3 request failed", url=url, backend=self.name, op=op)
 
-    def _raise(self, exc: BaseException, loc: S3Location, url: str, op: str) -> None:
-        err = self._error(exc, loc, url, op)
-        if err is exc:
-            raise exc
-        raise err from exc
+    def _call(self, fn: Callable[[], T], loc: S3Location, url: str, op: str) -> T:
+        """Run one request under the retry policy; typed errors on failure."""
+
+        def attempt() -> T:
+            try:
+                return fn()
+            except Exception as exc:
+                err = self._error(exc, loc, url, op)
+                if err is exc:
+                    raise
+                raise err from exc
+
+        return retry_call(attempt, policy=self.options.retry, url=url, backend=self.name, op=op,
+                          endpoint=self.options.endpoint_label(), classify=self._transient)
 
     # ---- listing ---------------------------------------------------------------------------
     def list(self, url: str) -> Iterator[ObjectInfo]:
         loc = parse_s3_url(url, backend=self.name, op="list")
-        try:
-            pages = iter(self._client().list_objects(loc.bucket, loc.key, "", 1000))
-            while True:
-                try:
-                    page = next(pages)
-                except StopIteration:
-                    return
-                for obj in page.object_info:  # keys arrive in S3's (sorted) order
-                    yield _object_info(loc.bucket, obj)
-        except Exception as exc:
-            if not self._is_sdk_error(exc):
+        after = ""  # the last key yielded: a failed page restarts the listing after it
+        pages: list[Iterator[Any]] = []
+
+        def page() -> Any:
+            if not pages:
+                pages.append(iter(self._client().list_objects(loc.bucket, loc.key, "", 1000)))
+            try:
+                return next(pages[0], None)
+            except BaseException:
+                pages.clear()
                 raise
-            typed = self._by_code(exc, url, "list")
-            raise typed or BackendError("listing failed (missing bucket or no access)", url=url,
-                                        backend=self.name, op="list") from exc
+
+        while True:
+            batch = self._call(page, loc, url, "list")
+            if batch is None:
+                return
+            for obj in batch.object_info:  # keys arrive in S3's (sorted) order
+                if obj.key > after:
+                    after = obj.key
+                    yield _object_info(loc.bucket, obj)
 
     def info(self, url: str) -> ObjectInfo:
         loc = parse_s3_url(url, backend=self.name, op="info")
-        try:
-            head = self._client().head_object(loc.bucket, loc.key)
-        except Exception as exc:
-            self._raise(exc, loc, url, "info")
+        head = self._call(lambda: self._client().head_object(loc.bucket, loc.key), loc, url, "info")
         return ObjectInfo(url=url, size=int(head.size), etag=_etag(head.etag),
                           mtime=float(head.last_modified))
 
     # ---- reading ---------------------------------------------------------------------------
-    def _ranged(self, loc: S3Location, url: str, start: int, end: int | None) -> IO[bytes]:
-        """A bounded stream of ``[start, end)``: ranged GETs of one range at a time."""
+    def _ranged(self, loc: S3Location, url: str, start: int, end: int | None,
+                version: _Version | None = None, resumed: bool = False) -> IO[bytes]:
+        """A bounded stream of ``[start, end)``: ranged GETs of one range at a time, each after
+        the first checked against the object's ETag (``version``)."""
         client = self._client()
         body = RangedBody(
             lambda lo, hi: client._get_object_stream(loc.bucket, loc.key, lo, hi),
             start=start, end=end, range_size=self.options.effective_range_size,
             read_timeout=self.options.read_timeout, is_past_end=_is_past_end,
-            on_request_error=lambda exc: self._error(exc, loc, url, "open"))
+            on_request_error=lambda exc: self._error(exc, loc, url, "open"),
+            check=version.check if version is not None else None, check_first=resumed)
         try:
             body.wait_first()  # a missing object fails at open, as on every backend
         except BaseException:
@@ -275,30 +309,24 @@ class S3TorchConnectorBackend(Backend):
             raise
         return body  # type: ignore[return-value]
 
-    def _first_range(self, loc: S3Location, url: str, start: int, end: int | None) -> IO[bytes]:
-        """The first range, its stalls retried under the policy (the CRT has no read timeout)."""
-        try:
-            return retry_call(lambda: self._ranged(loc, url, start, end), policy=self.options.retry,
-                              url=url, backend=self.name, op="open",
-                              classify=lambda exc: isinstance(exc, TimeoutError))
-        except RetryExhaustedError as exc:
-            if not isinstance(exc.__cause__, TimeoutError):
-                raise  # typed by the CRT's codes, already naming the endpoint
-            endpoint = self.options.resolved_endpoint() or "the AWS S3 endpoint"
-            raise RetryExhaustedError(f"{exc.message} at {endpoint}", url=url, backend=self.name,
-                                      op="open") from exc.__cause__
+    def _first_range(self, loc: S3Location, url: str, start: int, end: int | None,
+                     version: _Version | None = None, resumed: bool = False) -> IO[bytes]:
+        """The first range, retried under the policy (failures, and stalls: the CRT has no read
+        timeout)."""
+        return self._call(lambda: self._ranged(loc, url, start, end, version, resumed), loc, url,
+                          "open")
 
     def _reader(self, loc: S3Location, url: str) -> IO[bytes]:
         from s3torchconnector import S3ReaderConstructor
 
-        try:
+        def first() -> IO[bytes]:
             reader = self._client().get_object(loc.bucket, loc.key,
                                                reader_constructor=S3ReaderConstructor.range_based())
             reader.seek(0)
             reader.read(0)
-        except Exception as exc:
-            self._raise(exc, loc, url, "open")
-        return reader
+            return reader
+
+        return self._call(first, loc, url, "open")
 
     def _stream(self, url: str, start: int, end: int | None) -> IO[bytes]:
         loc = parse_s3_url(url, backend=self.name, op="open")
@@ -306,18 +334,22 @@ class S3TorchConnectorBackend(Backend):
             self.info(url)
             return io.BytesIO(b"")
         ranged = self.options.reader == "range_based" and not start and end is None
-        first = self._reader(loc, url) if ranged else self._first_range(loc, url, start, end)
+        version = _Version(lambda: self._client().head_object(loc.bucket, loc.key), url, self.name)
+        first = (self._reader(loc, url) if ranged
+                 else self._first_range(loc, url, start, end, version))
 
         def reopen(offset: int) -> IO[bytes]:
-            return self._ranged(loc, url, offset, end)
+            return self._first_range(loc, url, offset, end, version, resumed=True)
 
         def classify(exc: BaseException) -> bool:
-            # the CRT has already retried its requests; a body failing or stalling mid-way is
-            # resumed (the reopen's own request failures are typed, hence final)
-            return is_transient(exc) or self._is_sdk_error(exc)
+            # a body failing or stalling mid-way is resumed; a reopen that kept failing past
+            # the budget is typed, hence final
+            return self._transient(exc)
 
         return ResumableStream(reopen, start=start, size=None, policy=self.options.retry, url=url,
-                               backend=self.name, first=first, classify=classify)
+                               backend=self.name, first=first, classify=classify,
+                               endpoint=self.options.endpoint_label(),
+                               translate=lambda exc: self._error(exc, loc, url, "read"))
 
     def open(self, url: str, *, start: int = 0) -> IO[bytes]:
         return self._stream(url, start, None)
@@ -328,6 +360,26 @@ class S3TorchConnectorBackend(Backend):
             raise ConfigError(f"read({url!r}): start/end must be non-negative (backend={self.name})")
         with self._stream(url, lo, end) as stream:
             return stream.read()
+
+
+class _Version:
+    """The ETag of the object a stream reads, fixed by the first check: the CRT's GET stream
+    carries none, so a HEAD before each range after the first (and after the last) compares."""
+
+    def __init__(self, head: Callable[[], Any], url: str, backend: str) -> None:
+        self._head = head
+        self._url = url
+        self._backend = backend
+        self.etag: str | None = None
+
+    def check(self) -> None:
+        etag = _etag(self._head().etag)
+        if self.etag is None:
+            self.etag = etag
+        elif etag != self.etag:
+            raise ObjectChangedError(f"the object changed while it was read (ETag {self.etag} became "
+                                     f"{etag}): read it again", url=self._url, backend=self._backend,
+                                     op="read")
 
 
 def _etag(value: Any) -> str | None:

@@ -1,18 +1,24 @@
 """``list_objects``: a source of :class:`~pipeflow.items.ObjectInfo` items under a prefix.
 
-Listing happens **once**, where the pipeline is written, never in every DataLoader worker:
+Listing happens **once per job**, where the pipeline is written, never in every rank or
+DataLoader worker:
 
-* without a manifest, :func:`pipeflow.list_objects` lists eagerly when it is called, and the
-  sorted result travels inside the pipeline description to every rank and worker (pickled with
-  it); automatic sharding (:func:`pipeflow.graph.build`) then gives each worker its share;
-* with ``manifest="path.jsonl"``, the first call lists and writes the manifest (JSON lines:
-  ``url``, ``size``, ``etag``, ``mtime`` after a header line naming the listed URL and pattern);
-  later calls, and every worker, read the file instead of the store. The pipeline carries only
-  the path, which is what keeps a million-object listing cheap to ship to workers. Delete the
-  file to list again.
+* under ``torchrun`` with an initialised process group, rank 0 lists and every other rank
+  receives the listing from it (:mod:`pipeflow.stages._onejob`); without a process group each
+  process lists on its own;
+* the store is listed as several chains of pages at once where the backend allows it
+  (:mod:`pipeflow.backends.parallel_list`);
+* a large listing (:data:`pipeflow.keytable.SHARE_MIN` objects or more) is held in a
+  :class:`~pipeflow.keytable.KeyTable`, a memory-mapped file every worker of the node shares and
+  that pickles as a reference; a small one travels inside the pipeline description;
+* with ``manifest=`` (a local path or an ``s3://`` URL), the first job writes the listing there
+  in the pipeflow index format (``docs/scale.md``), written once (a conditional write), and later
+  jobs read it instead of the store; a reader checks the format version, the URL and pattern it
+  was made for, and its checksum. A manifest whose name ends in ``.jsonl`` is written and read in
+  the older JSON-lines format (slower to read, kept for existing files). Delete it to list again.
 
 The order is deterministic (sorted by URL), so every rank sees the same list and shards agree.
-The state is the index of the next object.
+The state is the index of the next object. ``len(lister)`` and ``lister[i]`` give random access.
 """
 
 from __future__ import annotations
@@ -22,20 +28,28 @@ import fnmatch
 import json
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .._braces import expand_braces, has_braces, literal_prefix
 from ..backends._optional import installed
-from ..backends.base import Backend
+from ..backends.base import Backend, Publisher, local_path, scheme_of
+from ..backends.parallel_list import list_parallel
 from ..backends.registry import backend_for_url, get_backend
 from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError
 from ..items import ObjectInfo
+from ..keytable import SHARE_MIN, KeyTable, is_index_file, keys_dir, new_table_file, write_index
+from ._onejob import on_lead
 from .base import Stage
 
-__all__ = ["ObjectLister", "default_backend", "list_now", "read_manifest", "write_manifest"]
+__all__ = ["LIST_THREADS", "ObjectLister", "default_backend", "list_now", "obtain_listing",
+           "read_manifest", "write_manifest"]
 
 MANIFEST_VERSION = 1
+#: list requests in flight when the backend can list ranges concurrently
+LIST_THREADS = 8
+
+Objects = Sequence[ObjectInfo]
 
 
 def _relative(url: str, prefix: str) -> str:
@@ -83,7 +97,7 @@ def _listed(be: Backend, url: str, base: str) -> list[ObjectInfo]:
 
 
 def list_now(url: str, *, pattern: str | None = None, backend: str | Backend | None = None,
-             **options: Any) -> list[ObjectInfo]:
+             threads: int = LIST_THREADS, **options: Any) -> list[ObjectInfo]:
     """List ``url`` with a backend and filter by ``pattern`` (a glob on the part after ``url``).
 
     Raises:
@@ -91,7 +105,12 @@ def list_now(url: str, *, pattern: str | None = None, backend: str | Backend | N
     """
     be = get_backend(backend if backend is not None else default_backend(url), **options)
     base = literal_prefix(url) if has_braces(url) else url
-    infos = [i for i in _listed(be, url, base)
+    listed: Iterable[ObjectInfo]
+    if base == url and be.pages_from_any_key and url.endswith("/"):
+        listed = list_parallel(be, url, concurrency=threads).objects
+    else:
+        listed = _listed(be, url, base)
+    infos = [i for i in listed
              if pattern is None or fnmatch.fnmatchcase(_relative(i.url, base), pattern)]
     infos.sort(key=lambda i: i.url)  # backends list sorted already; make it a guarantee
     if not infos:
@@ -100,18 +119,23 @@ def list_now(url: str, *, pattern: str | None = None, backend: str | Backend | N
     return infos
 
 
+def _held(infos: list[ObjectInfo], url: str, pattern: str | None) -> Objects:
+    """A listing as the pipeline description holds it: a shared table when it is large."""
+    if len(infos) >= SHARE_MIN:
+        return KeyTable.build(infos, url=url, pattern=pattern,
+                              base=url if all(i.url.startswith(url) for i in infos) else None)
+    return tuple(infos)
+
+
+# ---- the JSON-lines manifest (the older format) --------------------------------------------------
 def write_manifest(path: str, url: str, pattern: str | None, infos: Sequence[ObjectInfo]) -> None:
-    """Write a listing atomically (a temporary file renamed into place)."""
+    """Write a listing as JSON lines, atomically (a temporary file renamed into place)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".manifest-", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            header = {"pipeflow_manifest": MANIFEST_VERSION, "url": url, "pattern": pattern}
-            fh.write(json.dumps(header) + "\n")
-            for info in infos:
-                fh.write(json.dumps({"url": info.url, "size": info.size, "etag": info.etag,
-                                     "mtime": info.mtime}, ensure_ascii=False) + "\n")
+            _write_jsonl(fh, url, pattern, infos)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -119,8 +143,16 @@ def write_manifest(path: str, url: str, pattern: str | None, infos: Sequence[Obj
         raise
 
 
+def _write_jsonl(fh: Any, url: str, pattern: str | None, infos: Iterable[ObjectInfo]) -> None:
+    header = {"pipeflow_manifest": MANIFEST_VERSION, "url": url, "pattern": pattern}
+    fh.write(json.dumps(header) + "\n")
+    for info in infos:
+        fh.write(json.dumps({"url": info.url, "size": info.size, "etag": info.etag,
+                             "mtime": info.mtime}, ensure_ascii=False) + "\n")
+
+
 def read_manifest(path: str, url: str | None = None, pattern: str | None = None) -> list[ObjectInfo]:
-    """Read a manifest written by :func:`write_manifest`.
+    """Read a JSON-lines manifest written by :func:`write_manifest`.
 
     Raises:
         ConfigError: the manifest was written for a different ``url``/``pattern``.
@@ -144,8 +176,136 @@ def read_manifest(path: str, url: str | None = None, pattern: str | None = None)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             if isinstance(exc, ConfigError):
                 raise
-            raise CorruptDataError(f"unreadable manifest: {exc}", key=path) from exc
+            raise CorruptDataError(f"unreadable manifest (rebuild it with 'pipeflow index'): {exc}",
+                                   key=path) from exc
     return infos
+
+
+# ---- manifests in either format, local or in the store ------------------------------------------
+def _manifest_backend(manifest: str, url: str, backend: str | Backend | None,
+                      options: dict[str, Any]) -> Backend:
+    """The backend that reads and writes ``manifest``: the listing's own when the schemes match."""
+    if scheme_of(manifest) == scheme_of(url):
+        return get_backend(backend, url=manifest, **options)
+    return get_backend(None, url=manifest)
+
+
+def _is_remote(manifest: str) -> bool:
+    return scheme_of(manifest) not in ("", "file")
+
+
+def _local(manifest: str) -> str:
+    return local_path(manifest)
+
+
+def manifest_exists(manifest: str, be: Backend) -> bool:
+    if not _is_remote(manifest):
+        return os.path.exists(_local(manifest))
+    try:
+        be.info(manifest)
+    except ObjectNotFoundError:
+        return False
+    return True
+
+
+def read_listing(manifest: str, be: Backend, url: str, pattern: str | None) -> Objects:
+    """The listing in ``manifest`` (either format), checked against ``url`` and ``pattern``.
+
+    A local index is mapped where it is; one in the store is downloaded once per process into
+    a file of this process (removed at exit) and mapped there.
+    """
+    if not _is_remote(manifest):
+        return _open_local(_local(manifest), url, pattern, owned=False)
+    tmp = _download(manifest, be)
+    try:
+        return _open_local(tmp, url, pattern, owned=True)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _open_local(path: str, url: str, pattern: str | None, *, owned: bool) -> Objects:
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+    if is_index_file(head):
+        table = KeyTable(path, owned=owned)
+        table.check_source(url, pattern)
+        return table
+    if head[:1] == b"{":
+        held = _held(read_manifest(path, url, pattern), url, pattern)
+        if owned:
+            os.unlink(path)
+        return held
+    raise CorruptDataError("not a pipeflow manifest or index (rebuild it with 'pipeflow index')",
+                           key=path)
+
+
+def _download(manifest: str, be: Backend) -> str:
+    fd, tmp = new_table_file()
+    try:
+        with os.fdopen(fd, "wb") as out, be.open(manifest) as body:
+            while chunk := body.read(1 << 20):
+                out.write(chunk)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def publish(manifest: str, be: Backend, url: str, pattern: str | None, infos: Sequence[ObjectInfo],
+            *, replace: bool = False) -> bool:
+    """Write the listing to ``manifest`` unless one is there already (or over it, with
+    ``replace``): True when this call wrote it.
+
+    A name ending in ``.jsonl`` gets JSON lines, anything else the index format.
+    """
+    os.makedirs(keys_dir(), mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".publish-", dir=keys_dir())
+    try:
+        if manifest.endswith(".jsonl"):
+            with os.fdopen(fd, "w", encoding="utf-8") as text:
+                _write_jsonl(text, url, pattern, infos)
+        else:
+            with os.fdopen(fd, "wb") as fh:
+                base = url if all(i.url.startswith(url) for i in infos) else ""
+                write_index(fh, infos, url=url, pattern=pattern, base=base)
+        if not isinstance(be, Publisher):
+            raise ConfigError(f"backend {be.name!r} cannot write the manifest {manifest!r}; use a "
+                              "local path or an s3:// URL with the boto3 backend")
+        if replace:
+            be.upload(tmp, manifest)
+            return True
+        return be.upload_new(tmp, manifest)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def obtain_listing(url: str, *, pattern: str | None = None, backend: str | Backend | None = None,
+                   manifest: str | None = None, threads: int = LIST_THREADS,
+                   options: dict[str, Any] | None = None) -> Objects:
+    """The listing of ``url``, made once per job: from ``manifest`` when it exists, else listed
+    by rank 0 (written to ``manifest`` when given) and handed to every rank."""
+    opts = dict(options or {})
+    if manifest is None:
+        return on_lead(lambda: _held(list_now(url, pattern=pattern, backend=backend,
+                                               threads=threads, **opts), url, pattern))
+    be = _manifest_backend(manifest, url, backend, opts)
+
+    def lead() -> str:
+        if manifest_exists(manifest, be):
+            return "exists"
+        infos = list_now(url, pattern=pattern, backend=backend, threads=threads, **opts)
+        return "written" if publish(manifest, be, url, pattern, infos) else "exists"
+
+    on_lead(lead)  # rank 0 writes; the others wait here for it, then every rank reads
+    try:
+        return read_listing(manifest, be, url, pattern)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"manifest {manifest!r} was written by rank 0 but this rank cannot read "
+                          "it: use a path every node shares, or an s3:// URL") from exc
 
 
 class ObjectLister(Stage[ObjectInfo]):
@@ -155,38 +315,41 @@ class ObjectLister(Stage[ObjectInfo]):
         url: a prefix (``s3://bucket/train/``), a directory or a single object.
         pattern: a glob matched against the part of each URL after ``url`` (``"*.tar"``).
         backend: backend name or instance (default: chosen by the URL scheme).
-        manifest: a local JSON-lines file to read the listing from, written on first use.
-        objects: an already made listing (what :func:`pipeflow.list_objects` passes).
+        manifest: a local path or ``s3://`` URL to read the listing from, written on first use.
+        objects: an already made listing (what :func:`pipeflow.list_objects` passes): a
+            sequence or a :class:`~pipeflow.keytable.KeyTable`.
+        threads: list requests in flight (where the backend can list ranges concurrently).
         options: backend options.
     """
 
     def __init__(self, url: str, *, pattern: str | None = None, backend: str | Backend | None = None,
                  manifest: str | os.PathLike[str] | None = None,
-                 objects: Sequence[ObjectInfo] | None = None, options: dict[str, Any] | None = None,
-                 ) -> None:
+                 objects: Sequence[ObjectInfo] | None = None, threads: int = LIST_THREADS,
+                 options: dict[str, Any] | None = None) -> None:
         super().__init__()
         if not isinstance(url, str) or not url:
             raise ConfigError(f"list_objects() needs a URL string, got {url!r}")
         if pattern is not None and not isinstance(pattern, str):
             raise ConfigError(f"pattern must be a glob string, got {pattern!r}")
+        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+            raise ConfigError(f"list_objects(threads=...) must be an int >= 1, got {threads!r}")
         self.url = url
         self.pattern = pattern
         self.backend = backend
         self.manifest = os.fspath(manifest) if manifest is not None else None
+        self.threads = threads
         self.options = dict(options or {})
-        self._objects: list[ObjectInfo] | None = list(objects) if objects is not None else None
+        self._objects: Objects | None = None
+        if objects is not None:
+            self._objects = objects if isinstance(objects, (KeyTable, tuple)) else tuple(objects)
         self._index = 0
 
-    def objects(self) -> list[ObjectInfo]:
+    def objects(self) -> Objects:
         """The listing: from ``objects``, else the manifest, else the store (once)."""
         if self._objects is None:
-            if self.manifest is not None and os.path.exists(self.manifest):
-                self._objects = read_manifest(self.manifest, self.url, self.pattern)
-            else:
-                self._objects = list_now(self.url, pattern=self.pattern, backend=self.backend,
-                                         **self.options)
-                if self.manifest is not None:
-                    write_manifest(self.manifest, self.url, self.pattern, self._objects)
+            self._objects = obtain_listing(self.url, pattern=self.pattern, backend=self.backend,
+                                           manifest=self.manifest, threads=self.threads,
+                                           options=self.options)
         return self._objects
 
     def start(self, state: dict[str, Any] | None) -> None:
@@ -214,12 +377,10 @@ class ObjectLister(Stage[ObjectInfo]):
     def __len__(self) -> int:
         return len(self.objects())
 
+    def __getitem__(self, i: int) -> ObjectInfo:
+        """The ``i``-th object of the listing (random access for block-wise assignment)."""
+        return self.objects()[i]
+
     def known_length(self) -> int | None:
         """The number of objects once listed (here or from the manifest), without listing."""
         return len(self._objects) if self._objects is not None else None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        if self.manifest is not None:
-            state["_objects"] = None  # workers read the manifest, not a pickled copy
-        return state

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping
+from dataclasses import fields
 from typing import Any, Literal
 
 from .._checks import check_bool
+from ..backends._retry import RetryPolicy
 from ..backends.base import Backend, scheme_of
-from ..backends.registry import preferred_backend_for_url
+from ..backends.registry import backend_class, preferred_backend_for_url
 from ..items import Opened, Record
 from ..stats import Stats
 from ._backends import BackendsByScheme, url_of
@@ -117,6 +119,21 @@ class Opener(WindowedStage):
             on_error=on_error, on_discard=_close_result, kind="io" if read else "stream",
             size_of=_size))
         self._handed_out: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    @staticmethod
+    def explain_note(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
+        """What ``explain()`` adds after the stage: the retry budget its requests run under
+        (the backend's ``retry`` option, else the default policy), for backends that retry."""
+        backend = args[0] if args else None
+        if isinstance(backend, Backend):
+            policy = getattr(backend.options, "retry", None)
+        else:
+            try:
+                names = {f.name for f in fields(backend_class(backend).Options)} if backend else {"retry"}
+            except Exception:  # an unknown name fails when the pipeline runs, with its own error
+                return None
+            policy = RetryPolicy.coerce(kwargs.get("retry", RetryPolicy())) if "retry" in names else None
+        return f"retry: {policy.describe()}" if isinstance(policy, RetryPolicy) else None
 
     def start(self, state: dict[str, Any] | None) -> None:
         self._open_fn.counts = (self.context.stats, self.name)

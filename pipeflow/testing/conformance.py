@@ -20,8 +20,9 @@ for any other store, upload :func:`all_objects` yourself::
             return "mystore://" + write_objects(tmp_path_factory.mktemp("objects"))
 
 The tests cover listing (sorted, complete, sized, by partial prefix), ``info``, whole, streamed,
-ranged and empty reads, a 20 MB object, missing objects as
-:class:`~pipeflow.errors.ObjectNotFoundError` naming the URL and the backend, reads from
+ranged and empty reads, a 20 MB object, missing objects (and buckets) as
+:class:`~pipeflow.errors.ObjectNotFoundError` naming the URL and the backend, malformed URLs
+(``s3:/bucket/key``) refused with a hint, reads from
 threads, pickling without a live client, DataLoader workers started with fork and spawn (when
 torch is installed), and the batched-download capability (``start_batch``).
 
@@ -41,8 +42,9 @@ from typing import Any, ClassVar
 import pytest
 
 from ..backends import Backend, get_backend
+from ..backends.base import REMOTE_SCHEMES
 from ..backends.batch import BatchDownloader, BatchHandle
-from ..errors import ConfigError, ObjectNotFoundError
+from ..errors import ConfigError, InvalidURLError, ObjectNotFoundError
 
 __all__ = ["BIG", "BIG_KEY", "OBJECTS", "BackendConformance", "all_objects", "put_objects",
            "write_objects"]
@@ -203,6 +205,32 @@ class BackendConformance:
             assert isinstance(info.value, FileNotFoundError)
             assert info.value.url == url and url in str(info.value)
             assert info.value.backend == backend.name and backend.name in str(info.value)
+
+    def test_missing_bucket_is_typed(self, backend: Backend, root: str) -> None:
+        """A root on an object store: a bucket that does not exist is ObjectNotFoundError in
+        listing and open alike (``except FileNotFoundError`` catches it)."""
+        scheme, sep, rest = root.partition("://")
+        if scheme not in REMOTE_SCHEMES:
+            pytest.skip("the root is not in a bucket of an object store")
+        url = f"{scheme}://pipeflow-no-such-bucket-{os.getpid()}/{rest.partition('/')[2]}data/x.bin"
+        for op in (lambda: list(backend.list(url)), lambda: backend.open(url).read()):
+            with pytest.raises(ObjectNotFoundError) as info:
+                op()
+            assert info.value.backend == backend.name
+
+    def test_malformed_url_is_refused_with_a_hint(self, backend: Backend, root: str) -> None:
+        """``s3:/bucket/key`` (one slash) is a typo, never a relative local path: refused
+        before any I/O with the URL it probably meant."""
+        scheme, sep, rest = root.partition("://")
+        if not sep or scheme == "file":
+            scheme, rest = "s3", "bucket/"  # a local backend must not read it as a relative path
+        elif scheme not in REMOTE_SCHEMES:
+            pytest.skip("a scheme of its own: what a typo in it means is the backend's business")
+        url = f"{scheme}:/{rest}data/a b.bin"
+        for op in (lambda: backend.read(url), lambda: list(backend.list(url)), lambda: backend.info(url)):
+            with pytest.raises(InvalidURLError) as info:
+                op()
+            assert f"did you mean '{scheme}://{rest}data/a b.bin'" in str(info.value)
 
     def test_large_object(self, backend: Backend, root: str) -> None:
         url = root + BIG_KEY

@@ -39,7 +39,7 @@ from typing import IO, Any
 import numpy as np
 
 from .._fs import atomic_write
-from ..errors import BackendError, ConfigError, ObjectNotFoundError
+from ..errors import ConfigError, ObjectNotFoundError
 
 __all__ = [
     "LAYOUTS",
@@ -189,8 +189,9 @@ class _LocalSink(_Sink):
         atomic_write(path, data)
 
 
-def s3_client(**kwargs: Any) -> Any:
-    """A boto3 S3 client for the endpoint in ``AWS_ENDPOINT_URL`` (or AWS when unset)."""
+def s3_client(*, single_try: bool = False, **kwargs: Any) -> Any:
+    """A boto3 S3 client for the endpoint in ``AWS_ENDPOINT_URL`` (or AWS when unset); with
+    ``single_try`` botocore retries nothing (the caller's retry policy does)."""
     try:
         import boto3
         from botocore.config import Config
@@ -199,8 +200,9 @@ def s3_client(**kwargs: Any) -> Any:
 
         raise MissingDependencyError("boto3", "boto3") from exc
     endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("S3_ENDPOINT_URL") or None
+    retries = {"total_max_attempts": 1} if single_try else {"max_attempts": 5}
     config = Config(s3={"addressing_style": "path"}, max_pool_connections=32,
-                    retries={"max_attempts": 5, "mode": "standard"})
+                    retries={**retries, "mode": "standard"})
     return boto3.client("s3", endpoint_url=endpoint, config=config, **kwargs)
 
 
@@ -226,14 +228,24 @@ class _S3Sink(_Sink):
         self._futures: list[Future[Any]] = []
 
     def _ensure_bucket(self, *, create: bool) -> None:
-        from botocore.exceptions import ClientError, EndpointConnectionError
+        """Check the bucket before generating anything. Under the retry policy, so an endpoint
+        that has never answered (nothing listens, a typo) is reported within seconds, and one
+        that answers but fails gets the usual budget."""
+        from botocore.exceptions import ClientError
 
+        from ..backends._retry import RetryPolicy, retry_call
+        from ..errors import EndpointUnreachableError
+
+        probe = s3_client(single_try=True)
+        endpoint = probe.meta.endpoint_url
+        url = f"s3://{self.bucket}/"
         try:
-            self.client.head_bucket(Bucket=self.bucket)
-        except EndpointConnectionError as exc:
-            raise BackendError(f"cannot reach the S3 endpoint {self.client.meta.endpoint_url} "
-                               "(set AWS_ENDPOINT_URL, or start one with `pipeflow serve`)",
-                               url=f"s3://{self.bucket}/", backend="boto3", op="head_bucket") from exc
+            retry_call(lambda: probe.head_bucket(Bucket=self.bucket), policy=RetryPolicy(), url=url,
+                       backend="boto3", op="head_bucket", endpoint=endpoint)
+        except EndpointUnreachableError as exc:
+            raise EndpointUnreachableError(
+                f"cannot reach the S3 endpoint {endpoint} (set AWS_ENDPOINT_URL, or start one with "
+                f"`pipeflow serve`)", url=url, backend="boto3", op="head_bucket") from exc
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             if code not in ("404", "NoSuchBucket", "NotFound"):
@@ -241,9 +253,10 @@ class _S3Sink(_Sink):
             if not create:
                 # checked before generating anything, so a typo costs nothing
                 raise ObjectNotFoundError(f"the bucket {self.bucket!r} does not exist",
-                                          url=f"s3://{self.bucket}/", backend="boto3",
-                                          op="head_bucket") from None
+                                          url=url, backend="boto3", op="head_bucket") from None
             self.client.create_bucket(Bucket=self.bucket)
+        finally:
+            probe.close()
 
     def _upload(self, key: str, data: bytes) -> None:
         try:

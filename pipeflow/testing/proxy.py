@@ -15,8 +15,12 @@ The proxy frames HTTP/1.1 messages in both directions (it never looks at bodies)
 * answer a seeded fraction of requests itself with ``503 SlowDown`` or ``500 InternalError``
   (an S3 XML error body, the request never reaches the server);
 * reset a fraction of connections in the middle of a response body, after ``reset_after``
-  bytes (a TCP RST, as a dropped connection looks to the client);
-* stall a fraction of responses for ``stall_s`` seconds before their first byte.
+  bytes (a TCP RST, as a dropped connection looks to the client), or close them cleanly there
+  (a FIN: the body just ends short of its announced length);
+* stall a fraction of responses for ``stall_s`` seconds before their first byte, or inside the
+  body after ``reset_after`` bytes;
+* go down and come back (:meth:`DelayProxy.down`, :meth:`DelayProxy.up`): while down, every
+  connection is refused, as a server that is not running looks.
 
 Use it in-process (it runs its event loop in a background thread)::
 
@@ -38,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import random
 import signal
@@ -57,7 +62,7 @@ from .s3server import death_signal_hook
 __all__ = ["Action", "DelayProxy", "Faults", "ProxyProcess", "RequestInfo", "main"]
 
 #: What a fault hook may ask the proxy to do with one request.
-Action = Literal["error503", "error500", "error403", "reset", "stall"]
+Action = Literal["error503", "error500", "error403", "reset", "close", "stall", "stall_body"]
 
 _STATS_PATH = b"/__proxy__/"
 _MAX_HEAD = 64 * 1024
@@ -72,9 +77,13 @@ class Faults:
         error_status: 503 (S3 ``SlowDown``), 500 (S3 ``InternalError``) or 403 (``AccessDenied``,
             a permanent error: clients must not retry it).
         reset_rate: fraction of responses whose connection is reset mid-body.
-        reset_after: body bytes delivered before the reset (at most the body length - 1;
-            a response without a body is reset before its first byte).
+        reset_after: body bytes delivered before a reset, a clean close or a stall inside the
+            body (at most the body length - 1; a response without a body is reset or closed
+            before its first byte).
+        close_rate: fraction of responses whose connection is closed cleanly mid-body.
         stall_rate: fraction of responses held back ``stall_s`` seconds before the first byte.
+        body_stall_rate: fraction of responses held back ``stall_s`` seconds after
+            ``reset_after`` body bytes.
         stall_s: length of a stall.
         methods: methods the faults apply to.
         seed: seeds the random choices (made in the order requests reach the proxy).
@@ -84,13 +93,15 @@ class Faults:
     error_status: int = 503
     reset_rate: float = 0.0
     reset_after: int = 1024
+    close_rate: float = 0.0
     stall_rate: float = 0.0
+    body_stall_rate: float = 0.0
     stall_s: float = 5.0
     methods: frozenset[str] = frozenset({"GET"})
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("error_rate", "reset_rate", "stall_rate"):
+        for name in ("error_rate", "reset_rate", "close_rate", "stall_rate", "body_stall_rate"):
             rate = getattr(self, name)
             if not 0.0 <= rate <= 1.0:
                 raise ValueError(f"Faults.{name} must be in [0, 1], got {rate}")
@@ -108,8 +119,12 @@ class Faults:
             return f"error{self.error_status}"  # type: ignore[return-value]
         if self.reset_rate and rng.random() < self.reset_rate:
             return "reset"
+        if self.close_rate and rng.random() < self.close_rate:
+            return "close"
         if self.stall_rate and rng.random() < self.stall_rate:
             return "stall"
+        if self.body_stall_rate and rng.random() < self.body_stall_rate:
+            return "stall_body"
         return None
 
 
@@ -338,6 +353,7 @@ class _Connection:
         self._last_due = 0.0
         self._body_sent = 0
         self._reset_at: int | None = None
+        self._cut: str | None = None  # what happens at _reset_at: "reset", "close", "stall_body"
         self._stall = 0.0
         self._final = True
         self._closed = False
@@ -428,28 +444,34 @@ class _Connection:
                 final = not (100 <= status < 200)
                 self._final = final
                 current = self._pending[0] if self._pending else _Pending("GET")
-                self._body_sent, self._reset_at, self._stall = 0, None, 0.0
+                self._body_sent, self._reset_at, self._stall, self._cut = 0, None, 0.0, None
                 if final and current.action == "stall":
                     self._stall = self.proxy.faults.stall_s
                     self.proxy.count_fault("stall")
-                if final and current.action == "reset":
+                if final and current.action in ("reset", "close", "stall_body"):
                     length = self._response_body_mode(value)
-                    if length[0] == "length" and length[1] == 0:
-                        self.proxy.count_fault("reset")
-                        self._enqueue(_RESET)
+                    if length[0] == "length" and length[1] == 0 and current.action != "stall_body":
+                        self.proxy.count_fault(current.action)
+                        self._enqueue(_RESET if current.action == "reset" else _CLOSE)
                         self._pending.clear()
                         return
                     after = self.proxy.faults.reset_after
-                    self._reset_at = min(after, length[1] - 1) if length[0] == "length" else after
-                    self.proxy.count_fault("reset")
+                    self._reset_at = min(after, max(length[1] - 1, 0)) if length[0] == "length" else after
+                    self._cut = current.action
+                    self.proxy.count_fault(current.action)
                 self._enqueue(value.raw)
             elif kind == "body":
                 if self._reset_at is not None and self._body_sent + len(value) > self._reset_at:
-                    self._enqueue(bytes(value[: self._reset_at - self._body_sent]))
-                    self._enqueue(_RESET)
-                    self._pending.clear()
+                    split = self._reset_at - self._body_sent
+                    head, value = value[:split], value[split:]
+                    self._enqueue(bytes(head))
+                    self._body_sent += len(head)
                     self._reset_at = None
-                    return
+                    if self._cut != "stall_body":
+                        self._enqueue(_RESET if self._cut == "reset" else _CLOSE)
+                        self._pending.clear()
+                        return
+                    self._stall = self.proxy.faults.stall_s  # the rest waits stall_s longer
                 self._body_sent += len(value)
                 self._enqueue(value)
             elif self._final:  # the end of a final response (not of a "100 Continue")
@@ -787,6 +809,38 @@ class DelayProxy:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    def down(self) -> None:
+        """Go down: stop listening (new connections are refused) and reset every open
+        connection, as a server that stopped looks. :meth:`up` comes back on the same port."""
+        assert self._loop is not None and self._server is not None, "the proxy is not running"
+        asyncio.run_coroutine_threadsafe(self._go_down(), self._loop).result(timeout=10)
+
+    async def _go_down(self) -> None:
+        assert self._server is not None
+        # shutdown() acts on the socket, not on this process's descriptor: processes forked
+        # since (DataLoader workers) hold copies that would keep it listening (and the port
+        # bound) with nobody accepting, and keep its connections open
+        sockets = list(getattr(self._server, "sockets", ()))
+        sockets += [c.client.get_extra_info("socket") for c in self._core.connections if c.client]
+        for sock in sockets:
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+        self._server.close()
+        for conn in list(self._core.connections):
+            conn._abort()
+        await self._server.wait_closed()
+
+    def up(self) -> None:
+        """Come back after :meth:`down`: listen again on the same port."""
+        assert self._loop is not None, "the proxy is not running"
+
+        async def listen() -> asyncio.AbstractServer:
+            return await self._loop.create_server(  # type: ignore[union-attr]
+                lambda: _ClientProtocol(self._core), self._host, self._port, backlog=512)
+
+        self._server = asyncio.run_coroutine_threadsafe(listen(), self._loop).result(timeout=10)
 
     def counts(self) -> dict[str, int]:
         """Requests seen by method, e.g. ``{"GET": 800, "HEAD": 2}`` (answered or forwarded)."""

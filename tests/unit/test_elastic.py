@@ -405,10 +405,11 @@ def test_a_stage_without_elastic_roles_is_named_in_the_refusal(monkeypatch):
         own_stage_pipeline(Undeclared).resume_from(pf.merge_states(states))
 
 
-@pytest.mark.parametrize("new", [3, 1])
-def test_stateful_dataloader_states_of_several_ranks_with_several_workers(monkeypatch, new):
+@pytest.mark.parametrize("workers,new", [(2, 3), (2, 1), (0, 3)])
+def test_stateful_dataloader_states_of_several_ranks_with_several_workers(monkeypatch, workers, new):
     # 2 ranks x 2 workers: the merge must give each worker's state its own shard,
-    # rank * workers + worker of ranks * workers (a rank or a worker alone cannot tell)
+    # rank * workers + worker of ranks * workers (a rank or a worker alone cannot tell);
+    # 2 ranks x 0 workers: a loader's state without worker snapshots
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     before, states = [], []
@@ -417,14 +418,24 @@ def test_stateful_dataloader_states_of_several_ranks_with_several_workers(monkey
         monkeypatch.setenv("WORLD_SIZE", "2")
         pipe = census(True)
         pipe.set_epoch(EPOCH)
-        loader = StatefulDataLoader(pipe, batch_size=None, num_workers=2)
+        loader = StatefulDataLoader(pipe, batch_size=None, num_workers=workers)
         it = iter(loader)
         before += [k for _ in range(batches) for k in next(it)]
         states.append(loader.state_dict())
         del it, loader
     merged = pf.merge_states(json.loads(json.dumps(states)))
-    assert sorted(w["start"] % 4 for w in merged["windows"]) == [0, 1, 2, 3]
+    shards = 2 * max(workers, 1)
+    assert sorted(w["start"] % shards for w in merged["windows"]) == list(range(shards))
     after = []
     for rank in range(new):
         after += run_rank(monkeypatch, census(True).resume_from(merged), rank, new)[0]
     assert_exactly_once(before + after, _data.all_keys(10))
+
+
+def test_merge_refuses_states_of_different_epochs_of_one_pipeline(monkeypatch):
+    a = run_rank(monkeypatch, census(False), 0, 2, batches=1)[1]
+    monkeypatch.setattr(sys.modules[__name__], "EPOCH", EPOCH + 1)
+    b = run_rank(monkeypatch, census(False), 1, 2, batches=1)[1]
+    assert a["graph"] == b["graph"]
+    with pytest.raises(ConfigError, match=r"one epoch and one pipeline, got epochs \[2, 3\]"):
+        pf.merge_states([a, b])

@@ -376,3 +376,100 @@ def test_sdk_attempts_follow_the_budget() -> None:
     short, long = RetryPolicy(budget=1.5), RetryPolicy(budget=60.0)
     assert 1 < short.sdk_attempts(sdk_base_delay=0.5, sdk_max_delay=20.0) \
         < long.sdk_attempts(sdk_base_delay=0.5, sdk_max_delay=20.0) <= 50
+
+
+# ---- the first-contact rule ------------------------------------------------------------------
+def _closed_endpoint() -> str:
+    from pipeflow.testing import free_port
+
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there: connections are refused
+
+
+def _refused() -> None:
+    raise ConnectionRefusedError("refused")
+
+
+def _reset() -> None:
+    raise ConnectionResetError("reset")
+
+
+def test_an_endpoint_that_never_answered_fails_fast_naming_it() -> None:
+    import pickle
+
+    from pipeflow.errors import EndpointUnreachableError
+
+    clock, endpoint = _Clock(), _closed_endpoint()
+    policy = RetryPolicy()  # 60 s budget, first_contact 3 s
+    with pytest.raises(EndpointUnreachableError) as info:
+        retry_call(_refused, policy=policy, url="s3://b/k", backend="boto3", op="open",
+                   endpoint=endpoint, sleep=clock.sleep, clock=clock)
+    assert policy.first_contact <= clock.now < policy.first_contact + 0.1  # not the 60 s budget
+    assert endpoint in str(info.value) and "connection refused" in str(info.value)
+    assert isinstance(info.value, ConnectionError) and not isinstance(info.value, RetryExhaustedError)
+    assert type(pickle.loads(pickle.dumps(info.value))) is EndpointUnreachableError
+
+
+def test_once_answered_an_outage_gets_the_whole_budget() -> None:
+    clock, endpoint = _Clock(), _closed_endpoint()
+    assert retry_call(lambda: "ok", policy=RetryPolicy(), endpoint=endpoint) == "ok"  # answered
+    with pytest.raises(RetryExhaustedError):
+        retry_call(_refused, policy=RetryPolicy(budget=20.0), endpoint=endpoint, sleep=clock.sleep,
+                   clock=clock)
+    assert clock.now == pytest.approx(20.0)
+
+
+def test_an_error_response_is_an_answer_and_a_listening_endpoint_is_no_mistake() -> None:
+    clock, endpoint = _Clock(), _closed_endpoint()
+    calls = []
+
+    def slow_down_then_refuse() -> None:
+        calls.append(clock.now)
+        if len(calls) == 1:
+            raise _client_error("SlowDown", 503)
+        raise ConnectionRefusedError("refused")
+
+    with pytest.raises(RetryExhaustedError):  # the 503 was an answer: the whole budget
+        retry_call(slow_down_then_refuse, policy=RetryPolicy(budget=10.0), endpoint=endpoint,
+                   sleep=clock.sleep, clock=clock)
+    assert clock.now == pytest.approx(10.0)
+
+    # a server that accepts connections but keeps failing is an outage, not a wrong endpoint
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listening = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        clock = _Clock()
+        with pytest.raises(RetryExhaustedError):
+            retry_call(_reset, policy=RetryPolicy(budget=8.0), endpoint=listening, sleep=clock.sleep,
+                       clock=clock)
+        assert clock.now == pytest.approx(8.0)
+
+
+def test_first_contact_none_gives_a_refusing_endpoint_the_whole_budget() -> None:
+    clock = _Clock()
+    with pytest.raises(RetryExhaustedError):
+        retry_call(_refused, policy=RetryPolicy(budget=7.0, first_contact=None),
+                   endpoint=_closed_endpoint(), sleep=clock.sleep, clock=clock)
+    assert clock.now == pytest.approx(7.0)
+    with pytest.raises(ConfigError):
+        RetryPolicy(first_contact=-1)
+
+
+def test_the_policy_describes_itself_and_retries_are_counted_with_their_wait() -> None:
+    from pipeflow.stats import Stats
+
+    assert RetryPolicy().describe() == "60 s budget, backoff 0.1-5 s, fail fast 3 s"
+    assert RetryPolicy(budget=None, max_attempts=4, first_contact=None).describe() == \
+        "no time budget, at most 4 attempts, backoff 0.1-5 s"
+    stats, clock, failures = Stats(), _Clock(), [ConnectionResetError("x")] * 3
+
+    def flaky() -> str:
+        if failures:
+            raise failures.pop()
+        return "ok"
+
+    with stats.counting("open"):
+        assert retry_call(flaky, policy=RetryPolicy(), sleep=clock.sleep, clock=clock) == "ok"
+    counters = stats.snapshot()["open"]
+    assert counters["retries"] == 3
+    assert counters["retry_wait_s"] == pytest.approx(sum(clock.sleeps)) and sum(clock.sleeps) > 0

@@ -1,0 +1,86 @@
+"""Doing a thing once per job: rank 0 does it, every other rank receives the result.
+
+Under ``torchrun`` every rank runs the same script, so a listing written in it would run once
+per rank: ``ranks x ceil(N / 1000)`` requests. With a process group initialised (``gloo`` or
+``nccl``), :func:`on_lead` runs the work on rank 0 only and broadcasts its result, or the error
+it raised, to the others, which therefore wait for it (a barrier). Without a process group each
+process is its own job.
+
+Cost: one broadcast per call; the payload is what the work returns (a listing goes as the bytes
+of its index file: about 30-80 bytes a key).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ..keytable import KeyTable
+
+__all__ = ["job_rank", "on_lead"]
+
+T = TypeVar("T")
+
+
+def job_rank() -> tuple[int, int]:
+    """``(rank, world size)`` of the initialised default process group, else ``(0, 1)``."""
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return 0, 1
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    return dist.get_rank(), dist.get_world_size()
+
+
+def on_lead(work: Callable[[], T]) -> T:
+    """``work()`` on rank 0; its result (or exception) on every rank. Every rank must call it."""
+    rank, world = job_rank()
+    if world == 1:
+        return work()
+    import torch.distributed as dist
+
+    box: list[Any] = [None]
+    if rank == 0:
+        try:
+            box[0] = ("ok", _packed(work()))
+        except Exception as exc:  # handed to the other ranks, then raised here too
+            box[0] = ("error", exc)
+    dist.broadcast_object_list(box, src=0)
+    kind, value = box[0]
+    if kind == "error":
+        raise value
+    return _unpacked(value)
+
+
+class _TableBytes(bytes):
+    """The content of a :class:`KeyTable` file, sent instead of its path (ranks may be on other
+    nodes, and the file belongs to rank 0's process)."""
+
+
+def _packed(value: Any) -> Any:
+    if isinstance(value, KeyTable):
+        import io
+
+        buf = io.BytesIO()
+        value.save(buf)
+        return _Sent(_TableBytes(buf.getvalue()), value)
+    return value
+
+
+class _Sent:
+    """Rank 0 keeps its own table; the others receive the bytes."""
+
+    def __init__(self, data: _TableBytes, table: KeyTable) -> None:
+        self.data, self.table = data, table
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_TableBytes, (bytes(self.data),))
+
+
+def _unpacked(value: Any) -> Any:
+    if isinstance(value, _Sent):
+        return value.table
+    if isinstance(value, _TableBytes):
+        return KeyTable.from_bytes(value)
+    return value

@@ -1,0 +1,70 @@
+"""The fault suite's outage under ``torchrun`` with 2 ranks, for every S3 backend.
+
+One launch: the ranks read their shares with each backend in turn; once both have read
+something, the store goes down (connections refused) for ``OUTAGE_S`` seconds and comes back.
+Every object must be read exactly once across the ranks, byte-identical, and both ranks must
+have met the outage (retries counted in ``stats()``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from pipeflow.testing.faults import check_epoch, fault_objects, outage_after
+from pipeflow.testing.proxy import DelayProxy
+
+from ._launch import torchrun
+from .conftest import FIGURES
+
+pytestmark = [pytest.mark.s3, pytest.mark.slow, pytest.mark.timeout(400)]
+
+BACKENDS = ["obstore", "boto3", "s3fs", "fsspec", "iopath", "s3torchconnector", "s5cmd"]
+#: objects in all: enough that each rank has many left to read when the store goes down
+OBJECTS = 48
+
+
+def _conduct(out: str, proxy: DelayProxy, stop: threading.Event) -> None:
+    """Per backend: wait until both ranks have read, take the store down, let them go on."""
+    for backend in BACKENDS:
+        while not all(os.path.exists(os.path.join(out, f"started-{backend}-{r}")) for r in (0, 1)):
+            if stop.wait(0.02):
+                return
+        outage = outage_after(proxy)
+        open(os.path.join(out, f"go-{backend}"), "w").close()
+        outage.join()
+
+
+def test_an_outage_under_torchrun_loses_and_duplicates_nothing(s3, tmp_path):
+    objects = fault_objects(OBJECTS)
+    bucket = s3.make_bucket("faults-torchrun")
+    urls = s3.put_many(bucket, objects)
+    expected = dict(zip(urls, objects.values(), strict=True))
+    (tmp_path / "urls.json").write_text(json.dumps(urls))
+    stop = threading.Event()
+    with DelayProxy(s3.endpoint, delay_ms=0) as proxy:
+        conductor = threading.Thread(target=_conduct, args=(str(tmp_path), proxy, stop), daemon=True)
+        conductor.start()
+        started = time.monotonic()
+        try:
+            results = torchrun("faults_torchrun.py", tmp_path, proxy.url, *BACKENDS, timeout=360)
+        finally:
+            stop.set()
+            conductor.join(30)
+    assert results["world_size"] == 2
+    for backend in BACKENDS:
+        parts = results[backend]
+        for rank, part in enumerate(parts):
+            assert part["ok"], f"{backend}, rank {rank}: {part['error']}\n{part['traceback']}"
+        got = [tuple(item) for part in parts for item in part["data"][0]]
+        check_epoch(got, expected)  # type: ignore[arg-type]
+        seen = [(len(part["data"][0]), part["data"][1]) for part in parts]
+        assert all(part["data"][1] > 0 for part in parts), \
+            f"{backend}: a rank never met the outage (items, retries per rank: {seen})"
+        assert all(part["data"][0] for part in parts), f"{backend}: a rank read nothing"
+    FIGURES["samples checked"] += len(BACKENDS) * len(expected)
+    FIGURES["torchrun outage seconds"] += round(time.monotonic() - started)
