@@ -72,6 +72,16 @@ def make_single(
     return _common.loader(pipeline, workers=workers, batch_size=batch_size)
 
 
+def make_single_loader(
+    prefix: str, count: int, fields: list[str], *, backend: str | None = None, inflight: int = 64,
+    batch_size: int = 4, decode: bool = False,
+) -> Any:
+    """The same pipeline iterated in the training process (``Pipeline.loader``): no DataLoader
+    workers, as many GETs in flight as the DataLoader row's two workers keep together."""
+    pipeline = single_objects(prefix, count, fields, backend=backend, inflight=inflight, decode=decode)
+    return pipeline.loader(batch_size=batch_size)
+
+
 def tar_shards(shards: list[str], *, backend: str | None, decode: bool = False) -> pf.Pipeline:
     """Sequential reads of tar shards: the shard list split by rank and worker, one streaming
     GET per shard, members grouped into samples."""
@@ -92,6 +102,12 @@ def make_shards(
     return _common.loader(
         tar_shards(shards, backend=backend, decode=decode), workers=workers, batch_size=batch_size
     )
+
+
+def make_shards_loader(shards: list[str], *, backend: str | None = None, batch_size: int = 4,
+                       decode: bool = False) -> Any:
+    """The S2 pipeline iterated in the training process (``Pipeline.loader``), no workers."""
+    return tar_shards(shards, backend=backend, decode=decode).loader(batch_size=batch_size)
 
 
 def make_cached(
@@ -175,6 +191,24 @@ def make_decode(
     return pf.from_items(blobs).map(_decode_shape, workers=workers, method=method).batch(batch_size)
 
 
+def make_decode_loader(layout: str, count: int, image_size: int, workers: int, *, method: str,
+                       batch_size: int = 4) -> Any:
+    """S4's pipeline iterated by ``Pipeline.loader`` in this process: the decode on ``workers``
+    threads or processes of a ``map``, batched as lists of shapes as the other S4 rows are."""
+    blobs = _in_memory(layout, count, image_size)
+    pipeline = pf.from_items(blobs).map(_decode_shape, workers=workers, method=method)
+    return pipeline.loader(batch_size=batch_size, collate=False)
+
+
+def make_decode_dataloader(layout: str, count: int, image_size: int, workers: int, *,
+                           batch_size: int = 4) -> Any:
+    """S4's decode inline in each of ``workers`` DataLoader worker processes (the pipeline split
+    among them by automatic sharding), batched as lists by the DataLoader."""
+    blobs = _in_memory(layout, count, image_size)
+    pipeline = pf.from_items(blobs).map(_decode_shape)
+    return _common.loader(pipeline, workers=workers, batch_size=batch_size, collate_fn=list)
+
+
 def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
@@ -202,6 +236,12 @@ def photo_shards(shards: list[str], *, backend: str | None) -> pf.Pipeline:
 def make_photo_shards(shards: list[str], workers: int, *, backend: str | None = None,
                       batch_size: int = 4) -> Any:
     return _common.loader(photo_shards(shards, backend=backend), workers=workers, batch_size=batch_size)
+
+
+def make_photo_shards_loader(shards: list[str], *, backend: str | None = None,
+                             batch_size: int = 4) -> Any:
+    """The decode group's pipeline iterated in the training process (``Pipeline.loader``)."""
+    return photo_shards(shards, backend=backend).loader(batch_size=batch_size)
 
 
 def _decode_224(data: bytes) -> tuple[int, ...]:

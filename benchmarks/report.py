@@ -15,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scenarios import BARE_DATALOADER, BARE_OWN_DECODER, BARE_PIL
+from benchmarks.scenarios import BARE_DATALOADER, BARE_OWN_DECODER, BARE_PIL, S4_DATALOADER, THREAD_NATIVE
 
 PIPEFLOW = "pipeflow"
 #: the peers' decode on a bare pool (the older label too, for results written before)
@@ -247,14 +247,74 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
                 else None,
             }
     for name, group in _groups(rows, "s4").items():
-        pf, bare = _pipeflow(group), next((r for r in group if r["library"] != PIPEFLOW and _ok(r)), None)
+        pf = _pipeflow(group)
+        bare = next((r for r in group if r["library"].startswith("bare") and _ok(r)), None)
         if pf and bare:
             summary["s4"][name] = {
                 "pipeflow_samples_per_s": pf["samples_per_s"],
                 "bare_samples_per_s": bare["samples_per_s"],
                 "overhead_pct": round(100 * (1 - pf["samples_per_s"] / bare["samples_per_s"]), 1),
             }
+    summary["thread_native"] = thread_native(rows)
     return summary
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    def median(key: str, scale: float = 1.0, digits: int = 1) -> float | None:
+        value = _median(runs, key)
+        return None if value is None else round(value * scale, digits)
+
+    return {"runs": len(runs), "samples_per_s": median("samples_per_s"), "peak_pss_mb": median("peak_pss_mb"),
+            "first_batch_s": median("first_batch_s", digits=3),
+            "cpu_ms_per_sample": median("cpu_s_per_sample", 1000.0, 3)}
+
+
+def thread_native(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """``Pipeline.loader()`` (no DataLoader workers) against the same pipeline in DataLoader
+    worker processes, per group: medians over the repeats of each side, and their ratios."""
+    out: dict[str, Any] = {}
+    for scen in ("s1", "s2", "s4"):
+        workers_row = S4_DATALOADER if scen == "s4" else PIPEFLOW
+        dataloader = [r for g in _groups(rows, scen).values() for r in g if r["library"] == workers_row]
+        for name, group in _groups(rows, scen).items():
+            ours = [r for r in group if r["library"] == THREAD_NATIVE and _ok(r)]
+            theirs = [r for r in group if r["library"] == workers_row and _ok(r)]
+            if scen == "s4" and not theirs:  # one DataLoader row serves both S4 groups of a layout
+                layout = name.split(",")[0]
+                theirs = [r for r in dataloader if r["group"].split(",")[0] == layout and _ok(r)]
+            if not ours or not theirs:
+                continue
+            a, b = _medians(ours), _medians(theirs)
+            out[f"{scen} {name}"] = {
+                "loader": a, "dataloader": b, "dataloader_workers": theirs[0]["workers"],
+                "throughput_ratio": _ratio(a["samples_per_s"], b["samples_per_s"]),
+                "pss_ratio": _ratio(a["peak_pss_mb"], b["peak_pss_mb"]),
+                "cpu_per_sample_ratio": _ratio(a["cpu_ms_per_sample"], b["cpu_ms_per_sample"]),
+            }
+    return out
+
+
+def thread_native_table(summary: dict[str, Any]) -> list[str]:
+    """The markdown table of :func:`thread_native` (empty when the run has no such rows)."""
+    if not summary:
+        return []
+    lines = ["| scenario, group | runs | loader() samples/s | DataLoader samples/s (workers) | "
+             "throughput ratio | loader() / DataLoader PSS MB | PSS ratio | CPU ms/sample | "
+             "first batch s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, e in summary.items():
+        a, b = e["loader"], e["dataloader"]
+        lines.append(
+            f"| {name} | {a['runs']}/{b['runs']} | {_fmt(a['samples_per_s'])} | "
+            f"{_fmt(b['samples_per_s'])} ({e['dataloader_workers']}) | {_fmt(e['throughput_ratio'], 2)} | "
+            f"{_fmt(a['peak_pss_mb'])} / {_fmt(b['peak_pss_mb'])} | {_fmt(e['pss_ratio'], 2)} | "
+            f"{_fmt(a['cpu_ms_per_sample'], 2)} / {_fmt(b['cpu_ms_per_sample'], 2)} | "
+            f"{_fmt(a['first_batch_s'], 2)} / {_fmt(b['first_batch_s'], 2)} |")
+    return lines + [""]
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -313,6 +373,11 @@ def markdown(result: dict[str, Any]) -> str:
                             f"{e['requests'].get('GET_OBJECT', 0)} | {_fmt(e['first_batch_s'], 2)} |"
                         )
                 lines.append("")
+    native = thread_native_table(thread_native(result["rows"]))
+    if native:
+        lines += ["", "## Thread-native loading against DataLoader workers", "",
+                  "`Pipeline.loader()` in the training process against the same pipeline in "
+                  "DataLoader worker processes (medians over the repeats of each side).", ""] + native
     if result.get("overhead"):
         lines += [
             "",

@@ -55,6 +55,10 @@ S2_RECIPES = {
 #: pipeflow's own decode call (the reference of pipeflow's CPU per sample)
 BARE_PIL = "bare decode loop, PIL (in memory)"
 BARE_OWN_DECODER = "bare decode loop, pipeflow's decoder (in memory)"
+#: the pipeline iterated in the training process by ``Pipeline.loader()``, no DataLoader workers
+THREAD_NATIVE = "pipeflow loader()"
+#: S4's decode inline in DataLoader worker processes (the counterpart of THREAD_NATIVE there)
+S4_DATALOADER = "pipeflow in DataLoader workers"
 #: the same decode call in a plain DataLoader: what collate and the DataLoader's IPC add
 BARE_DATALOADER = "bare DataLoader, pipeflow's decoder (in memory)"
 #: obstore (LitData's S3 client) refuses a plain-HTTP endpoint unless told (where it reads env)
@@ -457,6 +461,14 @@ class _Runner:
                 ]
                 cases.append(
                     mk(
+                        THREAD_NATIVE,
+                        "benchmarks.pipeflow_cases:make_single_loader",
+                        {**common, "backend": None, "inflight": 64},
+                        0,
+                    )
+                )
+                cases.append(
+                    mk(
                         "pipeflow (boto3 backend)",
                         "benchmarks.pipeflow_cases:make_single",
                         {**common, "workers": 2, "backend": "boto3", "inflight": 32},
@@ -574,6 +586,9 @@ class _Runner:
             Case("s2", group, "webdataset pipe:s5cmd", "benchmarks.peers.webdataset_peers:make",
                  {"shards": shards, "opener": "pipe", "workers": w, "decode": decode}, w, **kw),
         ]
+        loader = "make_photo_shards_loader" if decode else "make_shards_loader"
+        cases.append(Case("s2", group, THREAD_NATIVE, f"benchmarks.pipeflow_cases:{loader}",
+                          {"shards": shards, "backend": None}, 0, **kw))
         if decode:
             return cases
         cases += [
@@ -720,6 +735,13 @@ class _Runner:
                     kwargs = {"layout": layout, "count": count, "image_size": size, "workers": 2, "method": m}
                     factory = "benchmarks.pipeflow_cases:make_decode"
                     self.case(proxy, Case("s4", group, lib, factory, kwargs, 2, **budget))
+                kwargs = {"layout": layout, "count": count, "image_size": size, "workers": 2}
+                native = "benchmarks.pipeflow_cases:make_decode_loader"
+                self.case(proxy, Case("s4", group, THREAD_NATIVE, native, {**kwargs, "method": method}, 0,
+                                      **budget))
+                if method == "process":  # DataLoader workers are processes: one row, in this group
+                    in_workers = "benchmarks.pipeflow_cases:make_decode_dataloader"
+                    self.case(proxy, Case("s4", group, S4_DATALOADER, in_workers, kwargs, 2, **budget))
 
     # -- scenario 5 --
     def s5(self) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ import threading
 __all__ = ["first_time"]
 
 #: one byte of the shared page per message
-_KEYS = ("auto_shard", "process_fallback", "pin_memory_no_cuda", "idle_shards")
+_KEYS = ("auto_shard", "process_fallback", "pin_memory_no_cuda", "idle_shards", "unreplayable_state")
 
 _shared = mmap.mmap(-1, mmap.PAGESIZE)  # MAP_SHARED | MAP_ANONYMOUS: inherited across fork
 _lock = threading.Lock()

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ._once import first_time
 from .errors import ConfigError
 from .graph import Node, build, fingerprint, walk
 from .run_context import RunContext
@@ -89,6 +90,7 @@ class PipelineIterator:
         self._ctx = RunContext.detect(epoch, stats=stats)
         self._root = build(node, self._ctx)
         self._done = False
+        self._replay_checked = False  # whether a mid-epoch state could not be resumed (said once)
         self._stages = _pipeline_order(self._root)
         self._ctx.stats.attach(id(self), self.measure)
 
@@ -142,6 +144,8 @@ class PipelineIterator:
         worker, worker count) saved it and the shape of the stage graph, so a state is never
         silently applied to another shard or another pipeline.
         """
+        if not self._done:
+            self._warn_unreplayable()  # said when the checkpoint is taken, not only at the restart
         return {"epoch": self._ctx.epoch, "done": self._done, "shard": self._shard(),
                 "graph": fingerprint(self._root), "stages": self._root.state_dict()}
 
@@ -171,18 +175,32 @@ class PipelineIterator:
         self._done = bool(state.get("done", False))
         self._root.load_state_dict(state["stages"])
 
+    def _unreplayable_reason(self) -> str | None:
+        found = _unreplayable(self._stages)  # a few dozen stages at most, built once
+        if found is None:
+            return None
+        stage, unordered = found
+        return (f"this pipeline cannot resume mid-epoch: {stage.name} re-reads its input from a saved "
+                f"position and tells the items apart by their order, but {unordered.name} upstream "
+                "delivers them as they complete, in another order every run; use in_order=True there, "
+                "or move the unordered map after it")
+
     def _check_replayable(self) -> None:
         """Refuse a mid-epoch state that cannot resume exactly, rather than deliver some items
         twice and lose others."""
-        found = _unreplayable(self._stages)
-        if found is None:
+        reason = self._unreplayable_reason()
+        if reason is not None:
+            raise ConfigError(reason)
+
+    def _warn_unreplayable(self) -> None:
+        """The same, said once when a mid-epoch state is saved, so a training job learns it at its
+        first checkpoint instead of when it restarts after a failure."""
+        if self._replay_checked:
             return
-        stage, unordered = found
-        raise ConfigError(
-            f"this pipeline cannot resume mid-epoch: {stage.name} re-reads its input from a saved "
-            f"position and tells the items apart by their order, but {unordered.name} upstream "
-            "delivers them as they complete, in another order every run; use in_order=True there, "
-            "or move the unordered map after it")
+        self._replay_checked = True
+        reason = self._unreplayable_reason()
+        if reason is not None and first_time("unreplayable_state"):
+            log.warning("%s (states saved now load only at an epoch boundary)", reason)
 
     def close(self) -> None:
         """Stop all background work. Idempotent."""

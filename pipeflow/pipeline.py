@@ -23,6 +23,7 @@ from .formats.images import resolve_jpeg_decoder
 from .graph import Node, checks_options, draw, format_value, make_label, order_notes, stage_names, validate
 from .iterator import PipelineIterator
 from .keytable import KeyTable, shareable
+from .loader import Loader, LoaderOptions
 from .sinks import shards as _shards
 from .stages.base import Stage
 from .stages.batch import Batcher
@@ -348,6 +349,17 @@ class Pipeline(torch.utils.data.IterableDataset):
             # counters): count afresh and publish to the owner
             self._stats = Stats(channel=None if self._channel.is_owner else self._channel)
         return PipelineIterator(self._node, epoch=self._epoch, stats=self._stats, on_epoch_end=advance)
+
+    @checks_options
+    def loader(self, *, batch_size: int | None = 1, drop_last: bool = False,
+               collate: bool | Callable[[Any], Any] = True, pin_memory: bool = False,
+               device: Any = None, non_blocking: bool = True, prefetch: int = 2) -> Loader:
+        """Batches made in this process by the pipeline's own threads: use it in place of
+        ``DataLoader(pipe, num_workers=N)`` (same batching and collate, ``state_dict()`` /
+        ``load_state_dict()``, sharding by rank, ``stats()``). See :mod:`pipeflow.loader`."""
+        return Loader(self, LoaderOptions(batch_size=batch_size, drop_last=drop_last, collate=collate,
+                                          pin_memory=pin_memory, device=device,
+                                          non_blocking=non_blocking, prefetch=prefetch))
 
     def stats(self, *, all_ranks: bool = False) -> PipelineStats:
         """What every stage did: a :class:`~pipeflow.stats.PipelineStats` mapping each stage's

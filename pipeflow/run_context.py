@@ -42,6 +42,14 @@ def _detect_worker() -> tuple[int, int]:
     return info.id, info.num_workers
 
 
+def _in_worker() -> bool:
+    try:
+        from torch.utils.data import get_worker_info
+    except ImportError:
+        return False
+    return get_worker_info() is not None
+
+
 @dataclass
 class RunContext:
     """Facts shared by every stage of one built pipeline (one iterator)."""
@@ -73,5 +81,6 @@ class RunContext:
 
     @property
     def in_dataloader_worker(self) -> bool:
-        """True inside a DataLoader worker process."""
-        return self.num_workers > 1 or _detect_worker() != (0, 1)
+        """True inside a DataLoader worker process (also the only one of ``num_workers=1``,
+        whose worker id and count look like no worker at all)."""
+        return self.num_workers > 1 or _in_worker()

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from .._checks import check_choice, check_int
 from .._once import first_time
 from .chunks import run_chunk, settle, spread
+from .intraop import one_intraop_thread
 from .lifetime import arm_worker
 from .shm import Slots, discard, pool_prefix, restore, run_in_slot, run_task, sweep, sweep_dead_owners
 from .shm import available as shm_available
@@ -112,7 +113,8 @@ class WorkerPool:
         self._shm_prefix = ""
         self._slots: Slots | None = None
         if method == "thread":
-            self._executor = ThreadPoolExecutor(workers, thread_name_prefix=f"pipeflow-{name}")
+            self._executor = ThreadPoolExecutor(workers, thread_name_prefix=f"pipeflow-{name}",
+                                                initializer=one_intraop_thread)
         else:
             method_name = _start_method(start_method)
             ctx = multiprocessing.get_context(method_name)

@@ -9,6 +9,7 @@ from typing import Any
 from .._checks import check_int_or_auto, is_int
 from .._pump import Pump
 from ..executor.autotune import BufferTuner
+from ..executor.intraop import one_intraop_thread
 from .base import SOURCES_KEY, Stage
 
 __all__ = ["Prefetcher"]
@@ -60,6 +61,7 @@ class Prefetcher(Stage[Any]):
                           name=f"pipeflow-prefetch-{self.name}").start()
 
     def _pull(self, pump: Pump) -> None:
+        one_intraop_thread()  # its parallelism is the pipeline's, not torch's (see executor.intraop)
         source, tuner = self.source, self._tuner
         while not pump.stopped.is_set():
             try:

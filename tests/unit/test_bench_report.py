@@ -177,3 +177,24 @@ def test_cpu_of_processes_outside_the_case_is_counted_over_the_window():
     outside.close()
     assert outside.used["me"] >= 0.19
     assert outside.percent()["me"] > 0
+
+
+def test_thread_native_rows_are_compared_with_the_dataloader_rows_by_their_medians(result, tmp_path):
+    g1 = "PNG pairs, T=20 ms"
+    result["rows"] += [
+        _row("s1", g1, "pipeflow loader()", sps, workers=0, peak_pss_mb=pss, cpu_s_per_sample=0.002)
+        for sps, pss in ((90.0, 100.0), (60.0, 120.0), (84.0, 110.0))
+    ] + [
+        _row("s4", "JPEG, process workers", "pipeflow in DataLoader workers", 50.0),
+    ]
+    result["rows"].insert(0, _row("s4", "JPEG, thread workers", "pipeflow loader()", 75.0, workers=0))
+    s = report.summarize(result)
+    s1 = s["thread_native"][f"s1 {g1}"]
+    assert s1["loader"]["runs"] == 3 and s1["loader"]["samples_per_s"] == 84.0  # the median
+    assert s1["throughput_ratio"] == pytest.approx(84 / 72, abs=0.01)
+    assert s1["pss_ratio"] == 0.55 and s1["dataloader_workers"] == 2
+    # the thread group's loader row meets the layout's one DataLoader row (in the process group)
+    assert s["thread_native"]["s4 JPEG, thread workers"]["throughput_ratio"] == 1.5
+    assert s["s4"]["JPEG, thread workers"]["bare_samples_per_s"] == 100.0  # never a pipeflow row
+    md = report.write(result, tmp_path)["markdown"].read_text()
+    assert "## Thread-native loading against DataLoader workers" in md and "| 1.17 |" in md

@@ -403,3 +403,29 @@ def test_any_chain_of_saves_and_resumes_delivers_one_epoch(pipe, where, takes, d
 @given(pipe=pipelines(most=4), where=st.sampled_from(RANKS), takes=TAKES)
 def test_any_chain_of_saves_and_resumes_with_dataloader_workers(pipe, where, takes):
     check_resumes(*pipe, where, takes, 2)
+
+
+def test_saving_a_state_that_cannot_resume_mid_epoch_says_so_at_the_save(caplog):
+    # the refusal comes at the restart; the warning comes at the first checkpoint, while the job
+    # can still be changed
+    from pipeflow import _once
+
+    slot = _once._KEYS.index("unreplayable_state")
+    saved = _once._shared[slot]
+    _once._shared[slot] = 0
+    try:
+        with caplog.at_level("WARNING", logger="pipeflow"):
+            ok = iter(pf.from_items(range(10)).map(identity, workers=2, in_order=False).batch(2))
+            next(ok)
+            ok.state_dict()
+            assert not [r for r in caplog.records if "cannot resume mid-epoch" in r.getMessage()]
+            bad = iter(pf.from_items(range(10)).map(identity, workers=2, in_order=False).shuffle(4))
+            next(bad)
+            bad.state_dict()
+            bad.state_dict()
+            ok.close()
+            bad.close()
+    finally:
+        _once._shared[slot] = saved
+    said = [r.getMessage() for r in caplog.records if "cannot resume mid-epoch" in r.getMessage()]
+    assert len(said) == 1 and "shuffle re-reads" in said[0], said
