@@ -175,7 +175,7 @@ def test_cpu_of_processes_outside_the_case_is_counted_over_the_window():
     while time.process_time() < end:  # burn 0.2 s of CPU inside the window
         pass
     outside.close()
-    assert outside.used["me"] >= 0.19
+    assert outside.used["me"] >= 0.2 - 0.02  # the counter psutil reads ticks in 10 ms steps, at both ends
     assert outside.percent()["me"] > 0
 
 
