@@ -338,7 +338,8 @@ class KeyTable(Sequence[Any]):
         """
         digest = _header_digest(data)
         path = node_path(digest)
-        for _ in range(16 if fcntl is not None else 0):  # each round loses only to a holder that let go meanwhile
+        # each round can lose only to a last holder removing the file meanwhile
+        for _ in range(16 if fcntl is not None else 0):
             fd = _held_fd(path)
             if fd is None:
                 _publish(path, data)

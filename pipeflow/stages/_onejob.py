@@ -68,23 +68,12 @@ def _packed(value: Any) -> Any:
 
         buf = io.BytesIO()
         value.save(buf)
-        return _Sent(_TableBytes(buf.getvalue()), value)
+        # rank 0's own file goes with ``value`` now: rank 0 too maps its node's shared file
+        return _TableBytes(buf.getvalue())
     return value
 
 
-class _Sent:
-    """Rank 0 keeps its own table; the others receive the bytes."""
-
-    def __init__(self, data: _TableBytes, table: KeyTable) -> None:
-        self.data, self.table = data, table
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_TableBytes, (bytes(self.data),))
-
-
 def _unpacked(value: Any) -> Any:
-    if isinstance(value, _Sent):
-        return _on_node(value.data)
     if isinstance(value, _TableBytes):
         return _on_node(value)
     return value
