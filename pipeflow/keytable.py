@@ -12,7 +12,11 @@ the items in flight only.
 Files made by :meth:`KeyTable.build` live in the user's cache directory
 (``~/.cache/pipeflow/keys``), belong to the process that made them and are removed when it
 exits; a file left behind by a killed process is removed by the next build on the same host.
-An index file given by the user (``manifest=`` path) is mapped where it is and never removed.
+A table received by several processes of one host (the listing rank 0 broadcasts under
+``torchrun``) is one file per host, named by its checksum (:meth:`KeyTable.on_node`): each holder
+keeps a shared lock on it, the last one removes it, and the next build removes one whose holders
+were all killed. An index file given by the user (``manifest=`` path) is mapped where it is and
+never removed.
 
 Costs: building is O(N) time and O(N) compact memory in the building process (about 8 bytes of
 offset per key plus the key bytes); opening is O(1) and checking the checksum O(N) bytes, once
@@ -493,9 +497,13 @@ def _remove_if_unheld(fd: int, path: str) -> None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return
-    if _same_file(fd, path):  # only the holder of the exclusive lock removes this file
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+    try:
+        if _same_file(fd, path):  # only the holder of the exclusive lock removes this file
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    finally:
+        # a forked child shares this descriptor's lock: drop it, or it would keep others waiting
+        fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def _let_go(fd: int, path: str, owner_pid: int) -> None:

@@ -246,3 +246,26 @@ def test_bad_bytes_are_refused_before_anything_is_written() -> None:
     with pytest.raises(CorruptDataError):
         KeyTable.on_node(b"not an index")
     assert not os.path.exists(keys_dir()) or os.listdir(keys_dir()) == []
+
+
+def test_processes_racing_to_write_one_table_end_up_with_one_file() -> None:
+    data = _index_bytes([f"r{i:05d}" for i in range(5000)])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    script = _HOLDER.format(then="sys.stdout.close(); time.sleep(60)")
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE) for _ in range(3)]
+    try:
+        for proc in procs:  # every process is started (and importing) before any gets its bytes
+            assert proc.stdin is not None
+            proc.stdin.write(data)
+            proc.stdin.close()
+        held = {tuple(proc.stdout.readline().split()) for proc in procs if proc.stdout}
+        assert len(held) == 1  # one path, one inode
+        assert os.listdir(keys_dir()) == [os.path.basename(next(iter(held))[0].decode())]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=30)
+    KeyTable.build(["x"])
+    assert os.listdir(keys_dir()) == []
