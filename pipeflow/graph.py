@@ -27,9 +27,9 @@ from .stages.assigned import AssignedSource, ShuffledSource
 from .stages.base import Stage
 from .stages.shard import Sharder
 
-__all__ = ["Node", "build", "check_options", "checks_options", "draw", "find_sharder", "fingerprint",
-           "format_value", "has_sharder", "is_secret", "known_total", "make_label", "order_notes", "plan",
-           "short_labels", "validate", "walk"]
+__all__ = ["Node", "build", "check_options", "checks_options", "draw", "find_sharder",
+           "fingerprint", "format_value", "has_sharder", "is_secret", "known_total", "make_label",
+           "order_notes", "plan", "short_labels", "stage_names", "validate", "walk"]
 
 log = logging.getLogger("pipeflow")
 @dataclass(frozen=True)
@@ -68,6 +68,26 @@ def short_labels(node: Node) -> dict[int, str]:
 
     visit(node)
     return labels
+
+
+def stage_names(node: Node) -> dict[str, str]:
+    """What each stage is, by short label, for the stats table and the verdict: the label and
+    the function the stage applies (``map#2(decode_fn)``), or the label alone. A label says
+    where a stage is; a table of ``map``, ``map#2``, ``map#3`` does not say which is which."""
+    labels = short_labels(node)
+    names: dict[str, str] = {}
+
+    def visit(current: Node) -> None:
+        label = labels[id(current)]
+        if label in names:
+            return
+        fn = next((a for a in current.args if callable(a) and not isinstance(a, type)), None)
+        names[label] = f"{label}({format_value(fn)})" if fn is not None else label
+        for inp in current.inputs:
+            visit(inp)
+
+    visit(node)
+    return names
 
 
 def _described(node: Node, labels: dict[int, str]) -> str:

@@ -20,7 +20,7 @@ from ._braces import expand_url_items
 from ._checks import check_choice, check_int
 from .elastic import resume_node
 from .formats.images import resolve_jpeg_decoder
-from .graph import Node, checks_options, draw, format_value, make_label, order_notes, validate
+from .graph import Node, checks_options, draw, format_value, make_label, order_notes, stage_names, validate
 from .iterator import PipelineIterator
 from .keytable import KeyTable, shareable
 from .loader import Loader, LoaderOptions
@@ -365,7 +365,9 @@ class Pipeline(torch.utils.data.IterableDataset):
         """What every stage did: a :class:`~pipeflow.stats.PipelineStats` mapping each stage's
         short label (as :meth:`explain` shows it: ``"decode"``, ``"map#2"``) to its items, busy,
         wait and blocked seconds and counters (skips, retries, ...), with a verdict
-        (``.bottleneck``, ``.advice``; ``print()`` it).
+        (``.bottleneck``, ``.advice``; ``print()`` it). The printed table and verdict name each
+        stage by what it is (``map#2(decode_fn)``, ``.name(label)``). ``busy_s`` is a stage's
+        own work, its sources' excluded.
 
         The numbers of DataLoader worker processes are included (they publish a snapshot at
         most every 0.5 s and at the end of each epoch). ``all_ranks=True`` also sums over the
@@ -376,7 +378,7 @@ class Pipeline(torch.utils.data.IterableDataset):
             parts += [(published.get("stages", {}), 1) for published in self._channel.read()]
         if all_ranks:
             parts = _gather_ranks(parts)
-        return PipelineStats.combine(parts)
+        return PipelineStats.combine(parts, names=stage_names(self._node))
 
     @checks_options
     def write_shards(self, url: str, *, format: Literal["tar", "tfrecord"] = "tar",

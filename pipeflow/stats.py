@@ -82,6 +82,11 @@ class Stats:
         with self._lock:
             self._counts[(stage, counter)] = self._counts.get((stage, counter), 0) + n
 
+    def count(self, stage: str, counter: str) -> float:
+        """The value of one counter of ``stage`` in this process (0 when never counted)."""
+        with self._lock:
+            return self._counts.get((stage, counter), 0)
+
     def counting(self, stage: str) -> _Counting:
         """A context in which :func:`note` counts into ``stage`` (on this thread)."""
         return _Counting(self, stage)
@@ -318,15 +323,23 @@ class PipelineStats(Mapping[str, dict[str, float]]):
 
     Attributes:
         processes: how many processes' numbers are summed.
+        names: what each stage is, by label (``map#2(decode_fn)``): the table, the verdict
+            line and the advice show these; stages without one show their label.
         bottleneck: the label of the stage that limits throughput, ``"consumer"`` when the
             pipeline is faster than the code consuming it, or None before any item.
         advice: one line on what to change.
     """
 
-    def __init__(self, stages: Mapping[str, Mapping[str, float]], processes: int = 1) -> None:
+    def __init__(self, stages: Mapping[str, Mapping[str, float]], processes: int = 1, *,
+                 names: Mapping[str, str] | None = None) -> None:
         self._stages = {k: dict(v) for k, v in stages.items()}
         self.processes = max(1, processes)
+        self.names = dict(names or {})
         self.bottleneck, self.advice = self._verdict()
+
+    def name(self, label: str) -> str:
+        """What the stage ``label`` is (``map#2(decode_fn)``), or the label itself."""
+        return self.names.get(label, label)
 
     def __getitem__(self, label: str) -> dict[str, float]:
         return self._stages[label]
@@ -345,7 +358,8 @@ class PipelineStats(Mapping[str, dict[str, float]]):
     __hash__ = None  # type: ignore[assignment]
 
     @classmethod
-    def combine(cls, parts: Iterable[tuple[Mapping[str, Mapping[str, float]], int]]) -> PipelineStats:
+    def combine(cls, parts: Iterable[tuple[Mapping[str, Mapping[str, float]], int]], *,
+                names: Mapping[str, str] | None = None) -> PipelineStats:
         """Sum ``(stages, processes)`` parts (workers, ranks) into one view."""
         stages: dict[str, dict[str, float]] = {}
         processes = 0
@@ -353,7 +367,7 @@ class PipelineStats(Mapping[str, dict[str, float]]):
             if part:
                 merge_stages(stages, part)
                 processes += n
-        return cls(stages, processes)
+        return cls(stages, processes, names=names)
 
     def counters(self, label: str) -> dict[str, float]:
         """A stage's counters (skips, retries, ...) without its timings and configuration."""
@@ -382,9 +396,14 @@ class PipelineStats(Mapping[str, dict[str, float]]):
                                 "(the training step)")
         return worst, self._advice(worst)
 
-    def _advice(self, label: str) -> str:
-        values, kind = self._stages[label], _kind(label)
+    def _advice(self, key: str) -> str:
+        values, kind, label = self._stages[key], _kind(key), self.name(key)
         workers = int(round(values.get("workers", 0) / self.processes))
+        if values.get("backoffs") and kind in _IO_KINDS:
+            return (f"the store pushed back: {label} had {int(values.get('retries', 0))} requests "
+                    f"retried (503 SlowDown, throttling, errors) and its tuner halved the requests in "
+                    f"flight {int(values['backoffs'])} times; the store's request rate is the limit: "
+                    f"spread the data over more prefixes, or ask for a higher rate")
         if "inflight" in values and kind in _IO_KINDS + _CPU_KINDS:
             return self._tuned_advice(label, kind, workers, int(round(values["inflight"] / self.processes)))
         if kind in _IO_KINDS:
@@ -414,25 +433,27 @@ class PipelineStats(Mapping[str, dict[str, float]]):
 
     # ---- display ------------------------------------------------------------------------------
     def table(self) -> str:
-        head = (f"{'stage':<18} {'items':>9} {'busy s':>9} {'wait s':>9} {'blocked s':>9} "
+        width = max([18, *(len(self.name(k)) for k in self._stages)])
+        head = (f"{'stage':<{width}} {'items':>9} {'busy s':>9} {'wait s':>9} {'blocked s':>9} "
                 f"{'workers':>7}  other")
         lines = [head]
         for label, v in self._stages.items():
             other = ", ".join(f"{k}={_fmt(n)}" for k, n in v.items()
                               if k not in TIMING_KEYS and k not in _CONFIG_KEYS)
             workers = v.get("workers")
-            lines.append(f"{label:<18} {int(v.get('items', 0)):>9} {v.get('busy_s', 0):>9.2f} "
+            lines.append(f"{self.name(label):<{width}} {int(v.get('items', 0)):>9} "
+                         f"{v.get('busy_s', 0):>9.2f} "
                          f"{v.get('wait_s', 0):>9.2f} {v.get('blocked_s', 0):>9.2f} "
                          f"{'-' if workers is None else int(workers):>7}  {other}".rstrip())
         return "\n".join(lines)
 
     def __str__(self) -> str:
         shown = "summed over " + (f"{self.processes} processes" if self.processes > 1 else "1 process")
-        verdict = f"bottleneck: {self.bottleneck}" if self.bottleneck else "bottleneck: unknown"
+        verdict = f"bottleneck: {self.name(self.bottleneck)}" if self.bottleneck else "bottleneck: unknown"
         return f"{self.table()}\n({shown})\n{verdict}\nadvice: {self.advice}"
 
     def __repr__(self) -> str:
-        return f"PipelineStats({self._stages!r}, processes={self.processes})"
+        return f"PipelineStats({self._stages!r}, processes={self.processes}, names={self.names!r})"
 
     def as_dict(self) -> dict[str, dict[str, float]]:
         return {k: dict(v) for k, v in self._stages.items()}

@@ -26,10 +26,11 @@ def plot_stats(stats: Any, path: str) -> None:
     for i, (key, name, color) in enumerate(parts):
         ax.barh([y + i * height for y in range(len(labels))], [stats[k].get(key, 0.0) for k in labels],
                 height=height, label=name, color=color)
-    ax.set_yticks([y + height for y in range(len(labels))], labels)
+    named = getattr(stats, "name", str)  # what each stage is: map(decode_fn)
+    ax.set_yticks([y + height for y in range(len(labels))], [named(k) for k in labels])
     ax.invert_yaxis()
     ax.set_xlabel(f"seconds (summed over {stats.processes} process(es))")
-    ax.set_title(f"bottleneck: {stats.bottleneck}")
+    ax.set_title(f"bottleneck: {named(stats.bottleneck) if stats.bottleneck else None}")
     ax.legend(loc="lower right", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable
 from time import perf_counter
 from typing import Literal
 
@@ -95,7 +96,18 @@ class Tuner:
         self._base = (self.value, 0.0)  # (value, rate) the current step is compared with
         self._settled = 0
         self._doubted = False
+        #: how many times the store pushed back (a retried request) and the limit was halved
+        self.backoffs = 0
+        self._pressure: Callable[[], float] | None = None
+        self._pushed = 0.0
         self.pause()
+
+    def watch(self, pressure: Callable[[], float]) -> None:
+        """Back off when ``pressure()`` (a count of retried requests: 503 SlowDown, throttling,
+        5xx, resets) grows: the store is saying "fewer", which no gain in throughput shows
+        in time (a retried request still delivers, late, and the others pay for it)."""
+        self._pressure = pressure
+        self._pushed = pressure()
 
     def pause(self) -> None:
         """Start a new interval (after a pause in delivery, e.g. between epochs)."""
@@ -113,9 +125,24 @@ class Tuner:
             if elapsed < INTERVAL_S or self._items < MIN_ITEMS:
                 return
             rate = self._items / elapsed
-            self._step(rate)
+            if not self._pushed_back():
+                self._step(rate)
             self.value = self._capped(self.value)
             self.pause()
+
+    def _pushed_back(self) -> bool:
+        """Halve the limit and hold it (probing up again only after PROBE_EVERY quiet
+        intervals) when requests were retried since the last interval."""
+        pressure = self._pressure
+        if pressure is None:
+            return False
+        seen = pressure()
+        if seen <= self._pushed:
+            return False
+        self._pushed = seen
+        self.backoffs += 1
+        self._settle(max(self.low, self.value // 2), 0.0)
+        return True
 
     def _capped(self, value: int) -> int:
         high = self.high

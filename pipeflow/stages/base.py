@@ -315,7 +315,7 @@ class Stage(Generic[T]):
         return self._meter.call(self)
 
     def _sample_soon(self) -> int:
-        """Have the meter time this stage's next call and the one after it (for a stage that
+        """Have the meter time this stage's next call (for a stage that
         counts its own items); returns in how many items to call again."""
         return self._meter.sample_soon(self)
 

@@ -10,6 +10,7 @@ process that runs the work), and nobody changes it afterwards.
 
 from __future__ import annotations
 
+import functools
 import logging
 import pickle
 from collections.abc import Callable
@@ -176,10 +177,13 @@ class WindowedStage(Stage[Any]):
         if window is not None and window.tuner is not None and workers:
             workers = min(workers, window.limit)  # the pool's threads beyond the limit stay idle
             numbers["inflight"] = window.limit
+            if window.tuner.backoffs:
+                numbers["backoffs"] = window.tuner.backoffs
         numbers["workers"] = workers
         if window is not None and workers:
-            # the work runs on the pool: the consumer's thread only waits for it
-            numbers["busy_s"] = window.busy_s
+            # the work runs on the pool: the consumer's thread only waits for it; process
+            # tasks are timed from submission, so a queued task's wait is capped here
+            numbers["busy_s"] = min(window.busy_s, self._meter.active() * workers)
             numbers["lanes"] = workers
         return numbers
 
@@ -204,6 +208,8 @@ class WindowedStage(Stage[Any]):
             options, tuner = self.window_options.window(self.name)
             # idle process pools live as long as the pipeline (its stats)
             self._window = Window(self._fn, options, tuner=tuner, owner=self.context.stats)
+            if tuner is not None:  # retried requests of this stage make the tuner back off
+                tuner.watch(functools.partial(self.context.stats.count, self.name, "retries"))
         self._window.restart(state.get("skip", ()) if state else ())
 
     def stop(self) -> None:

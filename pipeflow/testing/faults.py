@@ -24,7 +24,7 @@ fixture (a :class:`~pipeflow.testing.LocalS3`, as :func:`~pipeflow.testing.local
         backend_name = "mybackend"
 
 The suite takes about 15 s per backend on two cores (the outages and stalls are real time);
-the DataLoader case is marked ``slow``. Requires pytest (``pip install 'pipeflow[test]'``).
+the DataLoader case is marked ``slow``. Requires pytest (``pip install -e '.[test]'`` from a checkout).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import pipeflow as pf
-from pipeflow.testing.proxy import DelayProxy
+from pipeflow.backends._retry import RetryPolicy
+from pipeflow.testing.proxy import DelayProxy, Faults
 
 pytestmark = pytest.mark.s3
 
@@ -29,3 +30,23 @@ def test_open_counts_requests_and_bytes(s3, s3_bucket):
     counters = pipe.stats().counters("open")
     assert counters["requests"] == 10
     assert counters["bytes"] == sum(100 + i for i in range(10))
+
+
+def test_auto_open_backs_off_on_slowdown_and_loses_nothing(s3, s3_bucket):
+    # the proxy answers a share of GETs with 503 SlowDown: every object still arrives once and
+    # whole (retried), the retries are counted, and the tuner halves its limit on them
+    objects = {f"t/{i:03d}.bin": bytes([i % 256]) * (512 + i) for i in range(160)}
+    urls = s3.put_many(s3_bucket, objects)
+    policy = RetryPolicy(max_attempts=10, base_delay=0.01, max_delay=0.05)
+    with DelayProxy(s3.endpoint, delay_ms=15, faults=Faults(error_rate=0.1, seed=3)) as proxy:
+        pipe = pf.from_items(urls).open("boto3", read=True, endpoint=proxy.url, retry=policy)
+        got = {record.name: record.data for record in pipe}
+        injected = proxy.stats()["faults"].get("error", 0)
+    assert got == {f"s3://{s3_bucket}/{key}": data for key, data in objects.items()}
+    stats = pipe.stats()
+    assert injected > 0
+    assert stats["open"]["retries"] == injected
+    assert stats["open"]["backoffs"] >= 1, str(stats)
+    assert "backoffs=" in str(stats)
+    if stats.bottleneck == "open":
+        assert stats.advice.startswith("the store pushed back"), stats.advice

@@ -68,6 +68,34 @@ def test_controller_backs_off_when_more_hurts(clock):
     assert _held(seen) == 4
 
 
+def test_controller_backs_off_when_the_store_pushes_back(clock):
+    # more requests would deliver more, but above 8 in flight the store answers some with
+    # 503 SlowDown (retried: a count that grows); the tuner halves and holds instead of climbing
+    retried = [0]
+    tuner = Tuner(1, 64, 4)
+    tuner.watch(lambda: retried[0])
+
+    def rate_at(n):
+        if n > 8:
+            retried[0] += 1
+        return 100.0 * n
+
+    seen = _drive(tuner, clock, rate_at, seconds=30.0)
+    assert tuner.backoffs >= 1
+    assert _held(seen) <= 8, seen
+    # without the push-back the same workload climbs past 8
+    free = Tuner(1, 64, 4)
+    assert _held(_drive(free, clock, lambda n: 100.0 * n, seconds=30.0)) > 8
+    assert free.backoffs == 0
+
+
+def test_controller_ignores_retries_from_before_it_watched(clock):
+    tuner = Tuner(1, 64, 4)
+    tuner.watch(lambda: 5)  # counted in an earlier epoch: no new push-back
+    _drive(tuner, clock, lambda n: 100.0 * min(n, 12), seconds=5.0)
+    assert tuner.backoffs == 0
+
+
 def test_controller_never_leaves_its_range(clock):
     tuner = Tuner(3, 6, 1)
     seen = _drive(tuner, clock, lambda n: 100.0 * n)
