@@ -12,7 +12,11 @@ the items in flight only.
 Files made by :meth:`KeyTable.build` live in the user's cache directory
 (``~/.cache/pipeflow/keys``), belong to the process that made them and are removed when it
 exits; a file left behind by a killed process is removed by the next build on the same host.
-An index file given by the user (``manifest=`` path) is mapped where it is and never removed.
+A table received by several processes of one host (the listing rank 0 broadcasts under
+``torchrun``) is one file per host, named by its checksum (:meth:`KeyTable.on_node`): each holder
+keeps a shared lock on it, the last one removes it, and the next build removes one whose holders
+were all killed. An index file given by the user (``manifest=`` path) is mapped where it is and
+never removed.
 
 Costs: building is O(N) time and O(N) compact memory in the building process (about 8 bytes of
 offset per key plus the key bytes); opening is O(1) and checking the checksum O(N) bytes, once
@@ -36,12 +40,17 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, overload
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: every process keeps its own copy
+    fcntl = None  # type: ignore[assignment]
+
 from ._usercache import cache_root
 from .errors import ConfigError, CorruptDataError
 from .items import ObjectInfo
 
 __all__ = ["INDEX_MAGIC", "INDEX_VERSION", "IndexMeta", "KeyTable", "is_index_file", "keys_dir",
-           "new_table_file", "shareable", "write_index"]
+           "new_table_file", "node_path", "shareable", "write_index"]
 
 #: the first 8 bytes of every index file
 INDEX_MAGIC = b"PFINDEX\x00"
@@ -322,6 +331,33 @@ class KeyTable(Sequence[Any]):
             raise
 
     @classmethod
+    def on_node(cls, data: bytes) -> KeyTable:
+        """A table from the bytes of an index file, held once per host however many processes
+        of the host ask for the same bytes: the file is named by its checksum (:func:`node_path`).
+
+        The first process writes it; the others map the same file. Every holder keeps a shared
+        ``flock`` on it, which the kernel drops when the process ends, even by ``SIGKILL``; the
+        last holder to let go removes the file, and one left by killed holders is removed by the
+        next build on the host (:func:`new_table_file`).
+        """
+        digest = _header_digest(data)
+        path = node_path(digest)
+        # each round can lose only to a last holder removing the file meanwhile
+        for _ in range(16 if fcntl is not None else 0):
+            fd = _held_fd(path)
+            if fd is None:
+                _publish(path, data)
+                continue
+            try:
+                table = cls(path, expect_digest=digest)
+            except CorruptDataError:  # not ours to repair: this process keeps its own copy
+                os.close(fd)
+                return cls.from_bytes(data)
+            weakref.finalize(table, _let_go, fd, path, os.getpid())
+            return table
+        return cls.from_bytes(data)
+
+    @classmethod
     def open(cls, path: str, *, url: str | None = None, pattern: str | None = None,
              check_source: bool = False) -> KeyTable:
         """Map an index file at ``path`` (checked against its checksum). With ``check_source``,
@@ -411,6 +447,75 @@ def _common_prefix(items: Sequence[Any]) -> str:
     return os.path.commonprefix([min(texts), max(texts)])
 
 
+def _header_digest(data: bytes) -> str:
+    return _parse_header(data, len(data), "<received index>")[4].hex()
+
+
+def node_path(digest: str) -> str:
+    """Where the table of this host with checksum ``digest`` lives (see :meth:`KeyTable.on_node`)."""
+    return os.path.join(keys_dir(), f"{_host()}-node-{digest}.pfi")
+
+
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        st = os.fstat(fd)
+        return st.st_nlink > 0 and os.stat(path).st_ino == st.st_ino
+    except OSError:
+        return False
+
+
+def _held_fd(path: str) -> int | None:
+    """A descriptor of ``path`` with a shared lock on it, or None when there is no such file
+    (or it was removed while this process waited for the lock)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while a last holder removes the file
+    if _same_file(fd, path):
+        return fd
+    os.close(fd)
+    return None
+
+
+def _publish(path: str, data: bytes) -> None:
+    """Write ``data`` to a private file and link it to ``path``, unless another process did first."""
+    fd, tmp = new_table_file()
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+
+
+def _remove_if_unheld(fd: int, path: str) -> None:
+    """Remove ``path`` when no other process holds it (an exclusive lock is granted)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return
+    try:
+        if _same_file(fd, path):  # only the holder of the exclusive lock removes this file
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    finally:
+        # a forked child shares this descriptor's lock: drop it, or it would keep others waiting
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _let_go(fd: int, path: str, owner_pid: int) -> None:
+    # a forked child shares the parent's lock; only the process that took it lets it go
+    if os.getpid() != owner_pid:
+        return
+    try:
+        _remove_if_unheld(fd, path)
+    finally:
+        os.close(fd)
+
+
 def _host() -> str:
     return "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:40] or "host"
 
@@ -425,16 +530,31 @@ def new_table_file() -> tuple[int, str]:
 
 
 def _sweep(directory: str) -> None:
-    """Remove tables left by processes of this host that no longer run (killed ones)."""
+    """Remove tables left by processes of this host that no longer run (killed ones), and the
+    host's shared tables that no process holds any more."""
     host = _host() + "-"
     with contextlib.suppress(OSError):
         for name in os.listdir(directory):
             if not name.startswith(host):
                 continue
+            if name.startswith(host + "node-"):
+                _sweep_node_file(os.path.join(directory, name))
+                continue
             pid_text = name[len(host):].split("-", 1)[0]
             if pid_text.isdigit() and not _alive(int(pid_text)):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(directory, name))
+
+
+def _sweep_node_file(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        _remove_if_unheld(fd, path)
+    finally:
+        os.close(fd)
 
 
 def _alive(pid: int) -> bool:

@@ -7,11 +7,15 @@ it raised, to the others, which therefore wait for it (a barrier). Without a pro
 process is its own job.
 
 Cost: one broadcast per call; the payload is what the work returns (a listing goes as the bytes
-of its index file: about 30-80 bytes a key).
+of its index file: about 30-80 bytes a key, to every rank). A received listing is held once per
+node: the node's local rank 0 (``LOCAL_RANK`` set by ``torchrun``) writes it to a file named by
+its checksum while the other ranks wait, then they map that same file
+(:meth:`KeyTable.on_node`).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -64,23 +68,27 @@ def _packed(value: Any) -> Any:
 
         buf = io.BytesIO()
         value.save(buf)
-        return _Sent(_TableBytes(buf.getvalue()), value)
+        # rank 0's own file goes with ``value`` now: rank 0 too maps its node's shared file
+        return _TableBytes(buf.getvalue())
     return value
-
-
-class _Sent:
-    """Rank 0 keeps its own table; the others receive the bytes."""
-
-    def __init__(self, data: _TableBytes, table: KeyTable) -> None:
-        self.data, self.table = data, table
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_TableBytes, (bytes(self.data),))
 
 
 def _unpacked(value: Any) -> Any:
-    if isinstance(value, _Sent):
-        return value.table
     if isinstance(value, _TableBytes):
-        return KeyTable.from_bytes(value)
+        return _on_node(value)
     return value
+
+
+def _on_node(data: bytes) -> KeyTable:
+    """The node's one table of ``data``: the local rank 0 writes it first (the other local ranks
+    wait at a barrier, then find it written); without ``LOCAL_RANK`` every rank is first and the
+    file is still written once (:meth:`KeyTable.on_node` links it in place atomically)."""
+    import torch.distributed as dist
+
+    first = os.environ.get("LOCAL_RANK", "0") == "0"
+    try:
+        if first:
+            return KeyTable.on_node(data)
+    finally:
+        dist.barrier()  # every rank passes it once, whether the first ones succeeded or raised
+    return KeyTable.on_node(data)

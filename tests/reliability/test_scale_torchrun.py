@@ -6,6 +6,7 @@ every case (see torchrun_scale.py)."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -35,11 +36,21 @@ def scale(s3, tmp_path_factory):
         results = torchrun("torchrun_scale.py", out, proxy.url, bucket, timeout=400,
                            env={"XDG_CACHE_HOME": str(out / "cache")})
     assert results["world_size"] == 2
-    return bucket, suite(results, "scale")
+    keys = out / "cache" / "pipeflow" / "keys"
+    left = os.listdir(keys) if keys.exists() else []
+    return bucket, suite(results, "scale"), left
+
+
+def test_the_ranks_of_a_node_map_one_file_and_leave_none(scale):
+    _, ranks, left = scale
+    held = [r["held"] for r in ranks]
+    assert held[0]["path"] == held[1]["path"] and held[0]["inode"] == held[1]["inode"]
+    assert [h["files"] for h in held] == [[os.path.basename(held[0]["path"])]] * 2  # no copy per rank
+    assert left == []  # every table of the job went with it
 
 
 def test_the_job_lists_once_not_once_per_rank(scale):
-    _, ranks = scale
+    _, ranks, _ = scale
     counts = ranks[0]["lists"]
     assert counts["listing"] == 13  # one serial chain, on rank 0 only (two ranks would send 26)
     # several chains: at most one request more a cut (cuts <= threads), never one listing a rank
@@ -50,20 +61,20 @@ def test_the_job_lists_once_not_once_per_rank(scale):
 
 
 def test_large_key_sets_travel_as_shared_tables(scale):
-    _, ranks = scale
+    _, ranks, _ = scale
     assert all(r["kinds"] == {"items": "KeyTable", "index": "KeyTable"} for r in ranks)
 
 
 def test_the_parallel_listing_is_the_listing(scale):
-    bucket, ranks = scale
+    bucket, ranks, _ = scale
     assert all(r["seen"]["parallel-listed"] == [f"s3://{bucket}/data/{i:05d}.bin" for i in range(N)]
                for r in ranks)
 
 
-@pytest.mark.parametrize("source", ["listing", "index", "items"])
+@pytest.mark.parametrize("source", ["listing", "index", "items", "broadcast"])
 @pytest.mark.parametrize("case", [f"w{w}-{c or 'main'}" for w, c in CASES])
 def test_every_key_exactly_once_across_ranks_and_workers(scale, source, case):
-    bucket, ranks = scale
+    bucket, ranks, _ = scale
     if source == "items":
         expected = [f"k{i:07d}" for i in range(SHARE_MIN + 11)]
     else:

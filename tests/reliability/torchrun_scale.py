@@ -20,7 +20,8 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 import pipeflow as pf
-from pipeflow.keytable import SHARE_MIN
+from pipeflow.keytable import SHARE_MIN, KeyTable, keys_dir
+from pipeflow.stages._onejob import on_lead
 
 CASES = [(0, None), (2, "fork"), (3, "fork"), (2, "spawn"), (3, "spawn")]
 
@@ -49,6 +50,12 @@ def suite(proxy: str, bucket: str) -> dict[str, object]:
     opts = {"endpoint": proxy, "page_size": 100}
     url_of = operator.attrgetter("url")
     listing, listed = counted(proxy, lambda: pf.list_objects(url, threads=1, **opts))
+    # a listing this small travels as a tuple: a table made on rank 0 takes the path of a large one
+    urls = [info.url for info in listing._node.kwargs["objects"]]
+    table = on_lead(lambda: KeyTable.build(urls))
+    held = {"path": table.path, "inode": os.stat(table.path).st_ino,
+            "files": sorted(os.listdir(keys_dir()))}
+    dist.barrier()  # both ranks looked at the cache directory before anything else is made
     parallel, listed_parallel = counted(proxy, lambda: pf.list_objects(url, threads=4, **opts))
     index, listed_index = counted(proxy, lambda: pf.list_objects(
         url, manifest=f"s3://{bucket}/_index/data.pfi", **opts))
@@ -58,13 +65,14 @@ def suite(proxy: str, bucket: str) -> dict[str, object]:
     # the parallel listing is the same listing (the integration tests check it key by key):
     # only its requests are counted here
     seen = {"parallel-listed": sorted(map(url_of, parallel._node.kwargs["objects"]))}
-    sources = {"listing": listing.map(url_of), "index": again.map(url_of), "items": pf.from_items(keys)}
+    sources = {"listing": listing.map(url_of), "index": again.map(url_of), "items": pf.from_items(keys),
+               "broadcast": pf.from_items(table)}
     before = lists(proxy)
     for name, pipe in sources.items():
         for workers, context in CASES:
             seen[f"{name}-w{workers}-{context or 'main'}"] = run(pipe, workers, context)
     dist.barrier()
-    return {"seen": seen, "lists": {"listing": listed, "parallel": listed_parallel,
+    return {"seen": seen, "held": held, "lists": {"listing": listed, "parallel": listed_parallel,
                                     "index_cold": listed_index, "index_warm": listed_again,
                                     "loaders": lists(proxy) - before},
             "kinds": {n: type(p._node.args[0] if n == "items" else p._node.kwargs["objects"]).__name__

@@ -176,3 +176,96 @@ def test_local_manifests_old_and_new_formats(tmp_path: Path) -> None:
     garbage.write_bytes(b"not an index at all")
     with pytest.raises(CorruptDataError, match="pipeflow index"):
         pf.list_objects(url, manifest=str(garbage))
+
+
+def _index_bytes(keys: list[str]) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    write_index(buf, keys)
+    return buf.getvalue()
+
+
+_HOLDER = textwrap.dedent("""
+    import os, signal, sys, time
+    from pipeflow.keytable import KeyTable
+    table = KeyTable.on_node(sys.stdin.buffer.read())
+    print(table.path, os.stat(table.path).st_ino, flush=True)
+    {then}
+""")
+
+
+def _holder(data: bytes, then: str) -> tuple[subprocess.Popen[str], str, int]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER.format(then=then)], env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.buffer.write(data)  # type: ignore[attr-defined]
+    proc.stdin.close()
+    path, inode = proc.stdout.readline().split()
+    return proc, path, int(inode)
+
+
+def test_processes_of_a_host_map_one_file_which_the_last_holder_removes() -> None:
+    data = _index_bytes([f"k{i:05d}" for i in range(1000)])
+    mine = KeyTable.on_node(data)
+    other, path, inode = _holder(data, "time.sleep(60)")
+    try:
+        assert path == mine.path and inode == os.stat(mine.path).st_ino
+        assert list(mine) == [f"k{i:05d}" for i in range(1000)]
+        assert os.listdir(keys_dir()) == [os.path.basename(path)]  # one file, no private copy
+        del mine  # a live holder keeps the file ...
+        assert os.path.exists(path)
+        KeyTable.build(["x"])  # ... whatever a sweep says
+        assert os.path.exists(path)
+    finally:
+        other.kill()
+        other.wait(timeout=30)
+    KeyTable.build(["y"])  # a holder killed by SIGKILL holds nothing: the next build sweeps it
+    assert not os.path.exists(path)
+
+
+def test_a_file_killed_holders_leave_goes_with_the_next_holder_or_build() -> None:
+    data = _index_bytes(["a", "b", "c"])
+    killed, path, _ = _holder(data, "os.kill(os.getpid(), signal.SIGKILL)")
+    assert killed.wait(timeout=30) == -signal.SIGKILL and os.path.exists(path)
+    table = KeyTable.on_node(data)  # a new holder takes the file over and removes it at the end
+    assert table.path == path and list(table) == ["a", "b", "c"]
+    del table
+    assert not os.path.exists(path)
+    done, path, _ = _holder(data, "")
+    assert done.wait(timeout=30) == 0 and not os.path.exists(path)  # removed at a normal exit
+    killed, path, _ = _holder(data, "os.kill(os.getpid(), signal.SIGKILL)")
+    assert killed.wait(timeout=30) == -signal.SIGKILL and os.path.exists(path)
+    KeyTable.build(["x"])
+    assert not os.path.exists(path) and os.listdir(keys_dir()) == []
+
+
+def test_bad_bytes_are_refused_before_anything_is_written() -> None:
+    with pytest.raises(CorruptDataError):
+        KeyTable.on_node(b"not an index")
+    assert not os.path.exists(keys_dir()) or os.listdir(keys_dir()) == []
+
+
+def test_processes_racing_to_write_one_table_end_up_with_one_file() -> None:
+    data = _index_bytes([f"r{i:05d}" for i in range(5000)])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]),
+                                                         os.environ.get("PYTHONPATH", "")])}
+    script = _HOLDER.format(then="sys.stdout.close(); time.sleep(60)")
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE) for _ in range(3)]
+    try:
+        for proc in procs:  # every process is started (and importing) before any gets its bytes
+            assert proc.stdin is not None
+            proc.stdin.write(data)
+            proc.stdin.close()
+        held = {tuple(proc.stdout.readline().split()) for proc in procs if proc.stdout}
+        assert len(held) == 1  # one path, one inode
+        assert os.listdir(keys_dir()) == [os.path.basename(next(iter(held))[0].decode())]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(timeout=30)
+    KeyTable.build(["x"])
+    assert os.listdir(keys_dir()) == []
