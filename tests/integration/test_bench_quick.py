@@ -89,4 +89,5 @@ def test_tiny_bench_writes_every_output_with_every_peer(tmp_path):
     assert "pipeflow / this" in markdown and "Ceilings measured in this run" in markdown
     for png in ("throughput_by_scenario.png", "throughput_vs_shard_size.png", "epochs_cache.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert set(result["summary"]) == {"s1", "s2", "s3", "s4", "recipes"}
+    assert set(result["summary"]) == {"s1", "s2", "s3", "s4", "recipes", "thread_native"}
+    assert result["summary"]["thread_native"], "the loader() rows are compared with the DataLoader rows"

@@ -61,9 +61,12 @@ def test_ctrl_c_with_process_workers_is_one_traceback_not_one_per_worker(tmp_pat
 def test_ctrl_c_in_the_pipeflow_command_is_one_line(tmp_path):
     data = tmp_path / "data"
     made = subprocess.run([sys.executable, "-m", "pipeflow.cli", "make-data", "single", str(data), "--count",
-                           "8", "--image-size", "8", "--quiet"], capture_output=True, text=True,
+                           "2000", "--image-size", "8", "--quiet"], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
     assert made.returncode == 0, made.stderr
+    # epochs of several seconds, so the interrupt lands while batches flow: a SIGINT that arrives
+    # while the DataLoader forks its workers (at every epoch start) is raised inside the at-fork
+    # callbacks, where Python reports and drops it (a known gap, docs/guarantees.md)
     # "Iteration N" lines while it runs; the helper waits for the word "running"
     command = [sys.executable, "-c", textwrap.dedent(f"""
         import sys
