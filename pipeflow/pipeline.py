@@ -205,13 +205,18 @@ class Pipeline(torch.utils.data.IterableDataset):
     # ---- backends ------------------------------------------------------------------------
     @checks_options
     def open(self, backend: str | Any = None, *, workers: int | Literal["auto"] = "auto", read: bool = False,
-             on_error: Literal["raise", "skip"] = "raise", **options: Any) -> Pipeline:
+             on_error: Literal["raise", "skip"] = "raise", request_rate: float | None = None,
+             **options: Any) -> Pipeline:
         """Open URL / ``ObjectInfo`` items as ``Opened(url, stream)`` (``Record`` with ``read=True``).
 
         ``backend`` is a name (``"boto3"``, ``"s3torchconnector"``, ...) or None to choose by URL
         scheme; ``workers=N`` keeps N requests in flight on threads, results in order
-        (``"auto"``, the default: tuned while running; 0 opens inline).
+        (``"auto"``, the default: tuned while running; 0 opens inline). ``request_rate``: requests
+        per second for the whole job (every rank and DataLoader worker), split evenly among its
+        processes: the store's per-prefix limit is the job's, not one worker's.
         """
+        if request_rate is not None:
+            options["request_rate"] = request_rate
         return self._then("open", Opener, backend, workers=workers, read=read, on_error=on_error,
                           **options)
 

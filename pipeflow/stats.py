@@ -29,7 +29,9 @@ __all__ = ["PipelineStats", "Stats", "StatsChannel", "merge_stages", "note"]
 TIMING_KEYS = ("items", "busy_s", "wait_s", "blocked_s")
 #: keys that describe a configuration, not an amount: the largest value wins within one
 #: process (successive epochs), they add up across processes
-_CONFIG_KEYS = ("workers", "lanes", "inflight")
+_CONFIG_KEYS = ("workers", "lanes", "inflight", "latency_ms", "request_rate")
+#: what a tuner decided, shown per process in the table's last column
+_TUNED_KEYS = ("inflight", "latency_ms", "request_rate")
 #: at most one snapshot file write per process this often
 PUBLISH_EVERY_S = 0.5
 
@@ -399,6 +401,11 @@ class PipelineStats(Mapping[str, dict[str, float]]):
     def _advice(self, key: str) -> str:
         values, kind, label = self._stages[key], _kind(key), self.name(key)
         workers = int(round(values.get("workers", 0) / self.processes))
+        if values.get("rate_wait_s", 0.0) > 0.5 * values.get("busy_s", 0.0) and kind in _IO_KINDS:
+            rate = values.get("request_rate", 0.0)
+            return (f"the request-rate budget paces {label}: its requests waited "
+                    f"{values['rate_wait_s']:.1f} s for their turn (open(request_rate={rate:g}) for the "
+                    f"job); raise it if the store allows more requests per second for this prefix")
         if values.get("backoffs") and kind in _IO_KINDS:
             return (f"the store pushed back: {label} had {int(values.get('retries', 0))} requests "
                     f"retried (503 SlowDown, throttling, errors) and its tuner halved the requests in "
@@ -438,14 +445,21 @@ class PipelineStats(Mapping[str, dict[str, float]]):
                 f"{'workers':>7}  other")
         lines = [head]
         for label, v in self._stages.items():
-            other = ", ".join(f"{k}={_fmt(n)}" for k, n in v.items()
-                              if k not in TIMING_KEYS and k not in _CONFIG_KEYS)
+            other = ", ".join([*(f"{k}={_fmt(n)}" for k, n in v.items()
+                                 if k not in TIMING_KEYS and k not in _CONFIG_KEYS),
+                               *self._tuned(v)])
             workers = v.get("workers")
             lines.append(f"{self.name(label):<{width}} {int(v.get('items', 0)):>9} "
                          f"{v.get('busy_s', 0):>9.2f} "
                          f"{v.get('wait_s', 0):>9.2f} {v.get('blocked_s', 0):>9.2f} "
                          f"{'-' if workers is None else int(workers):>7}  {other}".rstrip())
         return "\n".join(lines)
+
+    def _tuned(self, values: Mapping[str, float]) -> list[str]:
+        """A tuned stage's decisions per process (``inflight=12/process``)."""
+        n = self.processes
+        return [f"{k}={_fmt(round(values[k] / n, 3 if k == 'latency_ms' else 1))}"
+                + ("/process" if n > 1 else "") for k in _TUNED_KEYS if k in values]
 
     def __str__(self) -> str:
         shown = "summed over " + (f"{self.processes} processes" if self.processes > 1 else "1 process")

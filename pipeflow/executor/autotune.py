@@ -10,12 +10,27 @@ value, and probes one step up now and then in case the load changed. It never le
 DataLoader workers) for CPU-bound work, a larger request count for I/O-bound ``open``, and,
 when items carry bytes, a memory budget of bytes in flight.
 
+A tuner of requests to a store (``store=True``: ``open``) also reads what the store says:
+
+* Little's law: the requests in flight that a demand of ``D`` items/s needs at a latency of
+  ``L`` seconds are ``D x L``. While the consumer waits for results and the latency stays flat,
+  the tuner grows straight to that estimate (up to four times per interval) instead of
+  doubling; when the consumer does not wait, the stage is not the limit and it stops growing.
+* rising latency at the same concurrency: the store (or the link) is saturated, and more in
+  flight only queue. Settled, a latency that doubles over the settled value's makes the tuner
+  step down to what carries the measured throughput at the old latency, and keep the lower
+  value only if it delivers as much (a longer round trip, which needs more in flight, does not).
+* throttling: a rising share of retried requests (503 SlowDown, throttling codes, 5xx, resets)
+  halves the limit; a share that does not fall with fewer requests is the store's own error
+  rate, not a request-rate limit, and becomes the new normal.
+
 Throughput is measured where items leave the window, so a pipeline limited by its consumer
 or its source sees no gain from more concurrency and the tuner stays low.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -23,7 +38,7 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Literal
 
-__all__ = ["AUTO", "BufferTuner", "Tuner", "bounds", "cpu_budget", "dataloader_workers"]
+__all__ = ["AUTO", "BufferTuner", "Interval", "Tuner", "bounds", "cpu_budget", "dataloader_workers"]
 
 AUTO = "auto"
 #: seconds (at least) per measurement interval
@@ -34,6 +49,16 @@ MIN_ITEMS = 12
 GAIN = 0.08
 #: intervals spent settled between two probes one step up
 PROBE_EVERY = 24
+#: the consumer waited more than this share of an interval: it would take more items
+STARVED = 0.1
+#: the consumer waited less than this share of an interval: the stage is not its limit
+IDLE = 0.03
+#: latency this many times the settled value's, at the same concurrency: requests queue
+RISE = 2.0
+#: Little's law estimates get this much room for the noise in rates and latencies
+HEADROOM = 1.25
+#: a share of retried requests up to this much above the normal one is not a push-back
+SHARE_FLOOR = 0.02
 #: requests in flight an ``open`` may reach per process (latency-bound: well above cores)
 IO_HIGH = 64
 #: bytes in flight an ``open`` may hold per process (results read into memory)
@@ -76,6 +101,46 @@ def bounds(kind: Kind) -> tuple[int, int]:
     return 1, (cores if kind == "cpu" else 4 * cores)
 
 
+class Interval:
+    """What one measurement interval saw besides the delivered rate: the time an item spent in
+    the stage's function (a request's latency), the time the consumer waited for a result, and
+    how many requests were retried.
+
+    Attributes:
+        items: items delivered in the interval.
+        seconds: its length.
+        latency_s: mean seconds an item spent in the function (None: none was timed).
+        waited_s: seconds the consumer waited for the window's oldest result.
+        retried: requests retried in the interval (503 SlowDown, throttling, 5xx, resets).
+    """
+
+    __slots__ = ("items", "latency_s", "retried", "seconds", "waited_s")
+
+    def __init__(self, items: int, seconds: float, latency_s: float | None, waited_s: float,
+                 retried: float) -> None:
+        self.items, self.seconds, self.latency_s = items, seconds, latency_s
+        self.waited_s, self.retried = waited_s, retried
+
+    @property
+    def rate(self) -> float:
+        return self.items / self.seconds
+
+    @property
+    def starved(self) -> bool:
+        """The consumer waited a noticeable share of the interval: it would take more."""
+        return self.waited_s > STARVED * self.seconds
+
+    @property
+    def idle(self) -> bool:
+        """The consumer hardly ever waited: this stage is not what limits it."""
+        return self.waited_s < IDLE * self.seconds
+
+    @property
+    def demand(self) -> float:
+        """Items per second the consumer would take if it never waited for this stage."""
+        return self.items / max(self.seconds - self.waited_s, 0.05 * self.seconds)
+
+
 class Tuner:
     """A hill-climbing controller of one in-flight limit, fed by delivered items.
 
@@ -84,28 +149,44 @@ class Tuner:
         start: the first value (clamped into the range).
         byte_budget: when items report sizes, the limit also stays under
             ``byte_budget / average item bytes``.
+        store: the items are requests to a store: size the limit from latency and demand
+            (Little's law), and step down when latency rises at the same concurrency.
     """
 
-    def __init__(self, low: int, high: int, start: int, *, byte_budget: int | None = None) -> None:
+    def __init__(self, low: int, high: int, start: int, *, byte_budget: int | None = None,
+                 store: bool = False) -> None:
         self.low, self.high = max(1, low), max(1, low, high)
         self.value = min(self.high, max(self.low, start))
         self.byte_budget = byte_budget
+        self.store = store
+        #: items per second this stage may deliver at most (a request-rate budget), if known
+        self.ceiling: float | None = None
         self._avg_bytes = 0.0
         self._lock = threading.Lock()
         self._phase = "grow"
         self._base = (self.value, 0.0)  # (value, rate) the current step is compared with
         self._settled = 0
         self._doubted = False
-        #: how many times the store pushed back (a retried request) and the limit was halved
+        #: how many times the store pushed back (a rising share of retried requests) and the
+        #: limit was halved
         self.backoffs = 0
+        #: how many times latency rose at the same concurrency and a lower limit delivered as much
+        self.slowdowns = 0
+        #: mean seconds per request over the last interval, and at the settled value
+        self.latency_s: float | None = None
+        self.base_latency_s: float | None = None
+        self._risen = 0
         self._pressure: Callable[[], float] | None = None
         self._pushed = 0.0
+        self._share: float | None = 0.0  # the retried share taken as normal (None: measuring)
+        self._trigger = 1.0  # the share that caused the last backoff
         self.pause()
 
     def watch(self, pressure: Callable[[], float]) -> None:
-        """Back off when ``pressure()`` (a count of retried requests: 503 SlowDown, throttling,
-        5xx, resets) grows: the store is saying "fewer", which no gain in throughput shows
-        in time (a retried request still delivers, late, and the others pay for it)."""
+        """Back off when the share of requests that ``pressure()`` (a count of retried requests:
+        503 SlowDown, throttling, 5xx, resets) says were retried rises: the store is saying
+        "fewer", which no gain in throughput shows in time (a retried request still
+        delivers, late, and the others pay for it)."""
         self._pressure = pressure
         self._pushed = pressure()
 
@@ -113,6 +194,19 @@ class Tuner:
         """Start a new interval (after a pause in delivery, e.g. between epochs)."""
         self._t0 = perf_counter()
         self._items = 0
+        self._waited = 0.0
+        self._served_s = 0.0
+        self._served = 0
+
+    def served(self, seconds: float) -> None:
+        """One call of the function (a request) took ``seconds``; any thread may call it."""
+        with self._lock:
+            self._served_s += seconds
+            self._served += 1
+
+    def waited(self, seconds: float) -> None:
+        """The consumer waited ``seconds`` for the window's oldest result."""
+        self._waited += seconds
 
     def delivered(self, nbytes: int = 0) -> None:
         """One item left the window (``nbytes``: its size, when known)."""
@@ -124,23 +218,43 @@ class Tuner:
             elapsed = perf_counter() - self._t0
             if elapsed < INTERVAL_S or self._items < MIN_ITEMS:
                 return
-            rate = self._items / elapsed
-            if not self._pushed_back():
-                self._step(rate)
+            latency = self._served_s / self._served if self._served else None
+            interval = Interval(self._items, elapsed, latency, self._waited, self._retried())
+            if not self._pushed_back(interval):
+                if self.store:
+                    self._store_step(interval)
+                else:
+                    self._step(interval.rate)
             self.value = self._capped(self.value)
             self.pause()
 
-    def _pushed_back(self) -> bool:
-        """Halve the limit and hold it (probing up again only after PROBE_EVERY quiet
-        intervals) when requests were retried since the last interval."""
+    def _retried(self) -> float:
         pressure = self._pressure
         if pressure is None:
-            return False
+            return 0.0
         seen = pressure()
-        if seen <= self._pushed:
+        new, self._pushed = max(0.0, seen - self._pushed), seen
+        return new
+
+    def _pushed_back(self, interval: Interval) -> bool:
+        """Halve the limit and hold it (probing up again only after PROBE_EVERY quiet
+        intervals) when the share of retried requests rose beyond the normal one (beyond the
+        noise of a share measured over few requests)."""
+        share = interval.retried / interval.items
+        normal = self._share
+        if normal is None:  # the first interval after a backoff: what does this level see?
+            if SHARE_FLOOR < share < self._trigger - _noise(self._trigger, interval.items):
+                return self._back_off(share)  # fewer requests, fewer retried: fewer still
+            self._share = share  # as many as before: the store's own error rate
             return False
-        self._pushed = seen
+        if share <= normal + SHARE_FLOOR + _noise(normal, interval.items):
+            self._share = normal + 0.2 * (share - normal)
+            return False
+        return self._back_off(share)
+
+    def _back_off(self, share: float) -> bool:
         self.backoffs += 1
+        self._share, self._trigger = None, share
         self._settle(max(self.low, self.value // 2), 0.0)
         return True
 
@@ -150,13 +264,80 @@ class Tuner:
             high = min(high, max(self.low, int(self.byte_budget / self._avg_bytes)))
         return min(high, max(self.low, value))
 
-    def _step(self, rate: float) -> None:
+    # ---- requests to a store ------------------------------------------------------------------
+    def _store_step(self, interval: Interval) -> None:
+        """One interval of a store's tuner: latency and demand first, then the hill-climb."""
+        latency, phase = interval.latency_s, self._phase
+        self.latency_s = latency
+        if phase == "shrink":
+            self._judge_shrink(interval)
+        elif phase == "steady" and self._latency_rose(latency):
+            self._shrink(interval)
+        elif phase == "grow" and self._base[1] > 0.0 and (interval.idle or self._at_ceiling(interval)):
+            self._settle(self.value, interval.rate)  # the consumer does not wait, or may not get more
+        elif (phase == "steady" and interval.starved and self._settled >= 4 and not self._risen
+              and not self._at_ceiling(interval)):
+            self._probe()  # the consumer waits at a flat latency: more may help now
+        else:
+            self._step(interval.rate, self._little(interval))
+        if self._phase == "steady" and latency is not None and not self._risen:
+            base = self.base_latency_s
+            self.base_latency_s = latency if base is None else base + 0.1 * (latency - base)
+
+    def _latency_rose(self, latency: float | None) -> bool:
+        """Twice in a row, latency more than doubled over the settled value's."""
+        base = self.base_latency_s
+        if latency is None or base is None or latency <= RISE * base or self.value <= self.low:
+            self._risen = 0
+            return False
+        self._risen += 1
+        return self._risen >= 2
+
+    def _shrink(self, interval: Interval) -> None:
+        """Step down to what carries the measured throughput at the settled latency (Little's
+        law), at most a quarter off; :meth:`_judge_shrink` keeps it if it delivers as much."""
+        assert self.base_latency_s is not None
+        needed = math.ceil(interval.rate * self.base_latency_s * HEADROOM)
+        self._phase, self._base = "shrink", (self.value, interval.rate)
+        self.value = max(self.low, min(needed, self.value * 3 // 4))
+
+    def _judge_shrink(self, interval: Interval) -> None:
+        base_value, base_rate = self._base
+        self._risen = 0
+        if interval.rate >= base_rate * (1 - GAIN):  # as much with fewer: they were queueing
+            self.slowdowns += 1
+            self._settle(self.value, interval.rate)
+        else:  # fewer delivered less: a longer round trip, not a queue; its latency is the norm
+            self._settle(base_value, base_rate)
+        self.base_latency_s = interval.latency_s
+
+    def _little(self, interval: Interval) -> int | None:
+        """The next value to try when growing: Little's law, ``demand x latency`` with some
+        headroom, between two and four times the limit; None (double) unless the consumer
+        waits and the latency is flat."""
+        latency, base = interval.latency_s, self.base_latency_s
+        if latency is None or not interval.starved or (base is not None and latency > RISE * base):
+            return None
+        demand = min(interval.demand, self.ceiling or math.inf)
+        needed = math.ceil(demand * latency * HEADROOM)
+        return max(2 * self.value, min(4 * self.value, needed))
+
+    def _at_ceiling(self, interval: Interval) -> bool:
+        return self.ceiling is not None and interval.rate >= (1 - GAIN) * self.ceiling
+
+    def _probe(self) -> None:
+        self._phase, self._settled = "probe", 0
+        self.value = max(self.value + 1, self.value * 3 // 2)
+
+    # ---- the hill-climb -----------------------------------------------------------------------
+    def _step(self, rate: float, grow_to: int | None = None) -> None:
         base_value, base_rate = self._base
         better = rate > base_rate * (1 + GAIN)
+        nxt = grow_to or self.value * 2
         if self._phase == "grow":
             if base_rate == 0.0 or (better and self.value > base_value):
                 self._doubted = False
-                self._try(self.value, rate, self.value * 2)
+                self._try(self.value, rate, nxt)
             elif self.value > base_value and not self._doubted:
                 # one interval that did not pay may be noise (or a neighbour's step: DataLoader
                 # workers tune at once and share the cores): measure the same step again
@@ -175,15 +356,14 @@ class Tuner:
         elif self._phase == "probe":
             if better:
                 self._phase = "grow"
-                self._try(self.value, rate, self.value * 2)
+                self._try(self.value, rate, nxt)
             else:
                 self._settle(base_value, base_rate)
         else:
             self._settled += 1
             self._base = (self.value, 0.5 * (base_rate + rate))
             if self._settled >= PROBE_EVERY and self.value < self._capped(self.high):
-                self._phase, self._settled = "probe", 0
-                self.value = max(self.value + 1, self.value * 3 // 2)
+                self._probe()
 
     def _try(self, value: int, rate: float, nxt: int) -> None:
         self._base = (value, rate)
@@ -194,6 +374,8 @@ class Tuner:
             self.value = nxt
 
     def _settle(self, value: int, rate: float) -> None:
+        if value != self.value:
+            self.base_latency_s = None  # measured again at the value held
         self._phase, self._settled = "steady", 0
         self.value, self._base = value, (value, rate)
 
@@ -201,6 +383,11 @@ class Tuner:
     def settled(self) -> bool:
         """True once the tuner holds a value (it may still probe later)."""
         return self._phase == "steady"
+
+
+def _noise(share: float, items: int) -> float:
+    """Two standard deviations of a share measured over ``items`` requests."""
+    return 2.0 * math.sqrt(max(share * (1.0 - share), 0.0) / max(1, items))
 
 
 class BufferTuner:

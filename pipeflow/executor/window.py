@@ -19,11 +19,13 @@ failed".
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any, Literal, Protocol
 
 from .._checks import check_bool, check_choice, check_int
@@ -94,6 +96,15 @@ class Task:
 
     def __init__(self, seq: int, snapshot: dict[str, Any], item: Any, future: Future[Any] | None) -> None:
         self.seq, self.snapshot, self.item, self.future = seq, snapshot, item, future
+
+
+def _timed_call(fn: Callable[[Any], Any], tuner: Tuner, item: Any) -> Any:
+    """``fn(item)``, telling ``tuner`` how long it took (a request's latency, retries included)."""
+    t0 = perf_counter()
+    try:
+        return fn(item)
+    finally:
+        tuner.served(perf_counter() - t0)
 
 
 def _done(fn: Callable[[Any], Any], item: Any) -> Future[Any]:
@@ -225,6 +236,20 @@ class Window:
                        return_when=FIRST_COMPLETED)
         return next(t for t in self._pending if t.future in done)
 
+    def wait(self, task: Task) -> Any:
+        """``task``'s result (raising its error), waiting for it; a tuner learns how long the
+        consumer waited."""
+        future = task.future
+        assert future is not None  # next_task() returns sent tasks only
+        tuner = self.tuner
+        if tuner is None or future.done():
+            return future.result()
+        t0 = perf_counter()
+        try:
+            return future.result()
+        finally:
+            tuner.waited(perf_counter() - t0)
+
     def complete(self, task: Task) -> None:
         """``task`` was delivered (or skipped): it leaves the window."""
         pending = self._pending
@@ -298,7 +323,10 @@ class Window:
         assert self._pool is not None
         try:
             if self._pool.method == "thread":
-                return self._pool.submit(self.meter.thread_task(self.fn), item)
+                fn = self.meter.thread_task(self.fn)
+                if self.tuner is not None and self.tuner.store:  # it sizes from latency
+                    fn = functools.partial(_timed_call, fn, self.tuner)
+                return self._pool.submit(fn, item)
             future = self._pool.submit(self.fn, item)
             future.add_done_callback(self.meter.process_task())
             return future

@@ -104,7 +104,21 @@ class WindowedOptions:
             size, tuner = workers, Tuner(workers, 4 * workers, 2 * workers)
         if kind in ("io", "stream"):
             tuner.byte_budget = BYTE_BUDGET // dataloader_workers()
+            tuner.store = True  # requests: latency and demand size the limit
         return size, tuner
+
+
+def _decisions(tuner: Tuner) -> dict[str, float]:
+    """What a tuner decided, for ``stats()``: its push-backs, and for requests to a store the
+    latency it sizes from (milliseconds, the last interval's mean and the settled value's)."""
+    numbers: dict[str, float] = {}
+    if tuner.backoffs:
+        numbers["backoffs"] = tuner.backoffs
+    if tuner.slowdowns:
+        numbers["slowdowns"] = tuner.slowdowns
+    if tuner.latency_s is not None:
+        numbers["latency_ms"] = round(1000.0 * tuner.latency_s, 3)
+    return numbers
 
 
 class WindowedStage(Stage[Any]):
@@ -177,8 +191,7 @@ class WindowedStage(Stage[Any]):
         if window is not None and window.tuner is not None and workers:
             workers = min(workers, window.limit)  # the pool's threads beyond the limit stay idle
             numbers["inflight"] = window.limit
-            if window.tuner.backoffs:
-                numbers["backoffs"] = window.tuner.backoffs
+            numbers.update(_decisions(window.tuner))
         numbers["workers"] = workers
         if window is not None and workers:
             # the work runs on the pool: the consumer's thread only waits for it; process
@@ -236,10 +249,8 @@ class WindowedStage(Stage[Any]):
             task = window.next_task(self.source)
             if task is None:
                 raise StopIteration
-            future = task.future
-            assert future is not None  # next_task() returns sent tasks only
             try:
-                value = future.result()
+                value = window.wait(task)
             except Exception as exc:
                 self._failed(exc, task.item)  # raises unless the item is skipped
                 window.complete(task)

@@ -22,6 +22,7 @@ from .._checks import check_bool
 from ..backends._retry import RetryPolicy
 from ..backends.base import Backend, scheme_of
 from ..backends.registry import backend_class, preferred_backend_for_url
+from ..executor.budget import RateBudget, check_rate, process_share
 from ..items import Opened, Record
 from ..stats import Stats
 from ._backends import BackendsByScheme, url_of
@@ -36,7 +37,7 @@ default_backend = preferred_backend_for_url
 
 
 #: ``open()``'s own options; the rest of its keywords are backend options
-_OWN_OPTIONS = ("backend", "workers", "read", "on_error", "max_inflight")
+_OWN_OPTIONS = ("backend", "workers", "read", "on_error", "max_inflight", "request_rate")
 
 
 class OpenFn:
@@ -51,18 +52,24 @@ class OpenFn:
                                          stage_options=_OWN_OPTIONS)
         #: ``(stats, stage label)`` to count requests, bytes and retries into; set per run
         self.counts: tuple[Stats, str] | None = None
+        #: this process's share of the job's request rate, when there is a budget; set per run
+        self.budget: RateBudget | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "counts": None}  # counters stay in the process that owns them
+        # counters and the pace stay in the process that owns them
+        return {**self.__dict__, "counts": None, "budget": None}
 
     def __call__(self, item: Any) -> Opened | Record:
         url = url_of(item, "open")
         scheme_of(url)  # InvalidURLError for non-strings early
         be = self.backends.for_url(url)
-        counts = self.counts
+        counts, budget = self.counts, self.budget
+        waited = budget.acquire() if budget is not None else 0.0
         if counts is None:
             return self._open(be, url)
         stats, label = counts
+        if waited:
+            stats.incr(label, "rate_wait_s", waited)
         with stats.counting(label):  # retries inside the backend are counted for this stage
             result = self._open(be, url)
         stats.incr(label, "requests")
@@ -76,6 +83,9 @@ class OpenFn:
         return Opened(url, be.open(url))
 
     def close(self) -> None:
+        budget, self.budget = self.budget, None  # a next run paces afresh
+        if budget is not None:
+            budget.close()  # a thread waiting for its slot leaves now
         self.backends.close()
 
 
@@ -105,14 +115,19 @@ class Opener(WindowedStage):
         on_error: ``"raise"`` or ``"skip"`` (skips are counted in ``stats()``).
         max_inflight: bound on opened-but-undelivered objects (default ``2 * workers``;
             ``"auto"`` tunes it).
+        request_rate: requests per second for the whole job, split evenly among its
+            processes (ranks x DataLoader workers); None: no budget.
         **options: backend options (need an explicit ``backend``).
     """
 
     def __init__(self, source: Stage[Any], backend: str | Backend | None = None, *,
                  workers: int | str = "auto", read: bool = False,
                  on_error: Literal["raise", "skip"] = "raise",
-                 max_inflight: int | str | None = None, **options: Any) -> None:
+                 max_inflight: int | str | None = None, request_rate: float | None = None,
+                 **options: Any) -> None:
         check_bool(read, "open(read=...)")
+        self._request_rate = check_rate(request_rate, "open(request_rate=...)")
+        self._share: float | None = None  # this process's requests per second, once started
         self._open_fn = OpenFn(backend, read, options)
         super().__init__(source, self._open_fn, WindowedOptions(
             what="open", workers=workers, method="thread", in_order=True, max_inflight=max_inflight,
@@ -137,7 +152,20 @@ class Opener(WindowedStage):
 
     def start(self, state: dict[str, Any] | None) -> None:
         self._open_fn.counts = (self.context.stats, self.name)
+        if self._request_rate is not None and self._open_fn.budget is None:
+            # the job's rate, split over its processes: known here without asking the others
+            self._share = process_share(self._request_rate, self.context.num_shards)
+            self._open_fn.budget = RateBudget(self._share)
         super().start(state)
+        budget, window = self._open_fn.budget, self.window
+        if budget is not None and window is not None and window.tuner is not None:
+            window.tuner.ceiling = budget.rate  # more in flight than the budget carries only wait
+
+    def measure(self) -> dict[str, float]:
+        numbers = super().measure()
+        if self._share is not None:
+            numbers["request_rate"] = self._share  # summed over processes: the job's budget
+        return numbers
 
     def next(self) -> Any:
         value = super().next()
