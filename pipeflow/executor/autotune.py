@@ -180,6 +180,8 @@ class Tuner:
         self._pushed = 0.0
         self._share: float | None = 0.0  # the retried share taken as normal (None: measuring)
         self._trigger = 1.0  # the share that caused the last backoff
+        self._hold = 4  # settled intervals before a waiting consumer makes it probe up
+        self._throttled_at: int | None = None  # the limit at the last push-back
         self.pause()
 
     def watch(self, pressure: Callable[[], float]) -> None:
@@ -245,7 +247,9 @@ class Tuner:
         if normal is None:  # the first interval after a backoff: what does this level see?
             if SHARE_FLOOR < share < self._trigger - _noise(self._trigger, interval.items):
                 return self._back_off(share)  # fewer requests, fewer retried: fewer still
-            self._share = share  # as many as before: the store's own error rate
+            self._share = share
+            if share > SHARE_FLOOR:  # as many as before: the store's own error rate, no limit
+                self._throttled_at = None
             return False
         if share <= normal + SHARE_FLOOR + _noise(normal, interval.items):
             self._share = normal + 0.2 * (share - normal)
@@ -253,9 +257,14 @@ class Tuner:
         return self._back_off(share)
 
     def _back_off(self, share: float) -> bool:
+        """Down to what the store accepted (Little's law: the requests in flight that carried
+        the share it did not refuse), by a half at most."""
         self.backoffs += 1
         self._share, self._trigger = None, share
-        self._settle(max(self.low, self.value // 2), 0.0)
+        self._throttled_at = value = self.value
+        accepted = min(value - 1, math.floor(value * (1.0 - share)))
+        self._settle(max(self.low, value // 2, accepted), 0.0)
+        self._hold = PROBE_EVERY  # the store asked for fewer: no quick probe up
         return True
 
     def _capped(self, value: int) -> int:
@@ -273,9 +282,11 @@ class Tuner:
             self._judge_shrink(interval)
         elif phase == "steady" and self._latency_rose(latency):
             self._shrink(interval)
-        elif phase == "grow" and self._base[1] > 0.0 and (interval.idle or self._at_ceiling(interval)):
+        elif phase == "grow" and (interval.idle or self._at_ceiling(interval)):
             self._settle(self.value, interval.rate)  # the consumer does not wait, or may not get more
-        elif (phase == "steady" and interval.starved and self._settled >= 4 and not self._risen
+        elif phase == "steady" and interval.idle:
+            self._settled = 0  # no probing up while the consumer does not wait
+        elif (phase == "steady" and interval.starved and self._settled >= self._hold and not self._risen
               and not self._at_ceiling(interval)):
             self._probe()  # the consumer waits at a flat latency: more may help now
         else:
@@ -327,13 +338,24 @@ class Tuner:
 
     def _probe(self) -> None:
         self._phase, self._settled = "probe", 0
-        self.value = max(self.value + 1, self.value * 3 // 2)
+        self.value = self._up(max(self.value + 1, self.value * 3 // 2))
+
+    def _up(self, nxt: int) -> int:
+        """The next value when growing to ``nxt``: below the limit at which the store last
+        pushed back, at most just under it; at or above it, an eighth more (the store's rate
+        may have grown since, or the push-back came from someone else's requests)."""
+        pushed = self._throttled_at
+        if pushed is None:
+            return nxt
+        if self.value < pushed - 1:
+            return min(nxt, pushed - 1)
+        return self.value + max(1, self.value // 8)
 
     # ---- the hill-climb -----------------------------------------------------------------------
     def _step(self, rate: float, grow_to: int | None = None) -> None:
         base_value, base_rate = self._base
         better = rate > base_rate * (1 + GAIN)
-        nxt = grow_to or self.value * 2
+        nxt = self._up(grow_to or self.value * 2)
         if self._phase == "grow":
             if base_rate == 0.0 or (better and self.value > base_value):
                 self._doubted = False
@@ -376,7 +398,7 @@ class Tuner:
     def _settle(self, value: int, rate: float) -> None:
         if value != self.value:
             self.base_latency_s = None  # measured again at the value held
-        self._phase, self._settled = "steady", 0
+        self._phase, self._settled, self._hold = "steady", 0, 4
         self.value, self._base = value, (value, rate)
 
     @property

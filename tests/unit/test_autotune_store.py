@@ -1,0 +1,215 @@
+"""The tuner of requests to a store (``open``): Little's law, rising latency, throttling, a
+ceiling, and the request-rate budget. Simulated stores on a fake clock: behaviour only."""
+
+import random
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+import pipeflow as pf
+from pipeflow.errors import ConfigError
+from pipeflow.executor import autotune
+from pipeflow.executor.autotune import Tuner
+from pipeflow.executor.budget import RateBudget, check_rate, process_share
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    fake = FakeClock()
+    monkeypatch.setattr(autotune, "perf_counter", fake)
+    return fake
+
+
+class Store:
+    """A store answering ``n`` requests in flight: each takes ``latency`` seconds (at least; a
+    store serving at most ``capacity`` requests/s queues the rest), for a consumer that would
+    take ``demand`` items/s. Optionally a share of requests is retried (503s)."""
+
+    def __init__(self, latency=0.02, capacity=float("inf"), demand=5000.0, retried=lambda n: 0.0):
+        self.latency, self.capacity, self.demand, self.retried = latency, capacity, demand, retried
+        self.retries = 0.0
+        self.rng = random.Random(7)
+
+    def step(self, n):
+        """``(seconds per delivered item, latency, seconds the consumer waited)``."""
+        rate = min(n / self.latency, self.capacity)
+        latency = max(self.latency, n / self.capacity)
+        dt = 1.0 / min(rate, self.demand)
+        waited = max(0.0, dt - 1.0 / self.demand)
+        if self.rng.random() < self.retried(n):
+            self.retries += 1
+        return dt, latency, waited
+
+
+def drive(tuner, clock, store, seconds=20.0):
+    """Run ``store`` under ``tuner`` for ``seconds``; the limits seen, one per item."""
+    seen = []
+    end = clock.now + seconds
+    while clock.now < end:
+        dt, latency, waited = store.step(tuner.value)
+        clock.now += dt
+        tuner.served(latency)
+        tuner.waited(waited)
+        tuner.delivered()
+        seen.append(tuner.value)
+    return seen
+
+
+def held(seen):
+    """The limit held most of the second half of a run."""
+    return Counter(seen[len(seen) // 2:]).most_common(1)[0][0]
+
+
+def first_reaching(seen, value):
+    return next(i for i, v in enumerate(seen) if v >= value)
+
+
+def test_littles_law_grows_faster_than_doubling_while_the_consumer_waits(clock):
+    # latency flat at 50 ms whatever is in flight, a consumer that would take 2,000/s: it
+    # needs 2000 x 0.05 = 100 in flight; the store's tuner gets there in fewer intervals
+    store_tuner, plain = Tuner(1, 128, 4, store=True), Tuner(1, 128, 4)
+    fast = drive(store_tuner, clock, Store(latency=0.05, demand=2000.0), seconds=5.0)
+    slow = drive(plain, clock, Store(latency=0.05, demand=2000.0), seconds=5.0)
+    assert held(fast) >= 64 and held(slow) >= 64
+    # in items delivered before reaching 64: the store tuner needs fewer intervals to get there
+    assert first_reaching(fast, 64) < first_reaching(slow, 64)
+
+
+def test_it_does_not_grow_when_the_consumer_does_not_wait(clock):
+    tuner = Tuner(1, 64, 4, store=True)
+    seen = drive(tuner, clock, Store(latency=0.02, demand=100.0))  # 4 in flight carry 200/s
+    assert held(seen) <= 8 and max(seen) <= 8
+
+
+def test_it_holds_near_the_knee_of_a_saturated_store(clock):
+    # 1,000 requests/s at 10 ms: 10 in flight saturate it, more only queue
+    seen = drive(Tuner(1, 64, 4, store=True), clock, Store(latency=0.01, capacity=1000.0))
+    assert 8 <= held(seen) <= 32, seen[-50:]
+
+
+def test_latency_rising_at_the_same_concurrency_steps_down(clock):
+    tuner = Tuner(1, 64, 4, store=True)
+    store = Store(latency=0.01, capacity=1000.0)
+    before = held(drive(tuner, clock, store, seconds=15.0))
+    store.capacity = 250.0  # the store slows down (another tenant): the same requests queue
+    after = held(drive(tuner, clock, store, seconds=30.0))
+    assert tuner.slowdowns >= 1
+    assert after < before, (before, after)
+
+
+def test_a_longer_round_trip_is_no_reason_to_step_down(clock):
+    # the latency rises because the link got longer, not because requests queue: fewer in
+    # flight would deliver less, so the tuner keeps (or raises) its limit
+    tuner = Tuner(1, 32, 4, store=True)
+    store = Store(latency=0.01, demand=20000.0)
+    before = held(drive(tuner, clock, store, seconds=10.0))
+    store.latency = 0.04
+    after = held(drive(tuner, clock, store, seconds=20.0))
+    assert before == 32 and after == 32
+    assert tuner.slowdowns == 0
+
+
+def test_a_rising_share_of_throttled_requests_halves_the_limit(clock):
+    # above 8 in flight the store throttles what exceeds its rate: the share of 503s grows
+    # with the requests sent, so the tuner backs off and stays at or below 8
+    store = Store(latency=0.01, retried=lambda n: max(0.0, 1.0 - 8 / n))
+    tuner = Tuner(1, 64, 4, store=True)
+    tuner.watch(lambda: store.retries)
+    seen = drive(tuner, clock, store, seconds=30.0)
+    assert tuner.backoffs >= 1
+    assert held(seen) <= 8, seen[-50:]
+
+
+def test_a_steady_share_of_errors_is_not_a_request_rate_limit(clock):
+    # one request in ten fails whatever the rate: backing off would not lower it, so after
+    # finding that out the tuner climbs as it would without errors
+    store = Store(latency=0.01, retried=lambda n: 0.1)
+    tuner = Tuner(1, 64, 4, store=True)
+    tuner.watch(lambda: store.retries)
+    seen = drive(tuner, clock, store, seconds=30.0)
+    assert held(seen) >= 32, seen[-50:]
+    assert tuner.backoffs <= 3
+
+
+def test_a_ceiling_stops_growth_where_the_budget_is_reached(clock):
+    tuner = Tuner(1, 64, 4, store=True)
+    tuner.ceiling = 300.0  # a request-rate budget: 300/s at 20 ms needs 6 in flight
+    store = Store(latency=0.02, capacity=300.0)
+    seen = drive(tuner, clock, store)
+    assert held(seen) <= 16, seen[-50:]
+
+
+def test_settles_under_throttling(clock):
+    store = Store(latency=0.01, retried=lambda n: max(0.0, 1.0 - 12 / n))
+    tuner = Tuner(1, 64, 4, store=True)
+    tuner.watch(lambda: store.retries)
+    seen = drive(tuner, clock, store, seconds=40.0)
+    tail = seen[len(seen) // 2:]
+    value, count = Counter(tail).most_common(1)[0]
+    # a probe up now and then and its return, no swings: one value most of the time, and
+    # everything within a factor of two of it
+    assert count >= 0.75 * len(tail), Counter(tail)
+    assert value / 2 <= min(tail) and max(tail) <= 2 * value, Counter(tail)
+    assert 6 <= value <= 12
+
+
+# ---- the request-rate budget -----------------------------------------------------------------
+def test_budget_paces_calls_to_its_rate():
+    now = [0.0]
+    budget = RateBudget(10.0, clock=lambda: now[0])
+    waits = [budget.reserve() for _ in range(21)]
+    assert waits[0] == 0.0
+    assert waits[-1] == pytest.approx(2.0)  # 21 calls at once: the last one 2 s later
+    now[0] = 100.0  # idle for long: one call passes at once, no burst saved up beyond it
+    assert budget.reserve() == 0.0 and budget.reserve() == pytest.approx(0.1)
+
+
+def test_budget_close_wakes_waiting_threads():
+    budget = RateBudget(0.01)  # one call per 100 s
+    budget.acquire()
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (budget.acquire(), done.set()))
+    thread.start()
+    time.sleep(0.05)
+    budget.close()
+    assert done.wait(5.0)
+    thread.join(5.0)
+
+
+def test_the_job_budget_is_split_over_ranks_and_workers():
+    assert process_share(3500.0, 4 * 2) == 437.5
+    assert process_share(100.0, 1) == 100.0
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("inf"), float("nan"), "100", True])
+def test_invalid_request_rates_are_config_errors(value):
+    with pytest.raises(ConfigError, match=r"open\(request_rate=...\)"):
+        pf.from_items(["/x"]).open(read=True, request_rate=value)
+    assert check_rate(None, "x") is None
+
+
+def test_open_with_a_budget_shows_it_in_explain_and_stats(tmp_path):
+    paths = []
+    for i in range(12):
+        path = tmp_path / f"{i}.bin"
+        path.write_bytes(bytes([i]))
+        paths.append(str(path))
+    pipe = pf.from_items(paths).open(read=True, request_rate=40)
+    assert "request_rate=40" in pipe.explain()
+    t0 = time.monotonic()
+    assert [r.data for r in pipe] == [bytes([i]) for i in range(12)]
+    assert time.monotonic() - t0 >= 11 / 40 - 0.01  # 12 requests at 40/s: paced, never faster
+    stats = pipe.stats()
+    assert stats["open"]["request_rate"] == 40
+    assert stats["open"]["rate_wait_s"] > 0
+    assert "request_rate=40" in str(stats)
