@@ -1,6 +1,6 @@
 """Autotune grid: hand-tuned concurrency vs ``"auto"``, measured in the same run.
 
-    python -m benchmarks.autotune [--quick] [--repeats N] [--out DIR]
+    python -m benchmarks.autotune [--quick] [--repeats N] [--only TEXT] [--out DIR]
 
 Three workloads, each a grid of explicit worker / in-flight / prefetch values and one
 configuration with no concurrency knob set (options whose default is ``"auto"`` are left out;
@@ -11,7 +11,9 @@ inline by default, since running a user's function on threads is not safe for ev
   proxy at T=0 and T=20 ms, two DataLoader workers (as the main benchmark's S1);
 * S2: tar shards of ImageNet-sized JPEGs, ``decode("torch", resize=224)``, two DataLoader
   workers;
-* S4: a JPEG decode in ``map`` over data in memory, on threads and on processes.
+* S4: a JPEG decode in ``map`` over data in memory, on threads and on processes;
+* S1 throttled: S1 at T=20 ms with the proxy answering a share of GETs with ``503 SlowDown``
+  (retried by the backend), the case where a tuner that halves on every retry stays low.
 
 Every case runs in a fresh process (:mod:`benchmarks.harness`) for the same time on one long
 pass, so a tuner's climb is paid inside the measurement. With ``--repeats`` the whole grid
@@ -147,16 +149,28 @@ def _auto_label(grid: Grid) -> str:
     return "auto (no knob set)" if not passed else f"auto ({', '.join(passed)})"
 
 
-def _grids(quick: bool, s1: dict[str, Any], s2: dict[str, Any], proxies: dict[float, Any]) -> list[Grid]:
-    grids = []
+#: the share of GETs the throttling proxy answers with 503 SlowDown
+THROTTLED = 0.1
+
+
+def _s1_rows(quick: bool) -> dict[str, dict[str, Any]]:
     inflight = (4, 16, 64) if quick else (2, 4, 8, 16, 32, 64)
+    rows: dict[str, dict[str, Any]] = {f"open(workers={w})": {"open_workers": w} for w in inflight}
+    if not quick:
+        rows["open(workers=16, max_inflight=64)"] = {"open_workers": 16, "max_inflight": 64}
+    rows[AUTO] = {"open_workers": AUTO}
+    return rows
+
+
+def _grids(quick: bool, s1: dict[str, Any], s2: dict[str, Any], proxies: dict[float, Any],
+           throttled: Any) -> list[Grid]:
+    grids = []
     rows: dict[str, dict[str, Any]]
     for t, proxy in proxies.items():
-        rows = {f"open(workers={w})": {"open_workers": w} for w in inflight}
-        if not quick:
-            rows["open(workers=16, max_inflight=64)"] = {"open_workers": 16, "max_inflight": 64}
-        rows[AUTO] = {"open_workers": AUTO}
-        grids.append(Grid(f"S1 PNG pairs, open(read=True), T={t:g} ms", "make_s1", s1, rows, proxy))
+        group = f"S1 PNG pairs, open(read=True), T={t:g} ms"
+        grids.append(Grid(group, "make_s1", s1, _s1_rows(quick), proxy))
+    grids.append(Grid(f"S1 throttled: 503 SlowDown on {THROTTLED:.0%} of GETs, T=20 ms", "make_s1", s1,
+                      _s1_rows(quick), throttled))
     rows = {}
     for d in (0, 1, 2) if quick else (0, 1, 2, 4):
         for p in (2, 64) if not quick or d == 1 else (2,):
@@ -200,8 +214,8 @@ def _data(quick: bool, endpoint: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return s1, {"shards": shards.urls, "repeat": 200}
 
 
-def run(quick: bool, repeats: int, log: Callable[[str], None] = print) -> dict[str, Any]:
-    from pipeflow.testing.proxy import ProxyProcess
+def run(quick: bool, repeats: int, log: Callable[[str], None] = print, only: str = "") -> dict[str, Any]:
+    from pipeflow.testing.proxy import Faults, ProxyProcess
 
     seconds = 6.0 if quick else 15.0
     started = time.time()
@@ -211,7 +225,9 @@ def run(quick: bool, repeats: int, log: Callable[[str], None] = print) -> dict[s
         _make_bucket(endpoint)
         s1, s2 = _data(quick, endpoint)
         proxies = {t: stack.enter_context(ProxyProcess(endpoint, delay_ms=t)) for t in (0.0, 20.0)}
-        grids = _grids(quick, s1, s2, proxies)
+        throttled = stack.enter_context(ProxyProcess(endpoint, delay_ms=20.0,
+                                                     faults=Faults(error_rate=THROTTLED, seed=1)))
+        grids = [g for g in _grids(quick, s1, s2, proxies, throttled) if only.lower() in g.group.lower()]
         for r in range(repeats):
             log(f"== repeat {r + 1} of {repeats}")
             for grid in grids:
@@ -260,9 +276,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smaller grid and 6 s per case")
     parser.add_argument("--repeats", type=int, default=1, help="run the whole grid this many times")
+    parser.add_argument("--only", default="", help="run the groups whose name contains this text")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="where results.json goes")
     args = parser.parse_args()
-    result = run(args.quick, args.repeats)
+    result = run(args.quick, args.repeats, only=args.only)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "autotune.json").write_text(json.dumps(result, indent=2))
     text = table(result)

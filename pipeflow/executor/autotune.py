@@ -59,6 +59,10 @@ RISE = 2.0
 HEADROOM = 1.25
 #: a share of retried requests up to this much above the normal one is not a push-back
 SHARE_FLOOR = 0.02
+#: requests (at least) over which a share of retried requests is judged
+SHARE_ITEMS = 40
+#: ... or fewer, once this many of them, and half, were retried
+SHARE_RETRIES = 8
 #: requests in flight an ``open`` may reach per process (latency-bound: well above cores)
 IO_HIGH = 64
 #: bytes in flight an ``open`` may hold per process (results read into memory)
@@ -182,6 +186,9 @@ class Tuner:
         self._trigger = 1.0  # the share that caused the last backoff
         self._hold = 4  # settled intervals before a waiting consumer makes it probe up
         self._throttled_at: int | None = None  # the limit at the last push-back
+        self._seen_items, self._seen_retried = 0, 0.0  # since the share was last judged
+        self._least_latency: float | None = None  # the lowest interval latency since settling
+        self._normal_items, self._normal_retried = 0, 0.0  # since the last backoff
         self.pause()
 
     def watch(self, pressure: Callable[[], float]) -> None:
@@ -239,28 +246,38 @@ class Tuner:
         return new
 
     def _pushed_back(self, interval: Interval) -> bool:
-        """Halve the limit and hold it (probing up again only after PROBE_EVERY quiet
-        intervals) when the share of retried requests rose beyond the normal one (beyond the
-        noise of a share measured over few requests)."""
-        share = interval.retried / interval.items
-        normal = self._share
-        if normal is None:  # the first interval after a backoff: what does this level see?
-            if SHARE_FLOOR < share < self._trigger - _noise(self._trigger, interval.items):
+        """Lower the limit and hold it (probing up again only after PROBE_EVERY quiet
+        intervals) when the share of retried requests rose beyond the normal one, beyond the
+        noise of a share: it is judged over SHARE_ITEMS requests at least (sooner when
+        SHARE_RETRIES of them were retried)."""
+        self._seen_items += interval.items
+        self._seen_retried += interval.retried
+        items, retried = self._seen_items, self._seen_retried
+        if items < SHARE_ITEMS and (retried < SHARE_RETRIES or retried < 0.5 * items):
+            return False
+        self._seen_items, self._seen_retried = 0, 0.0
+        share, normal = retried / items, self._share
+        if normal is None:  # the first judgement after a backoff: what does this level see?
+            lower = share < self._trigger - _noise(self._trigger, items)
+            if lower and share - _noise(share, items) > SHARE_FLOOR:
                 return self._back_off(share)  # fewer requests, fewer retried: fewer still
-            self._share = share
             if share > SHARE_FLOOR:  # as many as before: the store's own error rate, no limit
                 self._throttled_at = None
-            return False
-        if share <= normal + SHARE_FLOOR + _noise(normal, interval.items):
-            self._share = normal + 0.2 * (share - normal)
-            return False
-        return self._back_off(share)
+        elif share > normal + SHARE_FLOOR + _noise(normal, items) and self.value > self.low:
+            return self._back_off(share)
+        # the normal share: of every request since the last backoff (a long memory, so a lucky
+        # stretch does not make the usual share look like a push-back)
+        self._normal_items += items
+        self._normal_retried += retried
+        self._share = self._normal_retried / self._normal_items
+        return False
 
     def _back_off(self, share: float) -> bool:
         """Down to what the store accepted (Little's law: the requests in flight that carried
         the share it did not refuse), by a half at most."""
         self.backoffs += 1
         self._share, self._trigger = None, share
+        self._normal_items, self._normal_retried = 0, 0.0
         self._throttled_at = value = self.value
         accepted = min(value - 1, math.floor(value * (1.0 - share)))
         self._settle(max(self.low, value // 2, accepted), 0.0)
@@ -278,6 +295,9 @@ class Tuner:
         """One interval of a store's tuner: latency and demand first, then the hill-climb."""
         latency, phase = interval.latency_s, self._phase
         self.latency_s = latency
+        if latency is not None:
+            least = self._least_latency
+            self._least_latency = latency if least is None else min(least, latency)
         if phase == "shrink":
             self._judge_shrink(interval)
         elif phase == "steady" and self._latency_rose(latency):
@@ -326,8 +346,8 @@ class Tuner:
         """The next value to try when growing: Little's law, ``demand x latency`` with some
         headroom, between two and four times the limit; None (double) unless the consumer
         waits and the latency is flat."""
-        latency, base = interval.latency_s, self.base_latency_s
-        if latency is None or not interval.starved or (base is not None and latency > RISE * base):
+        latency, least = interval.latency_s, self._least_latency
+        if latency is None or not interval.starved or (least is not None and latency > RISE * least):
             return None
         demand = min(interval.demand, self.ceiling or math.inf)
         needed = math.ceil(demand * latency * HEADROOM)
@@ -398,6 +418,7 @@ class Tuner:
     def _settle(self, value: int, rate: float) -> None:
         if value != self.value:
             self.base_latency_s = None  # measured again at the value held
+        self._least_latency = None
         self._phase, self._settled, self._hold = "steady", 0, 4
         self.value, self._base = value, (value, rate)
 
@@ -408,8 +429,10 @@ class Tuner:
 
 
 def _noise(share: float, items: int) -> float:
-    """Two standard deviations of a share measured over ``items`` requests."""
-    return 2.0 * math.sqrt(max(share * (1.0 - share), 0.0) / max(1, items))
+    """Three standard deviations of a share measured over ``items`` requests (judged again
+    and again over a run: a rarer false alarm than two), for a share of at least SHARE_FLOOR."""
+    share = min(max(share, SHARE_FLOOR), 1.0)
+    return 3.0 * math.sqrt(share * (1.0 - share) / max(1, items))
 
 
 class BufferTuner:
