@@ -408,7 +408,7 @@ class PipelineStats(Mapping[str, dict[str, float]]):
                     f"job); raise it if the store allows more requests per second for this prefix")
         if values.get("backoffs") and kind in _IO_KINDS:
             return (f"the store pushed back: {label} had {int(values.get('retries', 0))} requests "
-                    f"retried (503 SlowDown, throttling, errors) and its tuner halved the requests in "
+                    f"retried (503 SlowDown, throttling, errors) and its tuner lowered the requests in "
                     f"flight {int(values['backoffs'])} times; the store's request rate is the limit: "
                     f"spread the data over more prefixes, or ask for a higher rate")
         if "inflight" in values and kind in _IO_KINDS + _CPU_KINDS:
