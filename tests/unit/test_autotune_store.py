@@ -213,3 +213,17 @@ def test_open_with_a_budget_shows_it_in_explain_and_stats(tmp_path):
     assert stats["open"]["request_rate"] == 40
     assert stats["open"]["rate_wait_s"] > 0
     assert "request_rate=40" in str(stats)
+
+
+def test_the_verdict_names_the_budget_when_requests_wait_for_it_more_than_they_work():
+    from pipeflow.stats import PipelineStats
+
+    numbers = {"items": 100, "busy_s": 10.0, "wait_s": 0.0, "blocked_s": 0.0, "workers": 8,
+               "lanes": 8, "inflight": 8, "request_rate": 50.0, "requests": 100}
+    paced = PipelineStats({"open": {**numbers, "rate_wait_s": 9.0}})
+    assert paced.bottleneck == "open"
+    assert paced.advice.startswith("the request-rate budget paces open"), paced.advice
+    assert "open(request_rate=50)" in paced.advice
+    unpaced = PipelineStats({"open": {**numbers, "rate_wait_s": 1.0}})
+    assert not unpaced.advice.startswith("the request-rate budget"), unpaced.advice
+    assert "inflight=8" in str(paced) and "request_rate=50" in str(paced)
