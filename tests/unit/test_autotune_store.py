@@ -227,3 +227,14 @@ def test_the_verdict_names_the_budget_when_requests_wait_for_it_more_than_they_w
     unpaced = PipelineStats({"open": {**numbers, "rate_wait_s": 1.0}})
     assert not unpaced.advice.startswith("the request-rate budget"), unpaced.advice
     assert "inflight=8" in str(paced) and "request_rate=50" in str(paced)
+
+
+def test_each_rank_paces_its_share_of_the_job_budget(tmp_path, monkeypatch):
+    # rank 0 of 2 (as torchrun sets it, without a process group): half the job's budget
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    path = tmp_path / "x.bin"
+    path.write_bytes(b"x")
+    pipe = pf.from_items([str(path)] * 6).open(read=True, request_rate=100)
+    assert len(list(pipe)) == 6
+    assert pipe.stats()["open"]["request_rate"] == 50
