@@ -232,8 +232,11 @@ class Window:
         if self.in_order or len(self._pending) == 1:
             return self._pending[0]
         # every task has its future here: _fill() sends what it pulled before returning
+        t0 = perf_counter()
         done, _ = wait([t.future for t in self._pending if t.future is not None],
                        return_when=FIRST_COMPLETED)
+        if self.tuner is not None:  # the consumer waited for the first result to come
+            self.tuner.waited(perf_counter() - t0)
         return next(t for t in self._pending if t.future in done)
 
     def wait(self, task: Task) -> Any:
