@@ -55,6 +55,8 @@ STARVED = 0.1
 IDLE = 0.03
 #: latency this many times the settled value's, at the same concurrency: requests queue
 RISE = 2.0
+#: latency at most this many times the lowest since settling is flat (growth by Little's law)
+FLAT = 1.3
 #: Little's law estimates get this much room for the noise in rates and latencies
 HEADROOM = 1.25
 #: a share of retried requests up to this much above the normal one is not a push-back
@@ -179,6 +181,7 @@ class Tuner:
         #: mean seconds per request over the last interval, and at the settled value
         self.latency_s: float | None = None
         self.base_latency_s: float | None = None
+        self._latency_at: int | None = None  # the limit base_latency_s was measured at
         self._risen = 0
         self._pressure: Callable[[], float] | None = None
         self._pushed = 0.0
@@ -293,10 +296,10 @@ class Tuner:
     # ---- requests to a store ------------------------------------------------------------------
     def _store_step(self, interval: Interval) -> None:
         """One interval of a store's tuner: latency and demand first, then the hill-climb."""
-        latency, phase = interval.latency_s, self._phase
+        latency, phase, held = interval.latency_s, self._phase, self.value  # measured at `held`
         self.latency_s = latency
+        least = self._least_latency
         if latency is not None:
-            least = self._least_latency
             self._least_latency = latency if least is None else min(least, latency)
         if phase == "shrink":
             self._judge_shrink(interval)
@@ -306,14 +309,19 @@ class Tuner:
             self._settle(self.value, interval.rate)  # the consumer does not wait, or may not get more
         elif phase == "steady" and interval.idle:
             self._settled = 0  # no probing up while the consumer does not wait
-        elif (phase == "steady" and interval.starved and self._settled >= self._hold and not self._risen
-              and not self._at_ceiling(interval)):
+        elif (phase == "steady" and interval.starved and self._settled >= self._hold
+              and self._flat(latency) and not self._at_ceiling(interval)):
             self._probe()  # the consumer waits at a flat latency: more may help now
         else:
-            self._step(interval.rate, self._little(interval))
-        if self._phase == "steady" and latency is not None and not self._risen:
-            base = self.base_latency_s
+            self._step(interval.rate, self._little(interval, least))
+        if self._phase == "steady" and latency is not None and not self._risen and self.value == held:
+            base = self.base_latency_s if self._latency_at == held else None
             self.base_latency_s = latency if base is None else base + 0.1 * (latency - base)
+            self._latency_at = held
+
+    def _flat(self, latency: float | None) -> bool:
+        base = self.base_latency_s
+        return latency is not None and base is not None and latency <= FLAT * base
 
     def _latency_rose(self, latency: float | None) -> bool:
         """Twice in a row, latency more than doubled over the settled value's."""
@@ -340,14 +348,16 @@ class Tuner:
             self._settle(self.value, interval.rate)
         else:  # fewer delivered less: a longer round trip, not a queue; its latency is the norm
             self._settle(base_value, base_rate)
-        self.base_latency_s = interval.latency_s
+        self.base_latency_s, self._latency_at = interval.latency_s, self.value
 
-    def _little(self, interval: Interval) -> int | None:
+    def _little(self, interval: Interval, least: float | None) -> int | None:
         """The next value to try when growing: Little's law, ``demand x latency`` with some
         headroom, between two and four times the limit; None (double) unless the consumer
-        waits and the latency is flat."""
-        latency, least = interval.latency_s, self._least_latency
-        if latency is None or not interval.starved or (least is not None and latency > RISE * least):
+        waits and the latency is flat against ``least``, the lowest of the earlier intervals
+        since settling (the first step has nothing to compare with: it doubles; a queue
+        doubles the latency with the requests, which rules a jump out)."""
+        latency = interval.latency_s
+        if latency is None or least is None or not interval.starved or latency > FLAT * least:
             return None
         demand = min(interval.demand, self.ceiling or math.inf)
         needed = math.ceil(demand * latency * HEADROOM)
@@ -401,6 +411,7 @@ class Tuner:
                 self._try(self.value, rate, nxt)
             else:
                 self._settle(base_value, base_rate)
+                self._hold = PROBE_EVERY  # a waiting consumer no longer makes it probe soon
         else:
             self._settled += 1
             self._base = (self.value, 0.5 * (base_rate + rate))
@@ -416,7 +427,7 @@ class Tuner:
             self.value = nxt
 
     def _settle(self, value: int, rate: float) -> None:
-        if value != self.value:
+        if value != self._latency_at:
             self.base_latency_s = None  # measured again at the value held
         self._least_latency = None
         self._phase, self._settled, self._hold = "steady", 0, 4
