@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import Counter
 
 import pytest
 
@@ -81,7 +80,7 @@ def test_tuned_open_grows_while_latency_is_flat_and_the_consumer_waits(s3, s3_bu
 
 @pytest.mark.slow
 def test_tuned_open_backs_off_from_a_throttling_store_loses_nothing_and_settles(s3, s3_bucket):
-    objects = {f"t/{i:03d}.bin": bytes([i % 256]) * (256 + i) for i in range(500)}
+    objects = {f"t/{i:03d}.bin": bytes([i % 256]) * (256 + i) for i in range(800)}
     urls = s3.put_many(s3_bucket, objects)
     with DelayProxy(s3.endpoint, delay_ms=10, hook=RateLimitedStore(60.0)) as proxy:
         pipe = pf.from_items(urls).open("boto3", read=True, endpoint=proxy.url, retry=FAST_RETRY)
@@ -95,11 +94,11 @@ def test_tuned_open_backs_off_from_a_throttling_store_loses_nothing_and_settles(
     stats = pipe.stats()
     assert refused > 0 and stats["open"]["retries"] == refused
     assert stats["open"]["backoffs"] >= 1, str(stats)
-    # settled: over the second half, one value most of the time and no swings beyond 2x
-    tail = limits[len(limits) // 2:]
-    value, count = Counter(tail).most_common(1)[0]
-    assert count >= 0.6 * len(tail), limits
-    assert max(tail) <= 2 * value and min(tail) >= value / 2, limits
+    # settled: over the last third, a narrow band and few changes (a probe up now and then
+    # and its return), not a swing from low to high and back
+    tail = limits[-len(limits) // 3:]
+    changes = sum(1 for a, b in zip(tail, tail[1:]) if a != b)
+    assert max(tail) - min(tail) <= max(2, min(tail)) and changes <= len(tail) // 3, f"{limits}"
 
 
 def test_the_request_rate_budget_holds_across_dataloader_workers(s3, s3_bucket, monkeypatch):
