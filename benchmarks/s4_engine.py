@@ -94,7 +94,8 @@ class _Epochs:
 
             self.pipeline = pf.from_items(blobs).map(self.fn, workers=spec["workers"],
                                                      method=case.split("-")[1],
-                                                     max_inflight=spec.get("max_inflight"))
+                                                     max_inflight=spec.get("max_inflight"),
+                                                     start_method=spec.get("start_method"))
 
     def __iter__(self) -> Any:
         if self.pipeline is not None:
@@ -195,9 +196,12 @@ def _label(spec: dict[str, Any]) -> str:
     if spec["case"] == "bare-process":
         method = f" {spec['start_method']}" if spec.get("start_method") else ""
         return f"bare-process c{spec['chunksize']}{method}"
+    label = spec["case"]
     if spec["case"].startswith("pipeflow") and spec.get("max_inflight"):
-        return f"{spec['case']} w{spec['max_inflight']}"
-    return spec["case"]
+        label += f" w{spec['max_inflight']}"
+    if spec["case"] == "pipeflow-process" and spec.get("start_method"):
+        label += f" {spec['start_method']}"
+    return label
 
 
 def _specs(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -208,6 +212,9 @@ def _specs(args: argparse.Namespace) -> list[dict[str, Any]]:
         if case == "bare-process":
             out += [{**base, "case": case, "chunksize": c, "start_method": m or None}
                     for c in args.chunksize for m in args.bare_start_method]
+        elif case == "pipeflow-process":
+            out += [{**base, "case": case, "max_inflight": w or None, "start_method": m or None}
+                    for w in args.max_inflight for m in args.pipeflow_start_method]
         elif case.startswith("pipeflow"):
             out += [{**base, "case": case, "max_inflight": w or None} for w in args.max_inflight]
         else:
@@ -230,6 +237,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--chunksize", type=int, nargs="+", default=[1], help="bare-process chunk sizes")
     p.add_argument("--bare-start-method", nargs="+", default=[""],
                    help="start methods of the bare process pool ('' : the platform default, fork on Linux)")
+    p.add_argument("--pipeflow-start-method", nargs="+", default=[""],
+                   help="start methods of pipeflow's process map ('' : the default, a warm fork server "
+                        "where it can be; 'forkserver': a fresh interpreter's)")
     p.add_argument("--max-inflight", type=int, nargs="+", default=[0],
                    help="pipeflow max_inflight values (0: the default)")
     p.add_argument("--json", help="write every row here")
