@@ -31,9 +31,11 @@ from __future__ import annotations
 import inspect
 import os
 import signal
+import socket
 import sys
 import threading
-from multiprocessing import forkserver, resource_tracker, util
+from multiprocessing import connection, forkserver, resource_tracker, util
+from typing import Any
 
 __all__ = ["server_pid", "start_warm_server"]
 
@@ -41,11 +43,18 @@ _SERVER_ATTRS = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid
 _MAIN_PARAMS = ["listener_fd", "alive_r", "preload", "main_path", "sys_path"]
 #: the pid of the warm server this process started (0: none)
 _started = [0]
+#: the parts of multiprocessing used here that it does not declare (checked by _layout_known)
+_mp_connection: Any = connection
+_mp_util: Any = util
 
 
 def _layout_known() -> bool:
     server = getattr(forkserver, "_forkserver", None)
     if server is None or not all(hasattr(server, a) for a in _SERVER_ATTRS):
+        return False
+    if not all(hasattr(_mp_util, f) for f in ("_flush_std_streams", "is_abstract_socket_namespace")):
+        return False
+    if not hasattr(_mp_connection, "arbitrary_address"):
         return False
     return list(inspect.signature(forkserver.main).parameters) == _MAIN_PARAMS
 
@@ -76,7 +85,7 @@ def start_warm_server() -> bool:
     a known ``multiprocessing.forkserver``); True if the fork server that runs is a warm one."""
     if not _layout_known():
         return False
-    server = forkserver._forkserver
+    server: Any = forkserver._forkserver
     with server._lock:
         if server._forkserver_pid is not None:
             return server._forkserver_pid == _started[0] and _running(_started[0])
@@ -92,18 +101,14 @@ def start_warm_server() -> bool:
 
 
 def _fork_server() -> tuple[str, int, int]:
-    import socket
-
-    from multiprocessing import connection
-
     listener = socket.socket(socket.AF_UNIX)
-    address = connection.arbitrary_address("AF_UNIX")
+    address = _mp_connection.arbitrary_address("AF_UNIX")
     listener.bind(address)
-    if not util.is_abstract_socket_namespace(address):
+    if not _mp_util.is_abstract_socket_namespace(address):
         os.chmod(address, 0o600)
     listener.listen()
     alive_r, alive_w = os.pipe()
-    util._flush_std_streams()  # or the server's workers print this process's unflushed output
+    _mp_util._flush_std_streams()  # or the server's workers print this process's unflushed output
     pid = os.fork()
     if pid == 0:  # the server
         os.close(alive_w)  # only the clients hold the write end: the server ends with them
