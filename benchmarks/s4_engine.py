@@ -11,8 +11,8 @@ is part of the run and also reported alone:
   ``ThreadPoolExecutor`` kept for the whole run, ``executor.map(fn, blobs, chunksize=C)`` per
   epoch: every item of the epoch submitted at once, as a user of the standard library writes it.
 
-Cases alternate inside each repeat, so a ratio compares runs seconds apart on this shared
-machine. The parent samples the child's process tree (CPU time) between its START and END
+Cases alternate inside each repeat (in reverse order on odd repeats), so a ratio compares runs
+seconds apart on this shared machine. The parent samples the child's process tree (CPU time) between its START and END
 markers, like :mod:`benchmarks.harness`.
 
     python -m benchmarks.s4_engine --seconds 30 --repeats 3
@@ -94,8 +94,7 @@ class _Epochs:
 
             self.pipeline = pf.from_items(blobs).map(self.fn, workers=spec["workers"],
                                                      method=case.split("-")[1],
-                                                     max_inflight=spec.get("max_inflight"),
-                                                     start_method=spec.get("start_method"))
+                                                     max_inflight=spec.get("max_inflight"))
 
     def __iter__(self) -> Any:
         if self.pipeline is not None:
@@ -152,6 +151,9 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     env.setdefault("PYTHONWARNINGS", "ignore")
+    env.pop("PIPEFLOW_START_METHOD", None)
+    if spec["case"].startswith("pipeflow") and spec.get("start_method"):
+        env["PIPEFLOW_START_METHOD"] = spec["start_method"]  # as a user names it
     load0 = os.getloadavg()[0]
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.s4_engine", "--child", json.dumps(spec)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -249,7 +251,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     rows = []
     for r in range(args.repeats):
-        for spec in _specs(args):
+        specs = _specs(args)
+        # the load of a shared machine drifts within a repeat: odd repeats run the cases backwards
+        for spec in specs if r % 2 == 0 else specs[::-1]:
             row = run_one(spec)
             row["repeat"] = r
             rows.append(row)
