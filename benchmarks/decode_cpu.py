@@ -49,7 +49,8 @@ def write_local_shards(directory: str, kind: str, count: int, per_shard: int) ->
         path = os.path.join(directory, f"{kind}-{first // per_shard:05d}.tar")
         with tarfile.open(path, "w") as tar:
             for i in range(first, min(first + per_shard, count)):
-                for name, data in ((f"{i:06d}.jpg", blobs[i % len(blobs)]), (f"{i:06d}.cls", str(i % 1000).encode())):
+                members = ((f"{i:06d}.jpg", blobs[i % len(blobs)]), (f"{i:06d}.cls", str(i % 1000).encode()))
+                for name, data in members:
                     info = tarfile.TarInfo(name)
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
@@ -133,10 +134,12 @@ def main(argv: list[str] | None = None) -> None:
             for kind in args.kind:
                 for case in args.cases:
                     spec = {"case": case, "kind": kind, "count": args.count, "shards": shards[kind]}
-                    row = {"case": case, "kind": kind, "repeat": r, "load": os.getloadavg()[0], **run_one(spec)}
+                    row = {"case": case, "kind": kind, "repeat": r, "load": os.getloadavg()[0],
+                           **run_one(spec)}
                     rows.append(row)
                     print(f"[{r}] {kind:<8} {case:<14} {row['ms_per_sample']:.3f} CPU ms/sample "
-                          f"({row['samples']} samples, {row['wall_s']:.2f} s, load {row['load']:.1f})", flush=True)
+                          f"({row['samples']} samples, {row['wall_s']:.2f} s, load {row['load']:.1f})",
+                          flush=True)
     _summary(rows, args)
     if args.json:
         with open(args.json, "w") as fh:
@@ -150,7 +153,8 @@ def _summary(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
         for case in args.cases:
             ms = [r["ms_per_sample"] for r in rows if (r["kind"], r["case"]) == (kind, case)]
             med = statistics.median(ms)
-            print(f"  {kind:<8} {case:<14} {med:.3f} [{min(ms):.3f} .. {max(ms):.3f}]  / bare {med / bare:.2f}")
+            print(f"  {kind:<8} {case:<14} {med:.3f} [{min(ms):.3f} .. {max(ms):.3f}]  "
+                  f"/ bare {med / bare:.2f}")
 
 
 if __name__ == "__main__":

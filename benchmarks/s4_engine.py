@@ -12,8 +12,8 @@ is part of the run and also reported alone:
   epoch: every item of the epoch submitted at once, as a user of the standard library writes it.
 
 Cases alternate inside each repeat (in reverse order on odd repeats), so a ratio compares runs
-seconds apart on this shared machine. The parent samples the child's process tree (CPU time) between its START and END
-markers, like :mod:`benchmarks.harness`.
+seconds apart on this shared machine. The parent samples the child's process tree (CPU time)
+between its START and END markers, like :mod:`benchmarks.harness`.
 
     python -m benchmarks.s4_engine --seconds 30 --repeats 3
     python -m benchmarks.s4_engine --seconds 10 --cases pipeflow-process bare-process --chunksize 1 8
