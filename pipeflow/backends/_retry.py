@@ -12,7 +12,8 @@
   connections (or whose name does not resolve) is a configuration mistake, not an outage; it
   ends in :class:`~pipeflow.errors.EndpointUnreachableError` after ``first_contact`` seconds
   (3 s by default), not after the whole budget. Once the endpoint has answered once, any
-  outage gets the whole budget.
+  outage gets the whole budget. :func:`await_first_contact` applies the rule ahead of a request,
+  for an SDK whose own attempts are slow to fail (the CRT).
 
 Streams that resume where they broke live in :mod:`pipeflow.backends._resumable`.
 """
@@ -39,6 +40,7 @@ __all__ = [
     "TRANSIENT_CODES",
     "RetryPolicy",
     "RetryTimer",
+    "await_first_contact",
     "check_first_contact",
     "exhausted",
     "has_answered",
@@ -418,3 +420,34 @@ def check_first_contact(timer: RetryTimer, exc: BaseException, delay: float, *,
         f"the endpoint {endpoint} has not answered since this process started ({why}, "
         f"{timer.describe()}): check the endpoint (endpoint=, AWS_ENDPOINT_URL) and that the "
         f"server is running", url=url, backend=backend, op=op) from exc
+
+
+def await_first_contact(policy: RetryPolicy, *, endpoint: str | None, url: str = "", backend: str = "",
+                        op: str = "", sleep: Callable[[float], None] = time.sleep,
+                        clock: Callable[[], float] = time.monotonic) -> None:
+    """The first-contact rule ahead of a request, with TCP connections instead of SDK attempts.
+
+    For an SDK that cannot be told to fail a refused connection quickly: the CRT makes at least
+    two attempts per request, waiting its own backoff (0.2-0.5 s) between them, and its client
+    takes about a second to start, so the rule applied to its failures reported a wrong endpoint
+    after 4-10 s instead of ``first_contact``. A TCP connection says "refused" (or "does not
+    resolve") in a millisecond. Returns at once when ``endpoint`` has answered in this process
+    (a set lookup: the cost of every request after the first answer) or accepts a connection.
+
+    Raises:
+        EndpointUnreachableError: ``endpoint`` still refuses connections (or does not resolve)
+            ``policy.first_contact`` seconds after the first refusal.
+        RetryExhaustedError: the policy's attempts ran out first (``max_attempts``).
+    """
+    if policy.first_contact is None or not endpoint or has_answered(endpoint):
+        return
+    timer = policy.timer(clock)
+    while (cause := refused(endpoint)) is not None:
+        delay = timer.failed()
+        if delay is None:
+            raise exhausted(timer, cause, what="connection", url=url, backend=backend, op=op,
+                            endpoint=endpoint) from cause
+        delay = check_first_contact(timer, cause, delay, endpoint=endpoint, url=url, backend=backend,
+                                    op=op)
+        note_retry(delay)
+        sleep(delay)
