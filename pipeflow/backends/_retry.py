@@ -62,9 +62,6 @@ TRANSIENT_CODES = frozenset({
     "EC2ThrottledException", "PriorRequestNotComplete", "TransactionInProgressException",
 })
 
-#: the most attempts :meth:`RetryPolicy.sdk_attempts` hands to an SDK that counts attempts
-_MAX_SDK_ATTEMPTS = 50
-
 _jitter = random.Random()
 
 
@@ -161,28 +158,6 @@ class RetryPolicy:
         """The (random) delay before retry number ``attempt`` (0-based): full jitter."""
         cap = min(self.max_delay, self.base_delay * (2 ** min(attempt, 32)))
         return _jitter.uniform(0.0, cap)
-
-    def sdk_attempts(self, *, sdk_base_delay: float | None = None,
-                     sdk_max_delay: float | None = None) -> int:
-        """Attempts to give an SDK that can only count attempts, not time (s5cmd's batched run).
-
-        ``max_attempts`` when set; otherwise the number of tries whose average backoff fits in
-        the budget (capped at 50), computed with the SDK's own backoff (``sdk_base_delay`` and
-        ``sdk_max_delay``, full jitter assumed; default: this policy's). The SDK's delays are
-        random, so on those backends the budget holds on average, not exactly.
-        """
-        if self.max_attempts is not None:
-            return self.max_attempts
-        assert self.budget is not None
-        base = self.base_delay if sdk_base_delay is None else sdk_base_delay
-        cap = self.max_delay if sdk_max_delay is None else sdk_max_delay
-        attempts, spent = 1, 0.0
-        while attempts < _MAX_SDK_ATTEMPTS:
-            spent += min(cap, base * (2 ** min(attempts - 1, 32))) / 2
-            if spent > self.budget:
-                break
-            attempts += 1
-        return attempts
 
     def timer(self, clock: Callable[[], float] = time.monotonic) -> RetryTimer:
         """A fresh count of failures and elapsed time for one request."""

@@ -371,13 +371,6 @@ def test_backends_take_the_retry_option_in_every_form() -> None:
         get_backend("boto3", retry={"tries": 3})
 
 
-def test_sdk_attempts_follow_the_budget() -> None:
-    assert RetryPolicy(max_attempts=4).sdk_attempts() == 4
-    short, long = RetryPolicy(budget=1.5), RetryPolicy(budget=60.0)
-    assert 1 < short.sdk_attempts(sdk_base_delay=0.5, sdk_max_delay=20.0) \
-        < long.sdk_attempts(sdk_base_delay=0.5, sdk_max_delay=20.0) <= 50
-
-
 # ---- the first-contact rule ------------------------------------------------------------------
 def _closed_endpoint() -> str:
     from pipeflow.testing import free_port
