@@ -53,11 +53,13 @@ class _Round:
 
     def _succeeded(self) -> set[str]:
         done: set[str] = set()
+        stdout = self._stdout
+        if stdout is None:
+            return done
         try:
-            assert self._stdout is not None
-            self._stdout.seek(0)
-            out = self._stdout.read()
-        except (AssertionError, OSError, ValueError):  # closed: the batch was cancelled meanwhile
+            stdout.seek(0)
+            out = stdout.read()
+        except (OSError, ValueError):  # closed: the batch was cancelled meanwhile
             return done
         for line in out.decode("utf-8", "surrogateescape").splitlines():
             if line.startswith("{"):
