@@ -42,7 +42,7 @@ import io
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from pipeflow._checks import check_int
 from pipeflow._pump import Pump
@@ -57,6 +57,10 @@ from pipeflow.errors import (
     PipeflowError,
 )
 from pipeflow.items import ObjectInfo
+
+if TYPE_CHECKING:  # obstore's option types exist in its stubs only
+    from obstore import GetOptions
+    from obstore.store import ClientConfig, RetryConfig, S3Config
 
 __all__ = ["ObstoreBackend", "ObstoreOptions", "usable_here"]
 
@@ -150,22 +154,23 @@ class ObstoreBackend(Backend):
         from obstore.store import S3Store
 
         opts = self.options
-        config: dict[str, Any] = {"region": opts.resolved_region(),
-                                  "virtual_hosted_style_request": not opts.use_path_style()}
+        config: S3Config = {"region": opts.resolved_region(),
+                            "virtual_hosted_style_request": not opts.use_path_style()}
         endpoint = opts.resolved_endpoint()
         if endpoint:
             config["endpoint"] = endpoint
-        if opts.access_key:
-            config.update(access_key_id=opts.access_key, secret_access_key=opts.secret_key)
+        if opts.access_key and opts.secret_key is not None:
+            config["access_key_id"] = opts.access_key
+            config["secret_access_key"] = opts.secret_key
             if opts.session_token:
                 config["session_token"] = opts.session_token
-        client: dict[str, Any] = {"allow_http": bool(endpoint and endpoint.startswith("http://")),
-                                  "timeout": _REQUEST_LIFETIME}
+        client: ClientConfig = {"allow_http": bool(endpoint and endpoint.startswith("http://")),
+                                "timeout": _REQUEST_LIFETIME}
         if opts.timeout is not None:
-            client.update(connect_timeout=_seconds(opts.connect_timeout or 0),
-                          read_timeout=_seconds(opts.read_timeout or 0))
+            client["connect_timeout"] = _seconds(opts.connect_timeout or 0)
+            client["read_timeout"] = _seconds(opts.read_timeout or 0)
         # pipeflow's RetryPolicy is the only retry layer (one try per object_store request)
-        retry = {"max_retries": 0, "retry_timeout": _REQUEST_LIFETIME}
+        retry: RetryConfig = {"max_retries": 0, "retry_timeout": _REQUEST_LIFETIME}
         return S3Store(bucket, config=config, client_options=client, retry_config=retry)
 
     # ---- errors ----------------------------------------------------------------------------
@@ -309,7 +314,7 @@ class ObstoreBackend(Backend):
     def _get(self, loc: S3Location, url: str, start: int, end: int | None) -> IO[bytes]:
         import obstore
 
-        options: dict[str, Any] = {}
+        options: GetOptions = {}
         if end is not None:
             options["range"] = (start, end)
         elif start:
