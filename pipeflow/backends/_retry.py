@@ -27,7 +27,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -47,6 +47,7 @@ __all__ = [
     "is_transient",
     "is_transient_status",
     "mark_answered",
+    "retried_pages",
     "retry_call",
     "s3_error_code",
 ]
@@ -330,6 +331,31 @@ def retry_call(fn: Callable[[], T], *, policy: RetryPolicy, url: str = "", backe
         else:
             mark_answered(endpoint)
             return result
+
+
+def retried_pages(open_pages: Callable[[], Iterable[T]],
+                  call: Callable[[Callable[[], T | None]], T | None]) -> Iterator[T]:
+    """The pages of a listing, each fetched through ``call`` (the backend's request under its
+    retry policy).
+
+    A page that fails drops the listing stream: an SDK's page iterator is not usable after an
+    error. The next attempt opens a new one with ``open_pages()``, which starts after the last
+    key the caller has taken (the caller consumes each page before the next is fetched). One
+    stream is open at a time, whatever the number of pages.
+    """
+    pages: list[Iterator[T]] = []  # the open listing stream, dropped when it fails
+
+    def page() -> T | None:
+        if not pages:
+            pages.append(iter(open_pages()))
+        try:
+            return next(pages[0], None)
+        except BaseException:
+            pages.clear()
+            raise
+
+    while (batch := call(page)) is not None:
+        yield batch
 
 
 def note_retry(delay: float) -> None:

@@ -47,7 +47,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 from pipeflow._checks import check_int
 from pipeflow._pump import Pump
 from pipeflow.backends._resumable import ResumableStream
-from pipeflow.backends._retry import is_transient, mark_answered, retry_call
+from pipeflow.backends._retry import is_transient, mark_answered, retried_pages, retry_call
 from pipeflow.backends._s3config import S3Options
 from pipeflow.backends.base import Backend, S3Location, parse_s3_url
 from pipeflow.errors import (
@@ -273,23 +273,13 @@ class ObstoreBackend(Backend):
         # enclosing segment and keep the keys that start with the prefix
         parent = loc.key.rpartition("/")[0]
         store = self._store(loc.bucket)
-        pages: list[Iterator[Any]] = []  # the listing stream, dropped when it fails
         last: list[str] = []  # the last key seen: a failed listing restarts after it
 
-        def page() -> Any:
-            if not pages:
-                pages.append(iter(obstore.list(store, parent or None, offset=last[-1] if last else None,
-                                               chunk_size=self.options.page_size)))
-            try:
-                return next(pages[0], None)
-            except BaseException:
-                pages.clear()
-                raise
+        def open_pages() -> Any:
+            return obstore.list(store, parent or None, offset=last[-1] if last else None,
+                                chunk_size=self.options.page_size)
 
-        while True:
-            batch = self._call(page, loc, url, "list")
-            if batch is None:
-                return
+        for batch in retried_pages(open_pages, lambda page: self._call(page, loc, url, "list")):
             # S3 returns keys in UTF-8 byte order, which is code point order: already sorted
             for meta in batch:
                 last[:] = [meta["path"]]

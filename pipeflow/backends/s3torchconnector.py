@@ -58,6 +58,7 @@ from pipeflow.backends._retry import (
     await_first_contact,
     is_transient,
     mark_answered,
+    retried_pages,
     retry_call,
 )
 from pipeflow.backends._s3config import S3Options, error_for_status
@@ -278,21 +279,11 @@ class S3TorchConnectorBackend(Backend):
     def list(self, url: str) -> Iterator[ObjectInfo]:
         loc = parse_s3_url(url, backend=self.name, op="list")
         after = ""  # the last key yielded: a failed page restarts the listing after it
-        pages: list[Iterator[Any]] = []
 
-        def page() -> Any:
-            if not pages:
-                pages.append(iter(self._client().list_objects(loc.bucket, loc.key, "", 1000)))
-            try:
-                return next(pages[0], None)
-            except BaseException:
-                pages.clear()
-                raise
+        def open_pages() -> Any:  # from the start: the connector cannot start after a key
+            return self._client().list_objects(loc.bucket, loc.key, "", 1000)
 
-        while True:
-            batch = self._call(page, loc, url, "list")
-            if batch is None:
-                return
+        for batch in retried_pages(open_pages, lambda page: self._call(page, loc, url, "list")):
             for obj in batch.object_info:  # keys arrive in S3's (sorted) order
                 if obj.key > after:
                     after = obj.key
