@@ -92,6 +92,10 @@ class Stage(Generic[T]):
     #: False for stages whose output order depends on timing (an unordered ``map``): no stage
     #: that replays its input can resume exactly downstream of one
     ordered_output: bool = True
+    #: True for a stage whose inputs run somewhere else (``offload()``: on a cluster): the
+    #: builder hands it its input descriptions unbuilt, in place of source stages, and neither
+    #: plans nor shards them in this process
+    runs_inputs_elsewhere: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
