@@ -87,8 +87,8 @@ def _layer(module: str) -> str:
 
 FOUNDATION = {"errors", "_braces", "_checks", "_io", "_fs", "_rng", "_pump", "_meter", "_once", "_usercache",
               "assign", "items", "stats", "run_context", "disk_cache", "keytable"}
-ABOVE_STAGES = {"graph", "iterator", "elastic", "offload", "sinks", "pipeline", "loader", "map_dataset", "recipes",
-                "_cli", "cli", "testing", "pipeflow"}
+ABOVE_STAGES = {"graph", "iterator", "elastic", "offload", "sinks", "pipeline", "loader", "map_dataset",
+                "recipes", "_cli", "cli", "testing", "pipeflow"}
 
 #: layer -> the layers it must never import
 FORBIDDEN = {
