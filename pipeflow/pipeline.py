@@ -153,7 +153,8 @@ class Pipeline(torch.utils.data.IterableDataset):
 
     @checks_options
     def offload(self, *, workers: int = 2, inflight: int = 2, address: str | None = None,
-                cpus: float = 1.0, restarts: int = 3, connect_timeout: float = 5.0) -> Pipeline:
+                cpus: float = 1.0, restarts: int = 3, connect_timeout: float = 5.0,
+                start_timeout: float = 60.0) -> Pipeline:
         """Run everything before this point on a Ray cluster: ``workers`` Ray actors per
         training rank, each over the share a DataLoader worker would read, at most ``inflight``
         items ahead each; the stages after it run here. A dead actor is replaced and its share
@@ -161,7 +162,8 @@ class Pipeline(torch.utils.data.IterableDataset):
         ``address``: ``"HOST:PORT"`` of ``ray start --head`` (None: this process's Ray
         connection, else Ray's default). Needs the ``ray`` extra. See docs/offload.md."""
         options = OffloadOptions(workers=workers, inflight=inflight, address=address, cpus=cpus,
-                                 restarts=restarts, connect_timeout=connect_timeout)
+                                 restarts=restarts, connect_timeout=connect_timeout,
+                                 start_timeout=start_timeout)
         label = make_label("offload", (), options.shown())
         return Pipeline(Node(RayOffloader, (options,), {}, (self._node,), label))
 

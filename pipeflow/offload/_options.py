@@ -30,6 +30,8 @@ class OffloadOptions:
             fails with :class:`~pipeflow.errors.WorkerCrashedError`.
         connect_timeout: seconds to wait for ``address`` to answer before
             :class:`~pipeflow.errors.ClusterUnreachableError`.
+        start_timeout: seconds a worker may wait for the cluster to place it (free CPUs)
+            before :class:`~pipeflow.errors.ClusterError`, rather than wait forever.
     """
 
     workers: int = 2
@@ -38,6 +40,7 @@ class OffloadOptions:
     cpus: float = 1.0
     restarts: int = 3
     connect_timeout: float = 5.0
+    start_timeout: float = 60.0
 
     def __post_init__(self) -> None:
         check_int(self.workers, "offload(workers=...)", low=1)
@@ -45,7 +48,7 @@ class OffloadOptions:
         check_int(self.restarts, "offload(restarts=...)", low=0)
         if self.address is not None and (not isinstance(self.address, str) or not self.address.strip()):
             raise ConfigError(f"offload(address=...) must be 'HOST:PORT' or None, got {self.address!r}")
-        for name in ("cpus", "connect_timeout"):
+        for name in ("cpus", "connect_timeout", "start_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"offload({name}=...) must be a positive number, got {value!r}")

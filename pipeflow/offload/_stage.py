@@ -28,7 +28,7 @@ import logging
 from collections import deque
 from typing import Any
 
-from ..errors import ConfigError, WorkerCrashedError
+from ..errors import ClusterError, ConfigError, WorkerCrashedError
 from ..stages.base import Stage
 from ._cluster import connect
 from ._options import OffloadOptions
@@ -62,6 +62,7 @@ class RayOffloader(Stage[Any]):
         self._ray: Any = None
         self._actors: list[Any] = []
         self._queues: list[deque[Any]] = []
+        self._starting: list[bool] = []  # the actor's begin() is still the head of its queue
         self._shares: list[dict[str, Any] | None] = []
         self._ended: list[bool] = []
         self._turn = 0
@@ -90,6 +91,7 @@ class RayOffloader(Stage[Any]):
         self._ray = connect(self.options.address, self.options.connect_timeout)
         self._actors = [None] * workers
         self._queues = [deque() for _ in range(workers)]
+        self._starting = [False] * workers
         for a in range(workers):
             if not self._ended[a]:
                 self._launch(a)
@@ -137,24 +139,40 @@ class RayOffloader(Stage[Any]):
         begun = actor.begin.remote(ctx.epoch, self._shares[a])
         self._actors[a] = actor
         self._queues[a] = deque([begun] + [actor.pull.remote() for _ in range(options.inflight)])
+        self._starting[a] = True
 
     def _receive(self, a: int) -> tuple[bool, Any, dict[str, Any]] | None:
         """The next result of actor ``a``, or None when it died (and was replaced)."""
         ray = self._ray
+        errors = ray.exceptions
         queue = self._queues[a]
         try:
+            if self._starting[a]:
+                self._await_start(a, queue.popleft())
             value = ray.get(queue.popleft())
-            while isinstance(value, int):  # the pid begin() returns: the actor is up
-                value = ray.get(queue.popleft())
-        except ray.exceptions.RayActorError as exc:
+        except (errors.RayActorError, errors.ObjectLostError, errors.NodeDiedError,
+                errors.WorkerCrashedError) as exc:
             self._replace(a, exc)
             return None
-        except ray.exceptions.RayTaskError as exc:
+        except errors.RayTaskError as exc:
             cause = getattr(exc, "cause", None)
             if isinstance(cause, BaseException):
                 raise cause from exc  # the prefix's own error, with its type
             raise
         return value
+
+    def _await_start(self, a: int, begun: Any) -> None:
+        """Wait for actor ``a`` to be placed and to load its share's state, within
+        ``start_timeout``: a cluster without room for it is an error, not a wait forever."""
+        ray, options = self._ray, self.options
+        try:
+            ray.get(begun, timeout=options.start_timeout)
+        except ray.exceptions.GetTimeoutError as exc:
+            raise ClusterError(
+                f"{self.name}: the cluster did not start cluster worker {a} within "
+                f"{options.start_timeout:g}s (offload(workers={options.workers}, cpus={options.cpus:g}) "
+                f"per rank: are there enough free CPUs?)", address=options.address or "") from exc
+        self._starting[a] = False
 
     def _replace(self, a: int, exc: BaseException) -> None:
         self._replaced[a] += 1
