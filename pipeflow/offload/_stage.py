@@ -30,6 +30,7 @@ from typing import Any
 
 from ..errors import ClusterError, ConfigError, WorkerCrashedError
 from ..stages.base import Stage
+from . import _pool
 from ._cluster import connect
 from ._options import OffloadOptions
 from ._worker import ShareWorker
@@ -89,7 +90,8 @@ class RayOffloader(Stage[Any]):
         self._turn = int(state["turn"]) if state else 0
         self._replaced = [0] * workers
         self._ray = connect(self.options.address, self.options.connect_timeout)
-        self._actors = [None] * workers
+        idle = _pool.take(self._pool_key())
+        self._actors = idle if idle is not None else [None] * workers
         self._queues = [deque() for _ in range(workers)]
         self._starting = [False] * workers
         for a in range(workers):
@@ -108,9 +110,8 @@ class RayOffloader(Stage[Any]):
                 continue
             done, item, self._shares[a] = got
             self._turn = (a + 1) % workers
-            if done:
+            if done:  # the actor stays: it may serve the next epoch (see _pool)
                 self._ended[a] = True
-                self._kill(a)
                 continue
             self._queues[a].append(self._actors[a].pull.remote())
             return item
@@ -121,8 +122,12 @@ class RayOffloader(Stage[Any]):
                 "shares": list(self._shares)}
 
     def stop(self) -> None:
-        for a in range(len(self._actors)):
-            self._kill(a)
+        actors, self._actors = self._actors, [None] * len(self._actors)
+        self._queues = [deque() for _ in actors]
+        if self._ended and all(self._ended) and all(a is not None for a in actors):
+            _pool.park(self._pool_key(), self.prefix, self._ray, actors)  # warm for the next epoch
+        elif self._ray is not None:
+            _pool.kill(self._ray, actors)
 
     def measure(self) -> dict[str, float]:
         numbers = super().measure()
@@ -131,11 +136,15 @@ class RayOffloader(Stage[Any]):
 
     # ---- the actors -------------------------------------------------------------------------
     def _launch(self, a: int) -> None:
-        """Start actor ``a`` on its share, from the last state received from it, and queue
-        ``inflight`` calls (Ray runs one caller's calls to an actor in order)."""
+        """Start actor ``a`` (an idle one kept from the last epoch, else a new one) on its share,
+        from the last state received from it, and queue ``inflight`` calls (Ray runs one
+        caller's calls to an actor in order)."""
         ray, options, ctx = self._ray, self.options, self.context
-        cls = ray.remote(ShareWorker).options(num_cpus=options.cpus, max_restarts=0, max_task_retries=0)
-        actor = cls.remote(self.prefix, (ctx.rank, ctx.world_size, a, options.workers))
+        actor = self._actors[a]
+        if actor is None:
+            cls = ray.remote(ShareWorker).options(num_cpus=options.cpus, max_restarts=0,
+                                                  max_task_retries=0)
+            actor = cls.remote(self.prefix, (ctx.rank, ctx.world_size, a, options.workers))
         begun = actor.begin.remote(ctx.epoch, self._shares[a])
         self._actors[a] = actor
         self._queues[a] = deque([begun] + [actor.pull.remote() for _ in range(options.inflight)])
@@ -191,8 +200,11 @@ class RayOffloader(Stage[Any]):
         """End actor ``a`` now and drop its outstanding calls (idempotent)."""
         actor, self._actors[a] = self._actors[a], None
         self._queues[a] = deque()
-        if actor is not None:
-            try:
-                self._ray.kill(actor, no_restart=True)
-            except Exception as exc:  # already gone, or the cluster is: nothing left to end
-                log.debug("pipeflow: ending cluster worker %d: %s", a, exc)
+        _pool.kill(self._ray, [actor])
+
+    def _pool_key(self) -> tuple[Any, ...]:
+        """What an idle actor must match to serve this run: the same description, Ray
+        session, rank, world size, worker count and CPUs."""
+        ctx, options = self.context, self.options
+        job = self._ray.get_runtime_context().get_job_id()
+        return (id(self.prefix), job, ctx.rank, ctx.world_size, options.workers, options.cpus)
