@@ -34,8 +34,9 @@ cluster_utils = pytest.importorskip("ray.cluster_utils")
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-#: a lean cluster: no dashboard, a small object store, no usage reports
-HEAD = {"num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False,
+#: a lean cluster: no dashboard, a small object store, no usage reports; 4 logical CPUs, so
+#: the idle workers one pipeline keeps between epochs leave room for another pipeline's
+HEAD = {"num_cpus": 4, "node_ip_address": "127.0.0.1", "include_dashboard": False,
         "object_store_memory": 100 << 20}
 N = 240
 BATCH = 8
@@ -72,14 +73,14 @@ def _slow_tag(batch):
     return _tag(batch)
 
 
-def _prefix(fn=_tag):
-    return pf.from_items(range(N)).shuffle(32, seed=7).batch(BATCH).map(fn)
+#: the prefix most tests offload: one description, so the cluster workers an epoch that ended
+#: normally keeps warm serve the next test too (a new worker is a new process importing torch)
+PREFIX = pf.from_items(range(N)).shuffle(32, seed=7).batch(BATCH).map(_slow_tag)
 
 
 def _local_batches() -> list[list[int]]:
     """The batches of the same prefix in this process: the order offload() must reproduce."""
-    pipe = _prefix()
-    pipe.set_epoch(0)
+    pipe = pf.from_items(range(N)).shuffle(32, seed=7).batch(BATCH).map(_tag)
     return [b["items"] for b in pipe]
 
 
@@ -90,7 +91,7 @@ def _census(batches: list[list[int]]) -> None:
 
 
 def test_two_workers_deliver_the_prefix_exactly_once_in_its_global_order(cluster):
-    pipe = _prefix().offload(workers=2, inflight=2)
+    pipe = PREFIX.offload(workers=2, inflight=2)
     first = list(pipe)  # epoch 0
     second = list(pipe)  # epoch 1, reshuffled
     _census([b["items"] for b in first])
@@ -101,8 +102,12 @@ def test_two_workers_deliver_the_prefix_exactly_once_in_its_global_order(cluster
     assert len(pids) == 2 and os.getpid() not in pids  # two cluster workers, not this process
     assert {b["pid"] for b in second} == pids  # kept warm between epochs
     FIGURES["offload items checked"] += 2 * N
-    del pipe, first, second
-    gc.collect()  # the idle workers end with the description they ran
+    # the idle workers end with the description they ran
+    prefix = pf.from_items(range(N)).batch(BATCH).map(_tag)
+    once = list(prefix.offload(workers=2))
+    pids = {b["pid"] for b in once}
+    del prefix, once
+    gc.collect()
     assert _gone_soon(pids) == set()
 
 
@@ -117,7 +122,7 @@ def _kill_midway(pipe, *, kill_after: int, sig=signal.SIGKILL):
 
 
 def test_a_worker_killed_mid_epoch_loses_and_duplicates_nothing(cluster):
-    pipe = _prefix(_slow_tag).offload(workers=2, inflight=3)
+    pipe = PREFIX.offload(workers=2, inflight=3)
     batches, killed = _kill_midway(pipe, kill_after=4)
     _census([b["items"] for b in batches])
     # the replacement continued its share from the pipeline's own state: the order is unchanged
@@ -131,7 +136,7 @@ def test_a_worker_killed_mid_epoch_loses_and_duplicates_nothing(cluster):
 
 
 def test_a_worker_that_keeps_dying_fails_the_epoch_with_a_typed_error(cluster):
-    pipe = _prefix(_slow_tag).offload(workers=2, restarts=0)
+    pipe = PREFIX.offload(workers=2, restarts=0)
     with pytest.raises(WorkerCrashedError, match="died 1 times"):
         _kill_midway(pipe, kill_after=2)
 
@@ -145,23 +150,19 @@ def _saved_midway(pipe, stop_after: int):
 
 
 def test_resume_is_exact_also_after_the_whole_cluster_restarted(cluster):
-    seen, state = _saved_midway(_prefix().offload(workers=2), 7)
+    seen, state = _saved_midway(PREFIX.offload(workers=2), 7)
     assert len(json.dumps(state)) < 4096  # positions per share, never data
+    other = iter(PREFIX.offload(workers=3))  # a share's position belongs to its worker
+    other.load_state_dict(state)
+    with pytest.raises(pf.ConfigError, match="workers=2"):
+        next(other)
     _stop(cluster["cluster"])  # the whole cluster goes away
     cluster["cluster"] = _start()
-    it = iter(_prefix().offload(workers=2))  # a fresh pipeline, as a restarted job builds it
+    it = iter(PREFIX.offload(workers=2))  # a fresh pipeline, as a restarted job builds it
     it.load_state_dict(state)
     rest = [b["items"] for b in it]
     _census(seen + rest)
     assert seen + rest == _local_batches()
-
-
-def test_a_state_of_another_worker_count_is_refused(cluster):
-    _, state = _saved_midway(_prefix().offload(workers=2), 3)
-    it = iter(_prefix().offload(workers=3))
-    it.load_state_dict(state)
-    with pytest.raises(pf.ConfigError, match="workers=2"):
-        next(it)
 
 
 def _fails_at_17(batch):
@@ -193,7 +194,7 @@ def _gone_soon(pids: set[int], seconds: float = 15.0) -> set[int]:
 
 
 def test_closing_mid_epoch_ends_every_cluster_worker(cluster):
-    it = iter(_prefix().offload(workers=2))
+    it = iter(PREFIX.offload(workers=2))
     pids = {next(it)["pid"] for _ in range(4)}
     assert len(pids) == 2
     it.close()
@@ -201,7 +202,7 @@ def test_closing_mid_epoch_ends_every_cluster_worker(cluster):
 
 
 def test_a_cluster_without_room_is_an_error_not_a_hang(cluster):
-    pipe = _prefix().offload(workers=2, cpus=64, start_timeout=2)
+    pipe = PREFIX.offload(workers=2, cpus=64, start_timeout=2)
     started = time.monotonic()
     with pytest.raises(ClusterError, match="did not start"):
         list(pipe)
@@ -238,3 +239,29 @@ def test_an_unreachable_cluster_names_its_address_within_seconds_and_no_ray_name
     seconds, message = unreachable.split(" ", 1)
     assert address in message and float(seconds) < 10
     assert "pipeflow-data[ray]" in missing and "pipeflow[" not in missing
+
+
+def test_two_torchrun_ranks_each_receive_their_share_from_a_two_node_cluster(cluster, tmp_path):
+    from ._launch import torchrun
+
+    # a second "node" (its own raylet and object store, on loopback) joins the module's cluster
+    node = cluster["cluster"].add_node(num_cpus=2, node_ip_address="127.0.0.1",
+                                       object_store_memory=80 << 20)
+    try:
+        results = torchrun("torchrun_offload.py", tmp_path, cluster["cluster"].address, timeout=400)
+    finally:
+        cluster["cluster"].remove_node(node)
+    ranks = []
+    for rank, part in enumerate(results["offload"]):
+        assert part["ok"], f"rank {rank}: {part['error']}\n{part['traceback']}"
+        ranks.append(part["data"])
+    # global step k is rank 0's k-th batch and rank 1's: the prefix's k-th batch of 8 in one process
+    local = [sorted(b) for b in pf.from_items(range(96)).shuffle(16, seed=3).batch(8)]
+    steps = [sorted(a + b) for a, b in zip(ranks[0]["batches"], ranks[1]["batches"])]
+    assert steps == local
+    items = [x for r in ranks for b in r["batches"] for x in b]
+    assert sorted(items) == list(range(96))
+    pids = [set(r["pids"]) for r in ranks]
+    assert len(pids[0]) == len(pids[1]) == 2 and not pids[0] & pids[1]  # two actors of its own each
+    assert not pids[0] & {r["trainer_pid"] for r in ranks}
+    FIGURES["offload items checked"] += 96
