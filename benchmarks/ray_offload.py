@@ -78,18 +78,20 @@ def epoch_rate(pipe: pf.Pipeline, count: int) -> float:
     return seen / (time.perf_counter() - started)
 
 
+class _Producer:
+    """An actor that returns the same batch-sized array on every call (no compute)."""
+
+    def __init__(self, n: int) -> None:
+        self.batch = np.ones(n, dtype=np.uint8)
+
+    def make(self) -> np.ndarray:
+        return self.batch
+
+
 def transport(ray: Any, nbytes: int, rounds: int = 30) -> float:
     """Seconds per batch-sized array returned by an actor and got here, one at a time."""
 
-    @ray.remote(num_cpus=1)
-    class Producer:
-        def __init__(self, n: int) -> None:
-            self.batch = np.ones(n, dtype=np.uint8)
-
-        def make(self) -> np.ndarray:
-            return self.batch
-
-    actor = Producer.remote(nbytes)
+    actor = ray.remote(num_cpus=1)(_Producer).remote(nbytes)
     ray.get(actor.make.remote())
     started = time.perf_counter()
     for _ in range(rounds):
