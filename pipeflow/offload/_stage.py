@@ -129,6 +129,12 @@ class RayOffloader(Stage[Any]):
         elif self._ray is not None:
             _pool.kill(self._ray, actors)
 
+    @classmethod
+    def elastic_shares(cls, state: dict[str, Any]) -> list[Any] | None:
+        """The prefix's state of each actor's share, in worker order (``merge_states`` reads
+        them as a rank's DataLoader workers' states)."""
+        return list(state["shares"]) if state.get("shares") else None
+
     def measure(self) -> dict[str, float]:
         numbers = super().measure()
         numbers["restarts"] = self._restarts_total

@@ -223,6 +223,14 @@ class Stage(Generic[T]):
         return True
 
     @classmethod
+    def elastic_shares(cls, state: dict[str, Any]) -> list[Any] | None:
+        """For a stage whose inputs run elsewhere (``offload()``): from one of its states, the
+        iterator state of every share it reads, in worker order (None for a share that has
+        delivered nothing yet). Elastic resume merges them as it merges the states of a rank's
+        DataLoader workers. None for other stages."""
+        return None
+
+    @classmethod
     def elastic_buffer(cls, state: dict[str, Any]) -> dict[str, Any] | None:
         """For a stage that holds items back and hands them out later (``shuffle``): from one of
         its states, ``{"pulled": n, "buffered": [i, ...]}``, the items it pulled since its

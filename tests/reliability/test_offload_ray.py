@@ -265,3 +265,19 @@ def test_two_torchrun_ranks_each_receive_their_share_from_a_two_node_cluster(clu
     assert len(pids[0]) == len(pids[1]) == 2 and not pids[0] & pids[1]  # two actors of its own each
     assert not pids[0] & {r["trainer_pid"] for r in ranks}
     FIGURES["offload items checked"] += 96
+
+
+def test_merge_states_resumes_an_offloaded_epoch_on_another_number_of_ranks(cluster, monkeypatch):
+    prefix = pf.from_items(range(N)).shuffle(32, seed=5).shard_by_rank().batch(BATCH).map(_tag)
+    seen, states = [], []
+    for rank, stop in ((0, 3), (1, 5)):  # two ranks of one moment, one after the other here
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        taken, state = _saved_midway(prefix.offload(workers=2, cpus=0.5), stop)
+        seen += taken
+        states.append(state)
+    merged = json.loads(json.dumps(pf.merge_states(states)))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    rest = [b["items"] for b in prefix.offload(workers=2, cpus=0.5).resume_from(merged)]
+    _census(seen + rest)
