@@ -71,7 +71,7 @@ def _elsewhere_shares(state: dict[str, Any]) -> list[Any] | None:
     it (in the training process) take one item per item, so its state under them is the
     position of the last item delivered."""
     graph = state.get("graph")
-    if not isinstance(graph, str) or "(" not in graph:
+    if not isinstance(graph, str):
         return None
     for depth, cls in enumerate(_chain_classes(graph)):
         if cls.runs_inputs_elsewhere:
@@ -388,9 +388,12 @@ def resume_node(node: Node, merged: dict[str, Any]) -> Node:
     """
     if not isinstance(merged, dict) or merged.get(FORMAT) != 1:
         raise ConfigError("resume_from() needs the value merge_states() returned")
-    elsewhere = _resume_elsewhere(node, merged)
-    if elsewhere is not None:
-        return elsewhere
+    elsewhere = _resume_elsewhere(node, merged)  # offload(): its input is what resumes
+    return elsewhere if elsewhere is not None else _resume_chain(node, merged)
+
+
+def _resume_chain(node: Node, merged: dict[str, Any]) -> Node:
+    """:func:`resume_node` of a single chain that runs in this process."""
     epoch = int(merged["epoch"])
     nodes = _node_chain(plan(node))
     node = nodes[0]

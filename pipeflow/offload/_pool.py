@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Hashable
 from typing import Any
 
-__all__ = ["kill", "park", "take"]
+__all__ = ["kill_actors", "park", "take"]
 
 log = logging.getLogger("pipeflow")
 
@@ -25,7 +25,7 @@ _idle: dict[Hashable, tuple[Any, list[Any]]] = {}
 _watched: set[Hashable] = set()
 
 
-def kill(ray: Any, actors: list[Any]) -> None:
+def kill_actors(ray: Any, actors: list[Any]) -> None:
     """End ``actors`` now (those already gone are skipped)."""
     for actor in actors:
         if actor is None:
@@ -51,7 +51,7 @@ def park(key: Hashable, owner: Any, ray: Any, actors: list[Any]) -> None:
         first = key not in _watched
         _watched.add(key)
     if previous is not None:
-        kill(*previous)
+        kill_actors(*previous)
     if first:
         weakref.finalize(owner, _drop, key)
 
@@ -61,4 +61,4 @@ def _drop(key: Hashable) -> None:
         found = _idle.pop(key, None)
         _watched.discard(key)
     if found is not None:
-        kill(*found)
+        kill_actors(*found)

@@ -30,9 +30,9 @@ from typing import Any
 
 from ..errors import ClusterError, ConfigError, WorkerCrashedError
 from ..stages.base import Stage
-from . import _pool
 from ._cluster import connect
 from ._options import OffloadOptions
+from ._pool import kill_actors, park, take
 from ._worker import ShareWorker
 
 __all__ = ["RayOffloader"]
@@ -90,7 +90,7 @@ class RayOffloader(Stage[Any]):
         self._turn = int(state["turn"]) if state else 0
         self._replaced = [0] * workers
         self._ray = connect(self.options.address, self.options.connect_timeout)
-        idle = _pool.take(self._pool_key())
+        idle = take(self._pool_key())
         self._actors = idle if idle is not None else [None] * workers
         self._queues = [deque() for _ in range(workers)]
         self._starting = [False] * workers
@@ -110,7 +110,7 @@ class RayOffloader(Stage[Any]):
                 continue
             done, item, self._shares[a] = got
             self._turn = (a + 1) % workers
-            if done:  # the actor stays: it may serve the next epoch (see _pool)
+            if done:  # the actor stays: it may serve the next epoch (see offload/_pool.py)
                 self._ended[a] = True
                 continue
             self._queues[a].append(self._actors[a].pull.remote())
@@ -125,9 +125,9 @@ class RayOffloader(Stage[Any]):
         actors, self._actors = self._actors, [None] * len(self._actors)
         self._queues = [deque() for _ in actors]
         if self._ended and all(self._ended) and all(a is not None for a in actors):
-            _pool.park(self._pool_key(), self.prefix, self._ray, actors)  # warm for the next epoch
+            park(self._pool_key(), self.prefix, self._ray, actors)  # warm for the next epoch
         elif self._ray is not None:
-            _pool.kill(self._ray, actors)
+            kill_actors(self._ray, actors)
 
     @classmethod
     def elastic_shares(cls, state: dict[str, Any]) -> list[Any] | None:
@@ -206,7 +206,7 @@ class RayOffloader(Stage[Any]):
         """End actor ``a`` now and drop its outstanding calls (idempotent)."""
         actor, self._actors[a] = self._actors[a], None
         self._queues[a] = deque()
-        _pool.kill(self._ray, [actor])
+        kill_actors(self._ray, [actor])
 
     def _pool_key(self) -> tuple[Any, ...]:
         """What an idle actor must match to serve this run: the same description, Ray
