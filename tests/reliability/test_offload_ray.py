@@ -281,3 +281,43 @@ def test_merge_states_resumes_an_offloaded_epoch_on_another_number_of_ranks(clus
     monkeypatch.setenv("WORLD_SIZE", "1")
     rest = [b["items"] for b in prefix.offload(workers=2, cpus=0.5).resume_from(merged)]
     _census(seen + rest)
+
+
+_TRAIN = """
+import os, sys, time
+import pipeflow as pf
+
+def tag(batch):
+    return os.getpid()
+
+pipe = pf.from_items(range(10**6)).batch(4).map(tag).offload(workers=2, cpus=0.5, address=sys.argv[1])
+pids = set()
+for pid in pipe:
+    pids.add(pid)
+    if len(pids) == 2:
+        print("running", *sorted(pids), flush=True)
+        pids.add(None)
+    time.sleep(0.01)
+"""
+
+
+def test_ctrl_c_in_the_training_process_is_one_traceback_and_ends_its_cluster_workers(cluster, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(_TRAIN)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, str(script), cluster["cluster"].address], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        line = proc.stdout.readline()  # type: ignore[union-attr]
+        assert line.startswith("running"), (line, proc.stderr.read() if proc.poll() is not None else "")
+        pids = {int(p) for p in line.split()[1:]}
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does to the training job's process group
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0 and err.count("Traceback") == 1, err[-3000:]
+    assert err.rstrip().endswith("KeyboardInterrupt")
+    assert _gone_soon(pids) == set()  # the cluster's processes for this job ended with it
