@@ -22,6 +22,7 @@ import io
 import json
 import os
 import statistics
+import sys
 import tarfile
 import tempfile
 import time
@@ -139,9 +140,11 @@ def _measure(ray: Any, paths: list[str], count: int, repeats: int, cluster_cores
     offloaded = prefix(paths, decoders=1).offload(workers=cluster_cores, inflight=2)
     epoch_rate(offloaded, count)  # warm: the actors start, import torch, decode once
     runs: dict[str, list[float]] = {"local": [], "offloaded": []}
-    for _ in range(repeats):
+    for repeat in range(repeats):
         runs["local"].append(epoch_rate(local, count))
         runs["offloaded"].append(epoch_rate(offloaded, count))
+        print(f"repeat {repeat + 1}/{repeats}: local {runs['local'][-1]:.1f}, offloaded "
+              f"{runs['offloaded'][-1]:.1f} samples/s", file=sys.stderr, flush=True)
     nbytes = BATCH * 224 * 224 * 3
     per_batch = [transport(ray, nbytes) for _ in range(repeats)]
     local_rate = statistics.median(runs["local"])

@@ -26,7 +26,10 @@ _watched: set[Hashable] = set()
 
 
 def kill_actors(ray: Any, actors: list[Any]) -> None:
-    """End ``actors`` now (those already gone are skipped)."""
+    """End ``actors`` now (those already gone are skipped). After ``ray.shutdown()`` there is
+    nothing to end from here (and a Ray call would start a new local Ray)."""
+    if not ray.is_initialized():
+        return
     for actor in actors:
         if actor is None:
             continue

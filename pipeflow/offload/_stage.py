@@ -124,9 +124,11 @@ class RayOffloader(Stage[Any]):
     def stop(self) -> None:
         actors, self._actors = self._actors, [None] * len(self._actors)
         self._queues = [deque() for _ in actors]
+        if self._ray is None or not self._ray.is_initialized():
+            return  # Ray was shut down: its actors went with it
         if self._ended and all(self._ended) and all(a is not None for a in actors):
             park(self._pool_key(), self.prefix, self._ray, actors)  # warm for the next epoch
-        elif self._ray is not None:
+        else:
             kill_actors(self._ray, actors)
 
     @classmethod
