@@ -12,7 +12,11 @@ It also measures what one batch costs to cross the object store: an actor return
 array, the training process gets it (``ray.get``), one at a time: the bytes and the seconds per
 batch, against the seconds one batch costs to compute locally.
 
-Usage: python -m benchmarks.ray_offload [--samples 768] [--repeats 3] [--out FILE.json]
+Each is measured with an empty training step and with ``--step-ms`` of CPU work per batch in
+the training process: the host-side part of a real step, which competes with a local pipeline
+for the training process's core and overlaps an offloaded one.
+
+Usage: python -m benchmarks.ray_offload [--samples 768] [--repeats 3] [--step-ms 40] [--out FILE.json]
 """
 
 from __future__ import annotations
@@ -68,13 +72,23 @@ def prefix(paths: list[str], decoders: int) -> pf.Pipeline:
             .decode("numpy", resize=224, workers=decoders).batch(BATCH, collate=stack))
 
 
-def epoch_rate(pipe: pf.Pipeline, count: int) -> float:
-    """Samples per second over one epoch, the batches touched as a training step would."""
+def busy(seconds: float) -> None:
+    """Hold the CPU for ``seconds``: the host-side work of a training step (the Python loop,
+    kernel launches, logging), which shares the training process's core with its input."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def epoch_rate(pipe: pf.Pipeline, count: int, step_s: float = 0.0) -> float:
+    """Samples per second over one epoch, each batch touched and followed by ``step_s`` of a
+    training step's CPU work in this process."""
     started = time.perf_counter()
     seen = 0
     for batch in pipe:
         seen += int(batch.shape[0])
         batch[0, 0, 0].sum()  # touch the data
+        busy(step_s)
     assert seen == count, (seen, count)
     return seen / (time.perf_counter() - started)
 
@@ -89,23 +103,29 @@ class _Producer:
         return self.batch
 
 
-def transport(ray: Any, nbytes: int, rounds: int = 30) -> float:
-    """Seconds per batch-sized array returned by an actor and got here, one at a time."""
-
+def transport(ray: Any, nbytes: int, repeats: int, rounds: int = 30) -> list[float]:
+    """Seconds per batch-sized array returned by an actor and got here, one at a time (the
+    median of ``rounds`` calls, ``repeats`` times)."""
     actor = ray.remote(num_cpus=1)(_Producer).remote(nbytes)
     ray.get(actor.make.remote())
-    started = time.perf_counter()
-    for _ in range(rounds):
-        ray.get(actor.make.remote())
-    elapsed = (time.perf_counter() - started) / rounds
+    out = []
+    for _ in range(repeats):
+        calls = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            ray.get(actor.make.remote())
+            calls.append(time.perf_counter() - started)
+        out.append(statistics.median(calls))
     ray.kill(actor)
-    return elapsed
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=768)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--step-ms", type=float, default=40.0,
+                        help="CPU milliseconds of a simulated training step per batch (also 0)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     cores = sorted(os.sched_getaffinity(0))
@@ -124,7 +144,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                  log_to_driver=False)
         os.sched_setaffinity(0, trainer)
         try:
-            result = _measure(ray, paths, args.samples, args.repeats, len(cluster))
+            result = _measure(ray, paths, args.samples, args.repeats, len(cluster), (0.0, args.step_ms))
         finally:
             ray.shutdown()
     result.update(machine=machine(), load_before=os.getloadavg(),
@@ -135,26 +155,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     return result
 
 
-def _measure(ray: Any, paths: list[str], count: int, repeats: int, cluster_cores: int) -> dict[str, Any]:
+def _measure(ray: Any, paths: list[str], count: int, repeats: int, cluster_cores: int,
+             steps: tuple[float, ...]) -> dict[str, Any]:
     local = prefix(paths, decoders=1)
     offloaded = prefix(paths, decoders=1).offload(workers=cluster_cores, inflight=2)
     epoch_rate(offloaded, count)  # warm: the actors start, import torch, decode once
-    runs: dict[str, list[float]] = {"local": [], "offloaded": []}
+    runs: dict[str, list[float]] = {}
     for repeat in range(repeats):
-        runs["local"].append(epoch_rate(local, count))
-        runs["offloaded"].append(epoch_rate(offloaded, count))
-        print(f"repeat {repeat + 1}/{repeats}: local {runs['local'][-1]:.1f}, offloaded "
-              f"{runs['offloaded'][-1]:.1f} samples/s", file=sys.stderr, flush=True)
+        for step in steps:
+            for name, pipe in (("local", local), ("offloaded", offloaded)):
+                rate = epoch_rate(pipe, count, step / 1000)
+                runs.setdefault(f"{name}, step {step:g} ms", []).append(rate)
+                print(f"repeat {repeat + 1}/{repeats}: {name}, step {step:g} ms: {rate:.1f} samples/s",
+                      file=sys.stderr, flush=True)
     nbytes = BATCH * 224 * 224 * 3
-    per_batch = [transport(ray, nbytes) for _ in range(repeats)]
-    local_rate = statistics.median(runs["local"])
-    compute = BATCH / local_rate
+    per_batch = transport(ray, nbytes, repeats)
+    medians = {name: round(statistics.median(rates), 1) for name, rates in runs.items()}
+    compute = BATCH / medians["local, step 0 ms"]
     return {
         "samples": count, "batch": BATCH, "repeats": repeats, "cluster_cores": cluster_cores,
-        "runs_samples_per_s": runs,
-        "local_samples_per_s": round(local_rate, 1),
-        "offloaded_samples_per_s": round(statistics.median(runs["offloaded"]), 1),
-        "speedup": round(statistics.median(runs["offloaded"]) / local_rate, 2),
+        "runs_samples_per_s": runs, "median_samples_per_s": medians,
+        "speedup": {f"step {step:g} ms": round(medians[f"offloaded, step {step:g} ms"]
+                                               / medians[f"local, step {step:g} ms"], 2)
+                    for step in steps},
         "batch_bytes": nbytes,
         "transport_s_per_batch": round(statistics.median(per_batch), 5),
         "compute_s_per_batch": round(compute, 4),
