@@ -106,7 +106,8 @@ class _Producer:
 def transport(ray: Any, nbytes: int, repeats: int, rounds: int = 30) -> list[float]:
     """Seconds per batch-sized array returned by an actor and got here, one at a time (the
     median of ``rounds`` calls, ``repeats`` times)."""
-    actor = ray.remote(num_cpus=1)(_Producer).remote(nbytes)
+    # no CPU reserved: the offloaded pipeline's idle actors may hold the cluster's CPUs
+    actor = ray.remote(num_cpus=0)(_Producer).remote(nbytes)
     ray.get(actor.make.remote())
     out = []
     for _ in range(repeats):
