@@ -169,6 +169,8 @@ class RayOffloader(Stage[Any]):
             value = ray.get(queue.popleft())
         except (errors.RayActorError, errors.ObjectLostError, errors.NodeDiedError,
                 errors.WorkerCrashedError) as exc:
+            if getattr(exc, "actor_init_failed", False):
+                raise self._cannot_start(a, exc) from exc  # a new actor would fail the same way
             self._replace(a, exc)
             return None
         except errors.RayTaskError as exc:
@@ -190,6 +192,12 @@ class RayOffloader(Stage[Any]):
                 f"{options.start_timeout:g}s (offload(workers={options.workers}, cpus={options.cpus:g}) "
                 f"per rank: are there enough free CPUs?)", address=options.address or "") from exc
         self._starting[a] = False
+
+    def _cannot_start(self, a: int, exc: BaseException) -> ClusterError:
+        return ClusterError(
+            f"{self.name}: cluster worker {a} could not be created: the prefix does not load in the "
+            "cluster's Python (are pipeflow and the modules of your functions installed there?): "
+            f"{exc}", address=self.options.address or "")
 
     def _replace(self, a: int, exc: BaseException) -> None:
         self._replaced[a] += 1

@@ -178,6 +178,18 @@ def test_an_error_in_the_prefix_arrives_with_its_type(cluster):
     assert "raised in stage map(_fails_at_17" in "".join(getattr(info.value, "__notes__", []))
 
 
+def test_a_prefix_the_cluster_cannot_load_is_a_cluster_error_not_restarts(cluster, tmp_path, monkeypatch):
+    # a module only this process can import: the cluster's workers cannot unpickle the prefix
+    (tmp_path / "only_here_xyz.py").write_text("def double(batch):\n    return [2 * x for x in batch]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import only_here_xyz
+
+    pipe = pf.from_items(range(8)).batch(2).map(only_here_xyz.double).offload(workers=1)
+    with pytest.raises(ClusterError, match="could not be created"):
+        list(pipe)
+    assert pipe.stats()["offload"]["restarts"] == 0
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
