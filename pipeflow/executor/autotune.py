@@ -264,11 +264,10 @@ class Tuner:
             lower = share < self._trigger - _noise(self._trigger, items)
             if lower and share - _noise(share, items) > SHARE_FLOOR:
                 return self._back_off(share)  # fewer requests, fewer retried: fewer still
-            if share > SHARE_FLOOR and self._phase == "steady":
+            if share > SHARE_FLOOR:
                 # as many as before: the store's own error rate, not a limit; the backoff was
-                # for nothing, so no hold: measure and climb again from here
+                # for nothing, so no hold: probing up (by half) resumes soon
                 self._throttled_at, self._hold = None, 4
-                self._phase, self._base = "grow", (self.value, 0.0)
         elif share > normal + SHARE_FLOOR + _noise(normal, items) and self.value > self.low:
             return self._back_off(share)
         # the normal share: of every request since the last backoff (a long memory, so a lucky

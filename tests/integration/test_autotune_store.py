@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 
 import pytest
 
@@ -94,11 +95,13 @@ def test_tuned_open_backs_off_from_a_throttling_store_loses_nothing_and_settles(
     stats = pipe.stats()
     assert refused > 0 and stats["open"]["retries"] == refused
     assert stats["open"]["backoffs"] >= 1, str(stats)
-    # settled: over the last third, a narrow band and few changes (a probe up now and then
-    # and its return), not a swing from low to high and back
+    # settled: over the last third, one value most of the time and few changes (a probe up
+    # now and then, by at most two steps, and its return), no swing from low to high and back
     tail = limits[-len(limits) // 3:]
+    value, count = Counter(tail).most_common(1)[0]
     changes = sum(1 for a, b in zip(tail, tail[1:]) if a != b)
-    assert max(tail) - min(tail) <= max(2, min(tail)) and changes <= len(tail) // 3, f"{limits}"
+    assert count >= len(tail) // 2 and changes <= len(tail) // 3, f"{limits}"
+    assert max(tail) <= 4 * value, f"{limits}"
 
 
 def test_the_request_rate_budget_holds_across_dataloader_workers(s3, s3_bucket, monkeypatch):
