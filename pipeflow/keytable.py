@@ -45,6 +45,7 @@ try:
 except ImportError:  # pragma: no cover - Windows: every process keeps its own copy
     fcntl = None  # type: ignore[assignment]
 
+from ._fs import pid_alive
 from ._usercache import cache_root
 from .errors import ConfigError, CorruptDataError
 from .items import ObjectInfo
@@ -541,7 +542,7 @@ def _sweep(directory: str) -> None:
                 _sweep_node_file(os.path.join(directory, name))
                 continue
             pid_text = name[len(host):].split("-", 1)[0]
-            if pid_text.isdigit() and not _alive(int(pid_text)):
+            if pid_text.isdigit() and not pid_alive(int(pid_text)):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(directory, name))
 
@@ -556,12 +557,3 @@ def _sweep_node_file(path: str) -> None:
     finally:
         os.close(fd)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

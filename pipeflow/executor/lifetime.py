@@ -25,7 +25,8 @@ import select
 import signal
 import threading
 
-from .shm import pid_alive, set_worker_prefix, sweep_owner
+from .._fs import pid_alive
+from .shm import set_worker_prefix, sweep_owner
 
 __all__ = ["arm_worker"]
 
