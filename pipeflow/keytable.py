@@ -350,13 +350,43 @@ class KeyTable(Sequence[Any]):
                 _publish(path, data)
                 continue
             try:
-                table = cls(path, expect_digest=digest)
+                return cls._held(path, fd, digest)
             except CorruptDataError:  # not ours to repair: this process keeps its own copy
-                os.close(fd)
                 return cls.from_bytes(data)
-            weakref.finalize(table, _let_go, fd, path, os.getpid())
-            return table
         return cls.from_bytes(data)
+
+    @classmethod
+    def at_node(cls, digest: str) -> KeyTable:
+        """The table another process of this host published with :meth:`on_node` (its checksum
+        ``digest``), held the same way; for the processes of a node that were not sent the bytes.
+
+        Raises:
+            ConfigError: there is no such file on this host (the processes of a node must share
+                the cache directory, ``$XDG_CACHE_HOME``).
+        """
+        path = node_path(digest)
+        fd = _held_fd(path) if fcntl is not None else None
+        if fd is None:
+            raise ConfigError(f"the key table {path!r} that this node's local rank 0 writes is not "
+                              "there: the ranks of a node must share the cache directory "
+                              "($XDG_CACHE_HOME)")
+        return cls._held(path, fd, digest)
+
+    @classmethod
+    def _held(cls, path: str, fd: int, digest: str) -> KeyTable:
+        """Map ``path``, whose shared lock ``fd`` holds, until the table is collected."""
+        try:
+            table = cls(path, expect_digest=digest)
+        except BaseException:
+            os.close(fd)
+            raise
+        weakref.finalize(table, _let_go, fd, path, os.getpid())
+        return table
+
+    @staticmethod
+    def digest_of(data: bytes) -> str:
+        """The checksum in the header of the index file ``data`` (hex), which names its node file."""
+        return _header_digest(data)
 
     @classmethod
     def open(cls, path: str, *, url: str | None = None, pattern: str | None = None,

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from ..keytable import KeyTable
 
-__all__ = ["job_rank", "on_lead"]
+__all__ = ["job_rank", "on_lead", "received_bytes"]
 
 T = TypeVar("T")
 
@@ -44,22 +44,85 @@ def on_lead(work: Callable[[], T]) -> T:
         return work()
     import torch.distributed as dist
 
+    leaders = _node_leaders()
     box: list[Any] = [None]
+    table: _TableBytes | None = None
     if rank == 0:
         try:
             box[0] = ("ok", _packed(work()))
         except Exception as exc:  # handed to the other ranks, then raised here too
             box[0] = ("error", exc)
+        if box[0][0] == "ok" and isinstance(box[0][1], _TableBytes) and leaders is not None:
+            table = box[0][1]
+            box[0] = ("table", _TableName(KeyTable.digest_of(table)))
     dist.broadcast_object_list(box, src=0)
     kind, value = box[0]
     if kind == "error":
         raise value
+    if kind == "table":
+        assert leaders is not None
+        return _on_nodes(leaders, table, value)  # type: ignore[return-value]
     return _unpacked(value)
 
 
 class _TableBytes(bytes):
     """The content of a :class:`KeyTable` file, sent instead of its path (ranks may be on other
     nodes, and the file belongs to rank 0's process)."""
+
+
+class _TableName(str):
+    """The checksum of a table sent to one rank a node, which the other ranks map."""
+
+
+#: the group of one rank a node (``LOCAL_RANK`` 0), per default process group: (group, members)
+_leaders: dict[int, tuple[Any, list[int]] | None] = {}
+
+
+def _node_leaders() -> tuple[Any, list[int]] | None:
+    """The process group of the ranks with ``LOCAL_RANK`` 0 and those ranks, made once per default
+    group (every rank takes part: an all-gather of one integer a rank, then ``new_group``); None
+    when some rank has no ``LOCAL_RANK``, or rank 0 is not a local rank 0."""
+    import torch.distributed as dist
+
+    key = id(dist.group.WORLD)
+    if key not in _leaders:
+        local = os.environ.get("LOCAL_RANK", "")
+        every: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(every, int(local) if local.isdigit() else -1)
+        members = [r for r, lr in enumerate(every) if lr == 0]
+        if -1 in every or not members or members[0] != 0:
+            _leaders[key] = None
+        else:
+            _leaders[key] = (dist.new_group(ranks=members), members)
+    return _leaders[key]
+
+
+def _on_nodes(leaders: tuple[Any, list[int]], data: _TableBytes | None, digest: str) -> KeyTable:
+    """Rank 0's table on every rank, its bytes sent to one rank a node: that rank writes the
+    node's file (:meth:`KeyTable.on_node`) while the others wait, then they map it."""
+    import torch.distributed as dist
+
+    group, members = leaders
+    table: KeyTable | None = None
+    try:
+        if dist.get_rank() in members:
+            box: list[Any] = [data]
+            dist.broadcast_object_list(box, src=0, group=group)
+            global _received
+            _received += len(box[0]) if dist.get_rank() != 0 else 0
+            table = KeyTable.on_node(box[0])
+    finally:
+        dist.barrier()  # every rank passes it once, whether the first ones succeeded or raised
+    return table if table is not None else KeyTable.at_node(digest)
+
+
+#: bytes of tables this process received from rank 0 (what one listing costs the network here)
+_received = 0
+
+
+def received_bytes() -> int:
+    """Bytes of key tables this process has received from rank 0 so far."""
+    return _received
 
 
 def _packed(value: Any) -> Any:
@@ -75,6 +138,8 @@ def _packed(value: Any) -> Any:
 
 def _unpacked(value: Any) -> Any:
     if isinstance(value, _TableBytes):
+        global _received
+        _received += len(value) if job_rank()[0] != 0 else 0
         return _on_node(value)
     return value
 
