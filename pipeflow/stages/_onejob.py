@@ -6,11 +6,16 @@ per rank: ``ranks x ceil(N / 1000)`` requests. With a process group initialised 
 it raised, to the others, which therefore wait for it (a barrier). Without a process group each
 process is its own job.
 
-Cost: one broadcast per call; the payload is what the work returns (a listing goes as the bytes
-of its index file: about 30-80 bytes a key, to every rank). A received listing is held once per
-node: the node's local rank 0 (``LOCAL_RANK`` set by ``torchrun``) writes it to a file named by
-its checksum while the other ranks wait, then they map that same file
-(:meth:`KeyTable.on_node`).
+A result that is a :class:`KeyTable` (a large listing, an index read from the store) is sent and
+held once per node: its bytes go from rank 0 to the node leaders only (the ranks whose
+``LOCAL_RANK`` is 0, in a process group of their own), each leader writes its node's file named
+by the checksum (:meth:`KeyTable.on_node`) while the other ranks wait, and those map that file
+(:meth:`KeyTable.at_node`), told only the checksum.
+
+Cost: one broadcast of a small header to every rank per call, plus the table's bytes (30-90
+bytes a key) to each node once: ``N x nodes`` bytes, not ``N x ranks``. Finding the leaders is
+an all-gather of one integer a rank and one ``new_group``, once per process group. When some
+rank has no ``LOCAL_RANK``, the bytes go to every rank and each writes or maps the node's file.
 """
 
 from __future__ import annotations
