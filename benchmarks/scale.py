@@ -361,7 +361,7 @@ def main() -> int:
                     choices=["lists", "listing", "memory"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--list-objects", type=int, default=20_000, help="objects for the LIST count")
-    ap.add_argument("--listing-sizes", type=int, nargs="+", default=[100_000, 1_000_000])
+    ap.add_argument("--listing-sizes", type=int, nargs="*", default=[100_000, 1_000_000])
     ap.add_argument("--moto-listing-sizes", type=int, nargs="*", default=[20_000])
     ap.add_argument("--page-ms", type=float, default=30.0)
     ap.add_argument("--s3rver-listing-sizes", type=int, nargs="*", default=[])
