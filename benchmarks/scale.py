@@ -13,6 +13,9 @@ Parts (each case runs ``--repeats`` times; the report gives medians):
   With ``--s3rver-listing-sizes``, also on s3rver (npm), filled by writing its files straight
   into its data directory (keys ``data/DDDD/NNNNNNN.jpg``, 1,000 a directory, which its listing
   walks), behind the delay proxy (``--s3rver-delay-ms`` a chunk, S3's latency).
+* ``cuts``: LIST requests of a listing with 8 threads against ``ceil(N/1000)``, on the store model
+  without its delay, for keys numbered without gaps, numbered with gaps, random (hashed) and
+  nested in directories, at 10^4 to 10^6 keys.
 * ``memory``: an index of N keys (ObjectInfo: URL, size, etag, mtime) written once to a local
   file; ``list_objects(url, manifest=index)`` read warm; a DataLoader with W workers (fork)
   reads a whole epoch in batches of 64. Measured: seconds from making the pipeline to the
@@ -234,6 +237,35 @@ def _s3rver_data_dir(endpoint: str) -> str:
     raise RuntimeError(f"no s3rver process found for {endpoint}")
 
 
+def shaped_keys(shape: str, n: int) -> list[str]:
+    import random
+
+    rng = random.Random(n)
+    if shape == "numbered":
+        return numbered(n)
+    if shape == "numbered, gaps":  # one number in 11 missing
+        return [f"data/{i:07d}.jpg" for i in range(n * 11 // 10 + 11) if i % 11 != 5][:n]
+    if shape == "hashed":
+        return sorted(f"data/{rng.getrandbits(64):016x}.jpg" for _ in range(n))
+    return sorted(f"data/c{i % 1000:03d}/{i:08d}.jpg" for i in range(n))  # nested
+
+
+def part_cuts(sizes: list[int], repeats: int) -> list[dict[str, Any]]:
+    from pipeflow.backends.parallel_list import serial_requests
+
+    rows = []
+    for shape in ("numbered", "numbered, gaps", "hashed", "nested"):
+        for n in sizes:
+            store = ModelStore([f"s3://b/{k}" for k in shaped_keys(shape, n)], 0)
+            runs = [_time_listing(store, "s3://b/data/", 8) for _ in range(repeats)]
+            assert all(r[2] == n for r in runs), runs
+            rows.append({"shape": shape, "objects": n, "requests": [r[1] for r in runs],
+                         "serial": serial_requests(n)})
+            print(f"cuts: {shape} {n}: {[r[1] for r in runs]} requests, serial {serial_requests(n)}",
+                  flush=True)
+    return rows
+
+
 def part_listing(sizes: list[int], moto_sizes: list[int], page_ms: float, repeats: int,
                  ) -> list[dict[str, Any]]:
     rows = []
@@ -358,7 +390,7 @@ def main() -> int:
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", nargs="+", default=["lists", "listing", "memory"],
-                    choices=["lists", "listing", "memory"])
+                    choices=["lists", "listing", "cuts", "memory"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--list-objects", type=int, default=20_000, help="objects for the LIST count")
     ap.add_argument("--listing-sizes", type=int, nargs="*", default=[100_000, 1_000_000])
@@ -382,6 +414,8 @@ def main() -> int:
                                              args.page_ms, args.repeats)
             result["listing"] += part_s3rver_listing(args.s3rver_listing_sizes,
                                                      args.s3rver_delay_ms, args.repeats)
+        if "cuts" in args.parts:
+            result["cuts"] = part_cuts([10_000, 20_000, 100_000, 250_000, 1_000_000], args.repeats)
         if "memory" in args.parts:
             result["memory"] = part_memory(args.memory_sizes, args.workers, args.repeats, tmp)
     result["machine"]["load_1min_at_end"] = os.getloadavg()[0]
