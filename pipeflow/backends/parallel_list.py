@@ -53,6 +53,7 @@ class _Range:
     done: bool = False
     requests: int = 0
     aligned: bool = False  # both ends on page boundaries of consecutively numbered keys
+    left: float = float("inf")  # keys estimated still to list (updated after each page)
 
 
 class _Cutter:
@@ -107,6 +108,15 @@ class _Cutter:
         if exact is not None:
             return exact, True
         return self._spread_cuts(page, high, min_keys, parts), False
+
+    def left(self, page: list[ObjectInfo], high: str | None) -> float:
+        """Keys estimated in ``(last key of page, high]`` at the page's density (the open-ended
+        range: unknown, as many as can be)."""
+        if high is None:
+            return float("inf")
+        width = max(len(page[-1].url), len(page[0].url), len(high)) - len(self.prefix) + 3
+        lo, first, hi = (self.value(u, width) for u in (page[-1].url, page[0].url, high))
+        return (hi - lo) * len(page) / max(1, lo - first)
 
     def _spread_cuts(self, page: list[ObjectInfo], high: str | None, min_keys: int,
                      parts: int) -> list[str]:
@@ -329,6 +339,7 @@ class _Parallel:
                         rng.done = True
                         return
                     after = page[-1].url
+                    rng.left = self.cutter.left(page, rng.high)
                     self._maybe_cut(rng, page)
         finally:
             with self.lock:
@@ -357,15 +368,18 @@ class _Parallel:
         bounds, aligned = self.cutter.cuts(page, rng.high, self.min_keys, 1 + threads)
         free = aligned and self.regular and rng.high is not None and rng.high <= self.highest
         if not free and len(bounds) > budget:
-            if budget <= 0:
+            # a cut that may cost a request goes to the range with the most left to list
+            if budget <= 0 or rng.left < max(r.left for r in self.ranges if not r.done):
                 return
             bounds, aligned = self.cutter.cuts(page, rng.high, self.min_keys, 1 + budget)
         if not bounds:
             return
         parts = [_Range(lo, hi) for lo, hi in zip(bounds, [*bounds[1:], rng.high])]
         rng.high = bounds[0]
+        share = self.cutter.left(page, parts[-1].high) / (len(parts) + 1)
         for part in (rng, *parts):
             part.aligned = aligned and self.cutter.on_boundary(part.low, part.high)
+            part.left = share if part.high is not None else float("inf")
         self.cuts_left -= len(parts)
         at = self.ranges.index(rng) + 1
         self.ranges[at:at] = parts
