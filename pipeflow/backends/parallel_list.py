@@ -25,7 +25,7 @@ from __future__ import annotations
 import bisect
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import ConfigError
 from ..items import ObjectInfo
@@ -52,6 +52,7 @@ class _Range:
     found: list[ObjectInfo] = field(default_factory=list)
     done: bool = False
     requests: int = 0
+    at_end: bool = False  # ended where the store's keys end (it holds the last key)
     aligned: bool = False  # both ends on page boundaries of consecutively numbered keys
     left: float = float("inf")  # keys estimated still to list (updated after each page)
 
@@ -336,7 +337,7 @@ class _Parallel:
                     # that would only find the next range's keys
                     ends = bool(keep) and keep[-1].url == high
                     if not more or len(keep) < len(page) or not page or ends:
-                        rng.done = True
+                        rng.done, rng.at_end = True, not more and len(keep) == len(page) > 0
                         return
                     after = page[-1].url
                     rng.left = self.cutter.left(page, rng.high)
@@ -345,44 +346,78 @@ class _Parallel:
             with self.lock:
                 self.active -= 1
 
-    def _may_cost(self) -> int:
-        """Ranges that may cost a request over ``ceil(N / page)``: all but those that ended on
-        a whole number of pages, and, while every page so far held consecutive numbers, those
-        still open that start and end on page boundaries below a key seen (a range past the
-        last key is a request that finds nothing). With ``k`` of them, the listing costs at
-        most ``k - 1`` requests more than a serial chain (a range of ``n`` keys takes
-        ``ceil(n / page)``; the first page is whole)."""
+    def _may_cost(self, ranges: list[_Range]) -> int:
+        """How many more requests than ``ceil(N / page)`` the listing may take with these ranges.
+
+        A range of ``n`` keys takes ``ceil(n / page)`` requests when it ends where the store's
+        keys end, ``n / page`` when it ends on a whole page, and ``floor(n / page) + 1`` when a
+        page crosses its end (one request found nothing, for an empty one): so each range may
+        cost one, except those that ended on a whole page or at the end of the keys; the last
+        range once it has found a key (it will end at the end of the keys); and, while every
+        page so far held consecutive numbers, those that start and end on page boundaries
+        below a key seen. The last range before an open-ended one that has found nothing and
+        that range cannot both cost one: when the last one is empty, the one before holds the
+        last key."""
         page = len(self.first)
-        return sum(1 for r in self.ranges if not (
-            r.done and len(r.found) == r.requests * page
-            or not r.done and r.aligned and self.regular and (r.high or "") <= self.highest))
+        costs = [self._cost(r, page, first=i == 0) for i, r in enumerate(ranges)]
+        if len(ranges) > 1 and costs[-1] and not ranges[-2].done:
+            costs[-2] = 0
+        return sum(costs)
+
+    def _cost(self, r: _Range, page: int, *, first: bool) -> int:
+        if r.done:
+            return int(not (r.at_end or len(r.found) == r.requests * page))
+        if r.high is None:
+            return int(not (r.found or first))
+        return int(not (r.aligned and self.regular and r.high <= self.highest))
 
     def _maybe_cut(self, rng: _Range, page: list[ObjectInfo]) -> None:
         """Share what ``rng`` has left after ``page`` with new chains, in equal parts, while
         threads are free, each part is estimated to hold ``min_keys``, and the budget allows
         (cuts on page boundaries below a key seen, while the numbers run on, cost nothing)."""
         threads = min(self.concurrency - self.active, self.cuts_left)
-        budget = self.kept // self.keys_per_request - (self._may_cost() - 1)
         if threads <= 0:
             return
-        bounds, aligned = self.cutter.cuts(page, rng.high, self.min_keys, 1 + threads)
-        free = aligned and self.regular and rng.high is not None and rng.high <= self.highest
-        if not free and len(bounds) > budget:
-            # a cut that may cost a request goes to the range with the most left to list
-            if budget <= 0 or rng.left < max(r.left for r in self.ranges if not r.done):
+        earned = self.kept // self.keys_per_request
+        now = self._may_cost(self.ranges)
+        biggest = rng.left >= max(r.left for r in self.ranges if not r.done)
+        for parts_wanted in range(1 + threads, 1, -1):
+            bounds, aligned = self.cutter.cuts(page, rng.high, self.min_keys, parts_wanted)
+            if not bounds:
                 return
-            bounds, aligned = self.cutter.cuts(page, rng.high, self.min_keys, 1 + budget)
-        if not bounds:
-            return
-        parts = [_Range(lo, hi) for lo, hi in zip(bounds, [*bounds[1:], rng.high])]
-        rng.high = bounds[0]
-        share = self.cutter.left(page, parts[-1].high) / (len(parts) + 1)
-        for part in (rng, *parts):
+            plan = self._planned(rng, page, bounds, aligned)
+            cost = self._may_cost(plan)
+            # a cut that costs nothing is always made; one that may cost a request must fit in
+            # the budget, and goes to the range with the most left to list
+            if cost <= now or (cost <= earned and biggest):
+                self._commit(rng, plan)
+                return
+            if now >= earned or not biggest:
+                return
+
+    def _planned(self, rng: _Range, page: list[ObjectInfo], bounds: list[str],
+                 aligned: bool) -> list[_Range]:
+        """The ranges after cutting ``rng`` at ``bounds`` (``rng`` itself replaced by its
+        shortened copy, the new ones after it)."""
+        share = self.cutter.left(page, rng.high) / (len(bounds) + 1)
+        edges = [rng.low, *bounds]
+        parts = [replace(rng, high=bounds[0])]
+        parts += [_Range(lo, hi) for lo, hi in zip(bounds, [*bounds[1:], rng.high])]
+        for part in parts:
             part.aligned = aligned and self.cutter.on_boundary(part.low, part.high)
             part.left = share if part.high is not None else float("inf")
+        assert [p.low for p in parts] == edges
+        at = self.ranges.index(rng)
+        return [*self.ranges[:at], *parts, *self.ranges[at + 1:]]
+
+    def _commit(self, rng: _Range, plan: list[_Range]) -> None:
+        at = self.ranges.index(rng)
+        shortened = plan[at]
+        rng.high, rng.aligned, rng.left = shortened.high, shortened.aligned, shortened.left
+        added = len(plan) - len(self.ranges)
+        parts = plan[at + 1:at + 1 + added]
+        self.ranges[at + 1:at + 1] = parts
         self.cuts_left -= len(parts)
-        at = self.ranges.index(rng) + 1
-        self.ranges[at:at] = parts
         for part in parts:
             self._start(part)
 
