@@ -99,3 +99,25 @@ def test_one_thread_or_a_bad_option() -> None:
         list_parallel(SortedStore(keys), "s3://b/d/", concurrency=0)
     with pytest.raises(ConfigError):
         list_parallel(SortedStore(keys), "s3://b/d/", pages_per_cut=0)
+
+
+def test_random_key_sets_stay_exact_and_within_the_budget() -> None:
+    rng = random.Random(7)
+    for _ in range(60):
+        n, per_cut = rng.randint(50, 6000), rng.choice([1, 2, 5, 20])
+        shape = rng.choice(["numbered", "gaps", "hashed", "nested"])
+        if shape == "numbered":
+            keys = [f"s3://b/d/{i:06d}.x" for i in range(n)]
+        elif shape == "gaps":
+            keys = [f"s3://b/d/{i:06d}.x" for i in rng.sample(range(n * 3), n)]
+        elif shape == "hashed":
+            keys = [f"s3://b/d/{rng.getrandbits(40):010x}" for _ in range(n)]
+        else:
+            keys = [f"s3://b/d/{rng.choice('abxyz')}{rng.randint(0, 99)}/{i}" for i in range(n)]
+        keys = sorted(set(keys))
+        store = SortedStore(keys)
+        listing = list_parallel(store, "s3://b/d/", concurrency=rng.choice([2, 8]),
+                                min_pages=rng.choice([1, 2, 5]), pages_per_cut=per_cut)
+        assert [i.url for i in listing.objects] == keys, (shape, n, per_cut)
+        assert listing.requests <= serial_requests(len(keys), PAGE) + len(keys) // (PAGE * per_cut), (
+            shape, n, per_cut, listing.requests)
