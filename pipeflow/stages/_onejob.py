@@ -79,8 +79,9 @@ class _TableName(str):
     """The checksum of a table sent to one rank a node, which the other ranks map."""
 
 
-#: the group of one rank a node (``LOCAL_RANK`` 0), per default process group: (group, members)
-_leaders: dict[int, tuple[Any, list[int]] | None] = {}
+#: the group of one rank a node (``LOCAL_RANK`` 0) and its members, for the default process
+#: group it was made in (held, so that a later default group is never mistaken for it)
+_leaders: dict[str, tuple[Any, tuple[Any, list[int]] | None]] = {}
 
 
 def _node_leaders() -> tuple[Any, list[int]] | None:
@@ -89,17 +90,17 @@ def _node_leaders() -> tuple[Any, list[int]] | None:
     when some rank has no ``LOCAL_RANK``, or rank 0 is not a local rank 0."""
     import torch.distributed as dist
 
-    key = id(dist.group.WORLD)
-    if key not in _leaders:
+    world = dist.group.WORLD
+    cached = _leaders.get("world")
+    if cached is None or cached[0] is not world:
         local = os.environ.get("LOCAL_RANK", "")
         every: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(every, int(local) if local.isdigit() else -1)
         members = [r for r, lr in enumerate(every) if lr == 0]
-        if -1 in every or not members or members[0] != 0:
-            _leaders[key] = None
-        else:
-            _leaders[key] = (dist.new_group(ranks=members), members)
-    return _leaders[key]
+        found = None if -1 in every or not members or members[0] != 0 else (
+            dist.new_group(ranks=members), members)
+        cached = _leaders["world"] = (world, found)
+    return cached[1]
 
 
 def _on_nodes(leaders: tuple[Any, list[int]], data: _TableBytes | None, digest: str) -> KeyTable:
