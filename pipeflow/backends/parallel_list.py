@@ -12,9 +12,11 @@ Cost: a range of ``n`` keys takes at most ``floor(n / 1000) + 1`` requests (one 
 one), so a cut costs at most one request over ``ceil(N / 1000)``: the short last page of the
 range it shortens, or a probe past the end of the keys. Cuts are paid for out of a budget of one
 request per ``pages_per_cut`` (100) pages of keys found so far: a cut is made only when the
-ranges that may still cost one (:meth:`_Parallel._may_cost`) fit in it, so a listing never costs
-more than 1% over a serial chain, whatever the estimates get wrong, and one under 10^5 keys is a
-single chain. Where the first page's keys are consecutive numbers in a fixed width
+ranges that may still cost one (:meth:`_Parallel._may_cost`) fit in it, so a listing costs at
+most 1% over a serial chain, whatever the estimates get wrong, and one under 10^5 keys is a
+single chain. (The exception: numbers found without a gap, then gaps; the ranges cut on page
+boundaries and open when the first gap shows may cost one request each, one a thread at most.)
+Where the first page's keys are consecutive numbers in a fixed width
 (``train/0000000.jpg``, ``train/0000001.jpg``...), cuts fall on what would be page boundaries,
 and a range that ends on its last key costs nothing. Memory is the listing itself. Backends
 without ``pages_from_any_key`` list as one serial chain
