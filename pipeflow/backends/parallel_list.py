@@ -30,7 +30,7 @@ import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 
-from ..errors import ConfigError
+from ..errors import BackendError, ConfigError
 from ..items import ObjectInfo
 from .base import Backend
 
@@ -264,9 +264,22 @@ def list_parallel(backend: Backend, url: str, *, concurrency: int = 8, max_cuts:
     if concurrency == 1 or not backend.pages_from_any_key:
         rest = _serial(backend, url, first[-1].url)
         return Listing(first + rest.objects, 1 + rest.requests)
+    _check_order(url, first, None)
     cuts = 16 * concurrency if max_cuts is None else max_cuts
     return _Parallel(backend, url, first, concurrency, cuts, min_pages * len(first),
                      pages_per_cut).run()
+
+
+def _check_order(url: str, page: list[ObjectInfo], after: str | None) -> None:
+    """Cuts are placed by comparing URLs, so a store that lists in another order (or repeats
+    keys) would have keys fall outside their range: refused with a typed error, never dropped."""
+    last = after
+    for info in page:
+        if last is not None and info.url <= last:
+            raise BackendError(
+                f"listing {url}: the store returned {info.url!r} after {last!r}; a parallel "
+                "listing needs keys in byte order (list_objects(..., threads=1) lists serially)")
+        last = info.url
 
 
 def _serial(backend: Backend, url: str, after: str) -> Listing:
@@ -325,6 +338,7 @@ class _Parallel:
         try:
             while True:
                 page, more = self.backend.list_page(self.url, start_after=after)
+                _check_order(self.url, page, after)
                 with self.lock:
                     self.requests += 1
                     rng.requests += 1
@@ -423,11 +437,19 @@ class _Parallel:
             self._start(part)
 
     def _joined(self) -> list[ObjectInfo]:
+        """The ranges in order; a key out of order means the store does not list in the byte
+        order the cuts assume, so keys may be missing: a typed error, never a silent drop."""
         out = list(self.first)
         for rng in self.ranges:
             for info in rng.found:
-                if info.url > out[-1].url:  # ranges meet at a boundary key: never twice
-                    out.append(info)
+                last = out[-1].url if out else None
+                if last is not None and info.url <= last:
+                    if info.url == last:
+                        continue  # ranges meet at a boundary key: never twice
+                    raise BackendError(
+                        f"listing {self.url}: the store returned {info.url!r} after {last!r}; "
+                        "a parallel listing needs keys in byte order (list_objects(..., threads=1))")
+                out.append(info)
         return out
 
 

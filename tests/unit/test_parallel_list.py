@@ -15,7 +15,7 @@ import pytest
 
 from pipeflow.backends.base import Backend
 from pipeflow.backends.parallel_list import list_parallel, serial_requests
-from pipeflow.errors import ConfigError
+from pipeflow.errors import BackendError, ConfigError
 from pipeflow.items import ObjectInfo
 
 PAGE = 10
@@ -121,3 +121,26 @@ def test_random_key_sets_stay_exact_and_within_the_budget() -> None:
         assert [i.url for i in listing.objects] == keys, (shape, n, per_cut)
         assert listing.requests <= serial_requests(len(keys), PAGE) + len(keys) // (PAGE * per_cut), (
             shape, n, per_cut, listing.requests)
+
+
+class CaseFoldingStore(SortedStore):
+    """A store that lists in its own order (case-insensitive), not in byte order."""
+
+    def __init__(self, keys: list[str]) -> None:
+        super().__init__(keys)
+        self.keys = sorted(keys, key=str.lower)
+
+    def list_page(self, url: str, *, start_after: str | None, limit: int = PAGE,
+                  ) -> tuple[list[ObjectInfo], bool]:
+        keys = [k for k in self.keys if k.startswith(url)]
+        i = 0 if start_after is None else next(
+            (n for n, k in enumerate(keys) if k.lower() > start_after.lower()), len(keys))
+        return [ObjectInfo(k, size=1) for k in keys[i:i + PAGE]], i + PAGE < len(keys)
+
+
+def test_a_store_listing_out_of_byte_order_is_a_typed_error_not_lost_keys() -> None:
+    rng = random.Random(3)
+    keys = sorted({f"s3://b/d/{rng.choice('aAbBzZ')}{rng.getrandbits(24):06x}" for _ in range(3_000)})
+    with pytest.raises(BackendError, match="byte order"):
+        list_parallel(CaseFoldingStore(keys), "s3://b/d/", concurrency=4, min_pages=1,
+                      pages_per_cut=1)
