@@ -25,8 +25,9 @@ import select
 import signal
 import threading
 
+from .._fs import pid_alive
 from .intraop import one_intraop_thread
-from .shm import pid_alive, set_worker_prefix, sweep_owner
+from .shm import set_worker_prefix, sweep_owner
 
 __all__ = ["arm_worker"]
 
