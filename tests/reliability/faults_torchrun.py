@@ -8,17 +8,14 @@ Usage: torchrun --nproc_per_node=2 ... faults_torchrun.py OUT_DIR ENDPOINT BACKE
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import sys
 import time
-import traceback
-
-import torch.distributed as dist
 
 import pipeflow as pf
 from pipeflow.testing.faults import digest
+from tests.reliability import _dist
 
 
 def read_share(out: str, endpoint: str, backend: str, urls: list[str], rank: int) -> list:
@@ -40,28 +37,25 @@ def read_share(out: str, endpoint: str, backend: str, urls: list[str], rank: int
     return [got, retries]
 
 
-def main() -> None:
+def read_and_say(out: str, endpoint: str, backend: str, urls: list[str], rank: int) -> list:
+    """:func:`read_share`; a rank that fails before its first item still says it started, so the
+    test does not wait for it before taking the store down for the next backend."""
+    try:
+        return read_share(out, endpoint, backend, urls, rank)
+    finally:
+        open(os.path.join(out, f"started-{backend}-{rank}"), "w").close()
+
+
+def main() -> int:
     out, endpoint, backends = sys.argv[1], sys.argv[2], sys.argv[3:]
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
-    rank = dist.get_rank()
+    rank, _ = _dist.init(timeout_s=120)
     with open(os.path.join(out, "urls.json")) as f:
         urls = json.load(f)
-    mine: dict = {}
-    for backend in backends:
-        try:
-            mine[backend] = {"ok": True, "data": read_share(out, endpoint, backend, urls, rank)}
-        except BaseException as exc:  # reported to the test with the rank's traceback
-            mine[backend] = {"ok": False, "error": repr(exc), "traceback": traceback.format_exc()}
-            open(os.path.join(out, f"started-{backend}-{rank}"), "w").close()
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
-    if rank == 0:
-        results = {"world_size": dist.get_world_size(),
-                   **{b: [part[b] for part in gathered] for b in backends}}
-        with open(os.path.join(out, "results.json"), "w") as f:
-            json.dump(results, f)
-    dist.destroy_process_group()
+    mine = {backend: _dist.attempt(read_and_say, out, endpoint, backend, urls, rank) for backend in backends}
+    gathered = _dist.gather(mine)
+    _dist.write_results(out, {b: [part[b] for part in gathered] for b in backends})
+    return _dist.finish()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,23 +6,18 @@ Usage: torchrun --nproc_per_node=2 ... stats_ranks.py OUT_DIR
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
 import sys
 
-import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 import pipeflow as pf
+from tests.reliability import _dist
 
 ITEMS = 120
 
 
-def main() -> int:
-    out_dir = sys.argv[1]
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    rank = dist.get_rank()
+def per_workers() -> dict[str, object]:
+    """What this rank delivered and what stats() says, locally and over all ranks, per worker count."""
     mine: dict[str, object] = {}
     for workers in (0, 2, 3):
         pipe = pf.from_items(range(ITEMS)).map(abs).batch(4)
@@ -31,16 +26,11 @@ def main() -> int:
         mine[f"w{workers}"] = {"delivered": delivered, "local_items": local["map"]["items"],
                                "all_items": every["map"]["items"], "all_processes": every.processes,
                                "bottleneck": every.bottleneck}
-    gathered: list[object] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
-    if rank == 0:
-        tmp = os.path.join(out_dir, "results.json.tmp")
-        with open(tmp, "w") as fh:
-            json.dump({"world_size": dist.get_world_size(), "ranks": gathered}, fh)
-        os.replace(tmp, os.path.join(out_dir, "results.json"))
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    return mine
+
+
+def main() -> int:
+    return _dist.run_suites(sys.argv[1], {"ranks": per_workers})
 
 
 if __name__ == "__main__":

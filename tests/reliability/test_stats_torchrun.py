@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ._launch import torchrun
+from .conftest import suite
 from .stats_ranks import ITEMS
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(360)]
@@ -14,7 +15,7 @@ pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(360)]
 def ranks(tmp_path_factory):
     results = torchrun("stats_ranks.py", tmp_path_factory.mktemp("stats"), timeout=300)
     assert results["world_size"] == 2
-    return results["ranks"]
+    return suite(results, "ranks")
 
 
 @pytest.mark.parametrize("workers", [0, 2, 3])

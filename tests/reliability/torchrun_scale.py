@@ -8,12 +8,10 @@ Usage: torchrun --nproc_per_node=2 ... torchrun_scale.py OUT_DIR PROXY_URL BUCKE
 
 from __future__ import annotations
 
-import datetime
 import json
 import operator
 import os
 import sys
-import traceback
 import urllib.request
 
 import torch.distributed as dist
@@ -22,6 +20,7 @@ from torch.utils.data import DataLoader
 import pipeflow as pf
 from pipeflow.keytable import SHARE_MIN, KeyTable, keys_dir
 from pipeflow.stages._onejob import on_lead
+from tests.reliability import _dist
 
 CASES = [(0, None), (2, "fork"), (3, "fork"), (2, "spawn"), (3, "spawn")]
 
@@ -81,22 +80,7 @@ def suite(proxy: str, bucket: str) -> dict[str, object]:
 
 def main() -> int:
     out_dir, proxy, bucket = sys.argv[1:4]
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    try:
-        local = {"ok": True, "data": suite(proxy, bucket)}
-    except Exception as exc:  # reported, so the test shows which rank failed and why
-        local = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-    gathered: list[object] = [None] * world
-    dist.all_gather_object(gathered, local)
-    if rank == 0:
-        tmp = os.path.join(out_dir, "results.json.tmp")
-        with open(tmp, "w") as fh:
-            json.dump({"world_size": world, "scale": gathered}, fh)
-        os.replace(tmp, os.path.join(out_dir, "results.json"))
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    return _dist.run_suites(out_dir, {"scale": lambda: suite(proxy, bucket)}, timeout_s=120)
 
 
 if __name__ == "__main__":
