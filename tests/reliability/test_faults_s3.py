@@ -12,9 +12,11 @@ request; a store that never comes back fails once a small budget is spent, namin
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -170,14 +172,41 @@ def _outage_cases():
             yield pytest.param(backend, seconds, marks=marks, id=f"{backend}-{seconds}s")
 
 
-@pytest.mark.parametrize("backend,seconds", list(_outage_cases()))
-def test_an_outage_mid_epoch_loses_and_duplicates_nothing(s3, shards, backend, seconds):
+def _selected(request, test: str, names: tuple[str, ...]) -> list[tuple]:
+    """The parameters ``names`` of the cases of ``test`` (in this module) that this run selected."""
+    return [tuple(item.callspec.params[n] for n in names) for item in request.session.items
+            if item.module is request.module and getattr(item, "originalname", None) == test]
+
+
+def _side_by_side(run, cases: list[tuple]) -> dict[tuple, Future]:
+    """``run(*case)`` for every case at once, each on its own thread; each test takes its case's
+    result (or exception) from the future. For cases that spend their time waiting out an
+    outage or a retry budget: side by side they take as long as the longest one, not the sum."""
+    with ThreadPoolExecutor(max(1, len(cases)), thread_name_prefix="fault-case") as pool:
+        return {case: pool.submit(run, *case) for case in cases}
+
+
+def _epoch_through_outage(endpoint: str, shards: list[str], backend: str, seconds: float):
     # the default policy (no retry= option): a store that is down for seconds costs time, not data
     outage = _Outage(after=2, seconds=seconds)
-    with DelayProxy(s3.endpoint, delay_ms=0, hook=outage) as proxy:
+    with DelayProxy(endpoint, delay_ms=0, hook=outage) as proxy:
         pipe = (pf.from_items(shards).open(backend, workers=2, endpoint=proxy.url)
                 .untar().group_pairs(required=("bin", "cls")).map(_data.check_sample))
         keys = list(pipe)
+    return outage, keys
+
+
+@pytest.fixture(scope="module")
+def outage_epochs(request, s3, shards):
+    """Every selected outage case, run side by side, each with its own proxy and outage."""
+    test = "test_an_outage_mid_epoch_loses_and_duplicates_nothing"
+    return _side_by_side(functools.partial(_epoch_through_outage, s3.endpoint, shards),
+                         _selected(request, test, ("backend", "seconds")))
+
+
+@pytest.mark.parametrize("backend,seconds", list(_outage_cases()))
+def test_an_outage_mid_epoch_loses_and_duplicates_nothing(outage_epochs, backend, seconds):
+    outage, keys = outage_epochs[(backend, seconds)].result()
     FIGURES["faults injected"] += outage.failed
     FIGURES["samples checked"] += len(keys)
     assert outage.failed > 0 and outage.served_after > 0, "the outage did not happen mid-epoch"
@@ -226,24 +255,40 @@ def test_a_missing_object_fails_at_once(s3, shards, backend):
     assert _object_requests(log, url.split("/", 3)[3]) == 1, [(i.method, i.path) for i in log]
 
 
-@pytest.mark.parametrize("backend", ALL_S3)
-def test_a_server_that_never_comes_back_fails_after_the_budget(s3, shards, backend):
-    budget = RetryPolicy(budget=1.5, base_delay=0.05, max_delay=0.3)
-    with DelayProxy(s3.endpoint, delay_ms=0, hook=lambda info: "error503") as proxy:
-        be = get_backend(backend, endpoint=proxy.url, retry=budget)
+#: the retry budget of a read from a server that never comes back
+NEVER_BACK = RetryPolicy(budget=1.5, base_delay=0.05, max_delay=0.3)
+
+
+def _read_from_a_server_that_never_comes_back(endpoint: str, url: str, backend: str):
+    """The read's error, the seconds it took, and the proxy's URL."""
+    with DelayProxy(endpoint, delay_ms=0, hook=lambda info: "error503") as proxy:
+        be = get_backend(backend, endpoint=proxy.url, retry=NEVER_BACK)
         started = time.monotonic()
         try:
-            with pytest.raises(BackendError) as info:
-                be.read(shards[0])
+            be.read(url)
+        except BackendError as exc:
+            return exc, time.monotonic() - started, proxy.url
         finally:
             be.close()
-        elapsed = time.monotonic() - started
-        endpoint = proxy.url
+    raise AssertionError(f"{backend}: a read from a server that answers only 503 returned")
+
+
+@pytest.fixture(scope="module")
+def never_back(request, s3, shards):
+    """Every selected backend at once: each spends the whole retry budget waiting."""
+    test = "test_a_server_that_never_comes_back_fails_after_the_budget"
+    run = functools.partial(_read_from_a_server_that_never_comes_back, s3.endpoint, shards[0])
+    return _side_by_side(run, _selected(request, test, ("backend",)))
+
+
+@pytest.mark.parametrize("backend", ALL_S3)
+def test_a_server_that_never_comes_back_fails_after_the_budget(never_back, shards, backend):
+    error, elapsed, endpoint = never_back[(backend,)].result()
     FIGURES["faults injected"] += 1
-    assert isinstance(info.value, RetryExhaustedError), f"{type(info.value).__name__}: {info.value}"
-    assert shards[0] in str(info.value) and endpoint in str(info.value), str(info.value)
+    assert isinstance(error, RetryExhaustedError), f"{type(error).__name__}: {error}"
+    assert shards[0] in str(error) and endpoint in str(error), str(error)
     # it kept trying for the whole budget (a lower bound: the attempts themselves add time)
-    assert elapsed >= budget.budget
+    assert elapsed >= NEVER_BACK.budget
 
 
 class _Relay:
