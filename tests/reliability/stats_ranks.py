@@ -1,17 +1,11 @@
-"""Launched by ``torchrun --nproc_per_node=2``: pipe.stats() on each rank and summed over ranks,
-with 0, 2 and 3 DataLoader workers; rank 0 writes OUT/results.json.
-
-Usage: torchrun --nproc_per_node=2 ... stats_ranks.py OUT_DIR
-"""
+"""The ``stats`` suite of the shared torchrun launch (torchrun_census.py): pipe.stats() on each
+rank and summed over ranks, with 0, 2 and 3 DataLoader workers."""
 
 from __future__ import annotations
-
-import sys
 
 from torch.utils.data import DataLoader
 
 import pipeflow as pf
-from tests.reliability import _dist
 
 ITEMS = 120
 
@@ -27,11 +21,3 @@ def per_workers() -> dict[str, object]:
                                "all_items": every["map"]["items"], "all_processes": every.processes,
                                "bottleneck": every.bottleneck}
     return mine
-
-
-def main() -> int:
-    return _dist.run_suites(sys.argv[1], {"ranks": per_workers})
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,7 @@
 """Launched by ``torchrun --nproc_per_node=2``: runs many loader configurations in one launch and
 writes what every rank saw to ``OUT/results.json`` (gathered to rank 0 with all_gather_object).
+Besides its own suites it runs those of torchrun_loader.py (``loader``) and stats_ranks.py
+(``stats``): one launch for every multi-rank test that needs no S3 server.
 
 Usage: torchrun --nproc_per_node=2 ... torchrun_census.py OUT_DIR [SUITE ...]
 """
@@ -13,7 +15,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 import pipeflow as pf
-from tests.reliability import _data, _dist
+from tests.reliability import _data, _dist, stats_ranks, torchrun_loader
 
 NUM_SHARDS = 10
 WORKERS = (0, 2, 3)
@@ -165,7 +167,8 @@ def suite_order() -> dict[str, object]:
 
 
 SUITES = {"census": suite_census, "order": suite_order, "equalize": suite_equalize,
-          "empty_shard": suite_empty_shard, "resample": suite_resample}
+          "empty_shard": suite_empty_shard, "resample": suite_resample, "loader": torchrun_loader.run,
+          "stats": stats_ranks.per_workers}
 
 
 def main() -> int:

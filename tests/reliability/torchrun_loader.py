@@ -1,18 +1,14 @@
-"""Launched by ``torchrun --nproc_per_node=2``: Pipeline.loader() in each rank's training process
-(no DataLoader workers). Writes what every rank saw to ``OUT/results.json``.
-
-Usage: torchrun --nproc_per_node=2 ... torchrun_loader.py OUT_DIR
-"""
+"""The ``loader`` suite of the shared torchrun launch (torchrun_census.py): Pipeline.loader() in
+each rank's training process (no DataLoader workers)."""
 
 from __future__ import annotations
 
 import json
-import sys
 
 import torch
 
 import pipeflow as pf
-from tests.reliability import _data, _dist
+from tests.reliability import _data
 
 NUM_SHARDS = 10
 
@@ -67,11 +63,3 @@ def run() -> dict[str, object]:
     out["stats"] = {"batches_all_ranks": stats["batch"]["items"],
                     "local_batches": loader.stats()["batch"]["items"]}
     return out
-
-
-def main() -> int:
-    return _dist.run_suites(sys.argv[1], {"loader": run})
-
-
-if __name__ == "__main__":
-    sys.exit(main())
