@@ -1,7 +1,7 @@
 """Launched by ``torchrun --nproc_per_node=2`` from test_faults_torchrun.py: every rank reads its
-share of the fault suite's objects with each S3 backend in turn while the test takes the store
-down once per backend, after both ranks have read something; writes what every rank read to
-``OUT/results.json``.
+share of the fault suite's objects with every S3 backend at once (a thread per backend) while the
+test takes the store down once, after every backend on both ranks has read something; writes
+what every rank read to ``OUT/results.json``.
 
 Usage: torchrun --nproc_per_node=2 ... faults_torchrun.py OUT_DIR ENDPOINT BACKEND...
 """
@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pipeflow as pf
 from pipeflow.testing.faults import digest
@@ -29,7 +30,7 @@ def read_share(out: str, endpoint: str, backend: str, urls: list[str], rank: int
         if len(got) == 1:  # this rank's store has answered: say so, wait for the outage
             open(os.path.join(out, f"started-{backend}-{rank}"), "w").close()
             deadline = time.monotonic() + 60
-            while not os.path.exists(os.path.join(out, f"go-{backend}")):
+            while not os.path.exists(os.path.join(out, "go")):
                 if time.monotonic() > deadline:
                     raise TimeoutError("the outage never started")
                 time.sleep(0.02)
@@ -39,7 +40,7 @@ def read_share(out: str, endpoint: str, backend: str, urls: list[str], rank: int
 
 def read_and_say(out: str, endpoint: str, backend: str, urls: list[str], rank: int) -> list:
     """:func:`read_share`; a rank that fails before its first item still says it started, so the
-    test does not wait for it before taking the store down for the next backend."""
+    test does not wait for it before taking the store down."""
     try:
         return read_share(out, endpoint, backend, urls, rank)
     finally:
@@ -51,7 +52,11 @@ def main() -> int:
     rank, _ = _dist.init(timeout_s=120)
     with open(os.path.join(out, "urls.json")) as f:
         urls = json.load(f)
-    mine = {backend: _dist.attempt(read_and_say, out, endpoint, backend, urls, rank) for backend in backends}
+    # side by side: the outage is waited out once for all of them, not once per backend
+    with ThreadPoolExecutor(len(backends), thread_name_prefix="backend") as pool:
+        futures = {b: pool.submit(_dist.attempt, read_and_say, out, endpoint, b, urls, rank)
+                   for b in backends}
+    mine = {backend: future.result() for backend, future in futures.items()}
     gathered = _dist.gather(mine)
     _dist.write_results(out, {b: [part[b] for part in gathered] for b in backends})
     return _dist.finish()

@@ -16,7 +16,7 @@ import functools
 import threading
 import time
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -89,24 +89,63 @@ def _faults_seen(proxy) -> int:
     return sum(faults.values()) if isinstance(faults, dict) else int(faults or 0)
 
 
+def _selected(request, test: str, names: tuple[str, ...]) -> list[tuple]:
+    """The parameters ``names`` of the cases of ``test`` (in this module) that this run selected."""
+    return [tuple(item.callspec.params[n] for n in names) for item in request.session.items
+            if item.module is request.module and getattr(item, "originalname", None) == test]
+
+
+def _side_by_side(run, cases: list[tuple], at_once: int | None = None) -> dict[tuple, Future]:
+    """Start ``run(*case)`` for every case, ``at_once`` (default: all) at a time, each on a thread
+    of its own with its own proxy; each test takes its case's result (or exception) from its
+    future. The cases spend most of their time waiting (outages, stalls, backoff): side by side
+    they take about as long as the longest, not the sum. The threads are daemons and nothing
+    joins them: a case that hangs fails its own test at the timeout, and cannot hang the run."""
+    slots = threading.BoundedSemaphore(at_once or max(1, len(cases)))
+    futures: dict[tuple, Future] = {case: Future() for case in cases}
+
+    def one(case: tuple) -> None:
+        with slots:
+            try:
+                futures[case].set_result(run(*case))
+            except BaseException as exc:  # handed to the case's test, which raises it
+                futures[case].set_exception(exc)
+
+    for case in cases:
+        threading.Thread(target=one, args=(case,), name=f"fault-case-{case}", daemon=True).start()
+    return futures
+
+
 def _fault_cases():
     for backend in BACKENDS:
         for fault in sorted(FAULTS):
             yield pytest.param(backend, fault)
 
 
-@pytest.mark.parametrize("backend,fault", list(_fault_cases()))
-def test_epoch_is_exact_despite_faults(s3, shards, backend, fault):
-    with DelayProxy(s3.endpoint, delay_ms=0, faults=FAULTS[fault]) as proxy:
+def _epoch_through_faults(endpoint: str, shards: list[str], backend: str, fault: str):
+    with DelayProxy(endpoint, delay_ms=0, faults=FAULTS[fault]) as proxy:
         keys = list(_pipeline(shards, backend, proxy.url))
-        injected = _faults_seen(proxy)
+        return keys, _faults_seen(proxy), proxy.stats()
+
+
+@pytest.fixture(scope="module")
+def fault_epochs(request, s3, shards):
+    """Every selected backend x fault case, a few side by side (each reads a whole epoch)."""
+    run = functools.partial(_epoch_through_faults, s3.endpoint, shards)
+    return _side_by_side(run, _selected(request, "test_epoch_is_exact_despite_faults", ("backend", "fault")),
+                         at_once=4)
+
+
+@pytest.mark.parametrize("backend,fault", list(_fault_cases()))
+def test_epoch_is_exact_despite_faults(fault_epochs, backend, fault):
+    keys, injected, stats = fault_epochs[(backend, fault)].result()
     INJECTED[fault] += injected
     FIGURES["faults injected"] += injected
     FIGURES["samples checked"] += len(keys)
     counts = Counter(keys)
     assert [k for k, c in counts.items() if c > 1] == [], "duplicated samples"
     assert sorted(counts) == _expected(), "lost samples"
-    assert injected > 0, f"the proxy injected no fault: {proxy.stats()}"
+    assert injected > 0, f"the proxy injected no fault: {stats}"
 
 
 def _budget_cases():
@@ -115,21 +154,40 @@ def _budget_cases():
             yield pytest.param(status, backend)
 
 
+#: the retry policy of the cases that exhaust it
+BUDGET = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, max_resumes=3)
+
+
+def _epoch_past_the_budget(endpoint: str, shards: list[str], status: int, backend: str):
+    """The error of an epoch whose every GET is answered ``status``, and the faults injected."""
+    with DelayProxy(endpoint, delay_ms=0, faults=Faults(error_rate=1.0, error_status=status)) as proxy:
+        name, options = _backend(backend)
+        pipe = pf.from_items(shards).open(name, endpoint=proxy.url, retry=BUDGET, **options).untar()
+        try:
+            list(pipe)
+        except PipeflowError as exc:
+            return exc, _faults_seen(proxy)
+    raise AssertionError(f"{backend}: an epoch with every GET answered {status} ended without an error")
+
+
+@pytest.fixture(scope="module")
+def past_the_budget(request, s3, shards):
+    """Every selected status x backend case, side by side."""
+    test = "test_past_the_retry_budget_a_typed_error_within_bounded_time"
+    run = functools.partial(_epoch_past_the_budget, s3.endpoint, shards)
+    return _side_by_side(run, _selected(request, test, ("status", "backend")))
+
+
 # "within bounded time" is enforced by pytest-timeout (a hang fails the test), not by timing
 # the call: the retry budget itself is a few hundredths of a second of backoff
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("status,backend", list(_budget_cases()))
-def test_past_the_retry_budget_a_typed_error_within_bounded_time(s3, shards, backend, status):
-    budget = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, max_resumes=3)
-    with DelayProxy(s3.endpoint, delay_ms=0, faults=Faults(error_rate=1.0, error_status=status)) as proxy:
-        name, options = _backend(backend)
-        pipe = pf.from_items(shards).open(name, endpoint=proxy.url, retry=budget, **options).untar()
-        with pytest.raises(PipeflowError) as info:
-            list(pipe)
-        INJECTED[f"budget-{status}"] += _faults_seen(proxy)
-        FIGURES["faults injected"] += _faults_seen(proxy)
-    assert isinstance(info.value, BackendError), f"{type(info.value).__name__}: {info.value}"
-    assert shards[0] in str(info.value), "the error names the object"
+def test_past_the_retry_budget_a_typed_error_within_bounded_time(past_the_budget, shards, backend, status):
+    error, injected = past_the_budget[(status, backend)].result()
+    INJECTED[f"budget-{status}"] += injected
+    FIGURES["faults injected"] += injected
+    assert isinstance(error, BackendError), f"{type(error).__name__}: {error}"
+    assert shards[0] in str(error), "the error names the object"
 
 
 #: every S3 backend, for the outage and permanent-error tests (the default retry policy)
@@ -170,20 +228,6 @@ def _outage_cases():
         for backend in ALL_S3:
             marks = [pytest.mark.slow] if seconds > 2 else []
             yield pytest.param(backend, seconds, marks=marks, id=f"{backend}-{seconds}s")
-
-
-def _selected(request, test: str, names: tuple[str, ...]) -> list[tuple]:
-    """The parameters ``names`` of the cases of ``test`` (in this module) that this run selected."""
-    return [tuple(item.callspec.params[n] for n in names) for item in request.session.items
-            if item.module is request.module and getattr(item, "originalname", None) == test]
-
-
-def _side_by_side(run, cases: list[tuple]) -> dict[tuple, Future]:
-    """``run(*case)`` for every case at once, each on its own thread; each test takes its case's
-    result (or exception) from the future. For cases that spend their time waiting out an
-    outage or a retry budget: side by side they take as long as the longest one, not the sum."""
-    with ThreadPoolExecutor(max(1, len(cases)), thread_name_prefix="fault-case") as pool:
-        return {case: pool.submit(run, *case) for case in cases}
 
 
 def _epoch_through_outage(endpoint: str, shards: list[str], backend: str, seconds: float):

@@ -1,9 +1,10 @@
 """The fault suite's outage under ``torchrun`` with 2 ranks, for every S3 backend.
 
-One launch: the ranks read their shares with each backend in turn; once both have read
-something, the store goes down (connections refused) for ``OUTAGE_S`` seconds and comes back.
-Every object must be read exactly once across the ranks, byte-identical, and both ranks must
-have met the outage (retries counted in ``stats()``).
+One launch: the ranks read their shares with every backend at once; once every backend on both
+ranks has read something, the store goes down (connections refused) for ``OUTAGE_S`` seconds
+and comes back. Every object must be read exactly once across the ranks by each backend,
+byte-identical, and each backend on both ranks must have met the outage (retries counted in
+``stats()``).
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ OBJECTS = 48
 
 
 def _conduct(out: str, proxy: DelayProxy, stop: threading.Event) -> None:
-    """Per backend: wait until both ranks have read, take the store down, let them go on."""
-    for backend in BACKENDS:
-        while not all(os.path.exists(os.path.join(out, f"started-{backend}-{r}")) for r in (0, 1)):
-            if stop.wait(0.02):
-                return
-        outage = outage_after(proxy)
-        open(os.path.join(out, f"go-{backend}"), "w").close()
-        outage.join()
+    """Wait until every backend on both ranks has read, take the store down, let them go on."""
+    started = [os.path.join(out, f"started-{backend}-{r}") for backend in BACKENDS for r in (0, 1)]
+    while not all(map(os.path.exists, started)):
+        if stop.wait(0.02):
+            return
+    outage = outage_after(proxy)
+    open(os.path.join(out, "go"), "w").close()
+    outage.join()
 
 
 def test_an_outage_under_torchrun_loses_and_duplicates_nothing(s3, tmp_path):

@@ -1,7 +1,7 @@
 """Launched by ``torchrun --nproc_per_node=2``: one listing per job, and exactly once over a
 listing, an index in the store and a large ``from_items``, at 0/2/3 DataLoader workers started
-with fork and spawn. LIST requests are read from the proxy in front of the server (rank 0 asks
-it before and after each ``list_objects`` call, between barriers).
+with fork and 3 started with spawn. LIST requests are read from the proxy in front of the server
+(rank 0 asks it before and after each ``list_objects`` call, between barriers).
 
 Usage: torchrun --nproc_per_node=2 ... torchrun_scale.py OUT_DIR PROXY_URL BUCKET
 """
@@ -22,7 +22,11 @@ from pipeflow.keytable import SHARE_MIN, KeyTable, keys_dir
 from pipeflow.stages._onejob import on_lead
 from tests.reliability import _dist
 
-CASES = [(0, None), (2, "fork"), (3, "fork"), (2, "spawn"), (3, "spawn")]
+#: (DataLoader workers, start method): 2 and 3 workers split each rank's share evenly and not;
+#: spawn (3 workers, the uneven split) re-creates every source from its pickle in fresh
+#: interpreters. Spawn is nearly all of the launch's time (each worker imports torch), so it
+#: runs once per source, not once per worker count: the split does not depend on the start method.
+CASES = [(0, None), (2, "fork"), (3, "fork"), (3, "spawn")]
 
 
 def lists(proxy: str) -> int:
