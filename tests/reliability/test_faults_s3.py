@@ -96,23 +96,27 @@ def _selected(request, test: str, names: tuple[str, ...]) -> list[tuple]:
 
 
 def _side_by_side(run, cases: list[tuple], at_once: int | None = None) -> dict[tuple, Future]:
-    """Start ``run(*case)`` for every case, ``at_once`` (default: all) at a time, each on a thread
-    of its own with its own proxy; each test takes its case's result (or exception) from its
-    future. The cases spend most of their time waiting (outages, stalls, backoff): side by side
-    they take about as long as the longest, not the sum. The threads are daemons and nothing
-    joins them: a case that hangs fails its own test at the timeout, and cannot hang the run."""
-    slots = threading.BoundedSemaphore(at_once or max(1, len(cases)))
+    """Start ``run(*case)`` for every case, ``at_once`` (default: all) at a time in the order the
+    tests come, each with its own proxy; each test takes its case's result (or exception) from
+    its future. The cases spend most of their time waiting (outages, stalls, backoff): side by
+    side they take about as long as the longest, not the sum. The threads are daemons and
+    nothing joins them: a case that hangs fails its own test at the timeout, not the run."""
     futures: dict[tuple, Future] = {case: Future() for case in cases}
+    queue, lock = list(cases), threading.Lock()
 
-    def one(case: tuple) -> None:
-        with slots:
+    def worker() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                case = queue.pop(0)
             try:
                 futures[case].set_result(run(*case))
             except BaseException as exc:  # handed to the case's test, which raises it
                 futures[case].set_exception(exc)
 
-    for case in cases:
-        threading.Thread(target=one, args=(case,), name=f"fault-case-{case}", daemon=True).start()
+    for n in range(min(at_once or len(cases), len(cases))):
+        threading.Thread(target=worker, name=f"fault-cases-{n}", daemon=True).start()
     return futures
 
 
