@@ -29,22 +29,26 @@ def read_share(out: str, endpoint: str, backend: str, urls: list[str], rank: int
         got.append(list(item))
         if len(got) == 1:  # this rank's store has answered: say so, wait for the outage
             open(os.path.join(out, f"started-{backend}-{rank}"), "w").close()
-            deadline = time.monotonic() + 60
+            # every backend on both ranks starts first: patient, as the launch's own timeout is
+            deadline = time.monotonic() + 240
             while not os.path.exists(os.path.join(out, "go")):
                 if time.monotonic() > deadline:
                     raise TimeoutError("the outage never started")
                 time.sleep(0.02)
+            # the store is down: say this backend reads on, so the outage lasts past its next request
+            open(os.path.join(out, f"resumed-{backend}-{rank}"), "w").close()
     retries = pipe.stats().counters("open").get("retries", 0)
     return [got, retries]
 
 
 def read_and_say(out: str, endpoint: str, backend: str, urls: list[str], rank: int) -> list:
-    """:func:`read_share`; a rank that fails before its first item still says it started, so the
-    test does not wait for it before taking the store down."""
+    """:func:`read_share`; a rank that fails still says it started and resumed, so the test does
+    not wait for it to take the store down or to bring it back."""
     try:
         return read_share(out, endpoint, backend, urls, rank)
     finally:
-        open(os.path.join(out, f"started-{backend}-{rank}"), "w").close()
+        for step in ("started", "resumed"):
+            open(os.path.join(out, f"{step}-{backend}-{rank}"), "w").close()
 
 
 def main() -> int:
