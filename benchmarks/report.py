@@ -15,7 +15,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scenarios import BARE_DATALOADER, BARE_OWN_DECODER, BARE_PIL, S4_DATALOADER, THREAD_NATIVE
+from benchmarks.scenarios import (
+    BARE_DATALOADER,
+    BARE_OWN_DECODER,
+    BARE_PIL,
+    S4_DATALOADER,
+    SPDL_LIBRARIES,
+    THREAD_NATIVE,
+)
 
 PIPEFLOW = "pipeflow"
 #: the peers' decode on a bare pool (the older label too, for results written before)
@@ -256,6 +263,7 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
                 "overhead_pct": round(100 * (1 - pf["samples_per_s"] / bare["samples_per_s"]), 1),
             }
     summary["thread_native"] = thread_native(rows)
+    summary["against_spdl"] = against_spdl(rows)
     return summary
 
 
@@ -297,6 +305,68 @@ def thread_native(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 "cpu_per_sample_ratio": _ratio(a["cpu_ms_per_sample"], b["cpu_ms_per_sample"]),
             }
     return out
+
+
+def against_spdl(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """pipeflow's ``loader()`` and the same pipeline in DataLoader workers beside each SPDL row of
+    a group (medians over the repeats), with pipeflow's ratios over SPDL: one entry per SPDL row."""
+    out: dict[str, Any] = {}
+    for scen in ("s1", "s2", "s4"):
+        workers_row = S4_DATALOADER if scen == "s4" else PIPEFLOW
+        everything = [r for g in _groups(rows, scen).values() for r in g]
+        for name, group in _groups(rows, scen).items():
+            ours = [r for r in group if r["library"] == THREAD_NATIVE and _ok(r)]
+            theirs = [r for r in group if r["library"] == workers_row and _ok(r)]
+            if scen == "s4" and not theirs:  # one DataLoader row serves both S4 groups of a layout
+                theirs = [r for r in everything if r["library"] == workers_row and _ok(r)
+                          and r["group"].split(",")[0] == name.split(",")[0]]
+            for library in SPDL_LIBRARIES:
+                spdl = [r for r in group if r["library"] == library and _ok(r)]
+                if not spdl or not ours:
+                    continue
+                a, b, c = _medians(ours), _medians(theirs) if theirs else None, _medians(spdl)
+                out[f"{scen} {name} | {library}"] = {
+                    "group": f"{scen} {name}", "spdl_library": library, "loader": a, "dataloader": b,
+                    "spdl": c, "loader_over_spdl": _ratio(a["samples_per_s"], c["samples_per_s"]),
+                    "dataloader_over_spdl": _ratio(b["samples_per_s"], c["samples_per_s"]) if b else None,
+                    "cpu_per_sample_spdl_over_loader": _ratio(c["cpu_ms_per_sample"], a["cpu_ms_per_sample"]),
+                }
+    return out
+
+
+def against_spdl_table(summary: dict[str, Any]) -> list[str]:
+    """The markdown table of :func:`against_spdl` (empty when the run has no SPDL rows)."""
+    if not summary:
+        return []
+    lines = ["| scenario, group | SPDL row | samples/s loader() / DataLoader / SPDL | loader() / SPDL | "
+             "DataLoader / SPDL | PSS MB loader() / DataLoader / SPDL | CPU ms/sample loader() / "
+             "DataLoader / SPDL | first batch s loader() / DataLoader / SPDL |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    empty = {"samples_per_s": None, "peak_pss_mb": None, "cpu_ms_per_sample": None, "first_batch_s": None}
+    for e in summary.values():
+        sides = (e["loader"], e["dataloader"] or empty, e["spdl"])
+
+        def three(key: str, digits: int, sides: tuple[dict[str, Any], ...] = sides) -> str:
+            return " / ".join(_fmt(x[key], digits) for x in sides)
+
+        lines.append(f"| {e['group']} | {e['spdl_library']} | {three('samples_per_s', 1)} | "
+                     f"{_fmt(e['loader_over_spdl'], 2)} | {_fmt(e['dataloader_over_spdl'], 2)} | "
+                     f"{three('peak_pss_mb', 0)} | {three('cpu_ms_per_sample', 2)} | "
+                     f"{three('first_batch_s', 2)} |")
+    return lines + [""]
+
+
+def _overhead_spdl_table(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["", "## 5. Per-stage overhead vs SPDL", "",
+             "The same chains as SPDL stages (each stage's function runs on SPDL's thread pool), "
+             "alternated with pipeflow's in one process of the SPDL venv.", "",
+             "| chain | items | pipeflow items/s | SPDL items/s | ratio |", "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['chain']} | {r['items']:,} | {r['pipeflow_items_per_s']:,} | "
+                     f"{r['spdl_items_per_s']:,} | {r['ratio']:.2f} |")
+    return lines
 
 
 def thread_native_table(summary: dict[str, Any]) -> list[str]:
@@ -378,6 +448,11 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "## Thread-native loading against DataLoader workers", "",
                   "`Pipeline.loader()` in the training process against the same pipeline in "
                   "DataLoader worker processes (medians over the repeats of each side).", ""] + native
+    spdl = against_spdl_table(against_spdl(result["rows"]))
+    if spdl:
+        lines += ["", "## pipeflow against SPDL", "",
+                  "Each SPDL row beside `Pipeline.loader()` and the same pipeline in DataLoader workers, "
+                  "medians over the repeats of each.", ""] + spdl
     if result.get("overhead"):
         lines += [
             "",
@@ -391,6 +466,7 @@ def markdown(result: dict[str, Any]) -> str:
                 f"| {r['chain']} | {r['items']:,} | {r['pipeflow_items_per_s']:,} | "
                 f"{r['torchdata_nodes_items_per_s']:,} | {r['ratio']:.2f} |"
             )
+    lines += _overhead_spdl_table(result.get("overhead_spdl") or [])
     if result.get("conversions"):
         lines += ["", "## Conversions (not part of the throughput above)", "",
                   "| data set, format | seconds |", "|---|---:|"]

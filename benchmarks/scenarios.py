@@ -61,6 +61,17 @@ THREAD_NATIVE = "pipeflow loader()"
 S4_DATALOADER = "pipeflow in DataLoader workers"
 #: the same decode call in a plain DataLoader: what collate and the DataLoader's IPC add
 BARE_DATALOADER = "bare DataLoader, pipeflow's decoder (in memory)"
+#: SPDL's engine (its own side venv) in S1, S2, S4 and S5; in the S2 decode groups twice, with
+#: its FFmpeg batch decoder and with pipeflow's decoder, so engine and decoder can be told apart
+SPDL = "SPDL pipeline"
+SPDL_FFMPEG = "SPDL pipeline + spdl.io decode (FFmpeg)"
+SPDL_OWN_DECODER = "SPDL pipeline + pipeflow's decoder"
+SPDL_LIBRARIES = (SPDL, SPDL_FFMPEG, SPDL_OWN_DECODER)
+SPDL_SCENARIOS = ("s1", "s2", "s4", "s5")
+FFMPEG_HINT = ("Debian: apt-get install libavutil57 libavcodec59 libavformat59 libavfilter8 libswscale6 "
+               "libswresample4 libavdevice59")
+#: S5 against SPDL runs this fraction of the items of S5 (SPDL hands every item between threads)
+SPDL_S5_FRACTION = 5
 #: obstore (LitData's S3 client) refuses a plain-HTTP endpoint unless told (where it reads env)
 SIDE_ENV = {"AWS_ALLOW_HTTP": "true"}
 #: the same for S1, by layout
@@ -188,6 +199,7 @@ class BenchConfig:
     workdir: Path | None = None
     datapipes: bool = True
     streaming_peers: bool = True  # LitData and Mosaic Streaming (their own side venv)
+    spdl: bool = True  # SPDL (its own side venv)
     scenarios: tuple[str, ...] = ("s1", "s2", "s3", "s4", "s5")
     only: tuple[str, ...] = ()  # run only the cases of these libraries (labels as in the tables)
     repeats: int = 1  # run each case this many times in a row (rows carry "repeat")
@@ -381,6 +393,10 @@ class _Runner:
         self.datapipes_python: str | None = None
         self.peers_python: str | None = None  # the LitData / Mosaic side venv
         self.peers_missing: str | None = None
+        self.spdl_python: str | None = None  # the SPDL side venv
+        self.spdl_missing: str | None = None
+        self.spdl_probe: dict[str, Any] = {}  # its version, and whether its FFmpeg decoder works
+        self.spdl_overhead: list[dict[str, Any]] = []
         self.conversions: dict[str, Any] = {}
         self.notes: list[str] = []
         self.endpoint = ""
@@ -467,6 +483,9 @@ class _Runner:
                         0,
                     )
                 )
+                spdl = self.spdl_case("s1", group, SPDL, "make_single",
+                                      {**common, "settings": spdl_settings()}, budget)
+                cases += [spdl] if spdl else []
                 cases.append(
                     mk(
                         "pipeflow (boto3 backend)",
@@ -589,6 +608,7 @@ class _Runner:
         loader = "make_photo_shards_loader" if decode else "make_shards_loader"
         cases.append(Case("s2", group, THREAD_NATIVE, f"benchmarks.pipeflow_cases:{loader}",
                           {"shards": shards, "backend": None}, 0, **kw))
+        cases += self._s2_spdl(group, shards, kw, decode=decode)
         if decode:
             return cases
         cases += [
@@ -604,6 +624,34 @@ class _Runner:
                               "benchmarks.peers.datapipes:make_shards",
                               {"shards": shards, "workers": w}, w, python=self.datapipes_python, **kw))
         return cases
+
+    def _s2_spdl(self, group: str, shards: list[str], kw: dict[str, Any], *, decode: bool) -> list[Case]:
+        """SPDL's rows of an S2 group: without decode, or with each of the two batch decoders."""
+        rows = ((SPDL_FFMPEG, "ffmpeg"), (SPDL_OWN_DECODER, "pipeflow")) if decode else ((SPDL, "none"),)
+        cases = [self.spdl_case("s2", group, library, "make_shards",
+                                {"shards": shards, "decoder": decoder, "settings": spdl_settings()}, kw)
+                 for library, decoder in rows]
+        return [c for c in cases if c is not None]
+
+    def spdl_case(self, scenario: str, group: str, library: str, factory: str, kwargs: dict[str, Any],
+                  budget: dict[str, Any]) -> Case | None:
+        """One SPDL row, run by the SPDL side venv; None when it does not run: not asked for, or
+        unavailable (then a row says why: the venv could not be made, or FFmpeg does not load)."""
+        if not self.cfg.spdl or (self.cfg.only and library not in self.cfg.only):
+            return None
+        if not self.spdl_python:
+            self.unavailable(scenario, group, library, self.spdl_missing or "SPDL side venv missing")
+            return None
+        if kwargs.get("decoder") == "ffmpeg" and not self.spdl_probe.get("ffmpeg"):
+            why = self.spdl_probe.get("why", "not probed")
+            self.unavailable(scenario, group, library,
+                             f"spdl.io's FFmpeg decoder does not load here ({why}); {FFMPEG_HINT}")
+            return None
+        extra = {**budget.get("extra", {})}
+        if "settings" in kwargs:
+            extra["spdl_settings"] = kwargs["settings"]
+        return Case(scenario, group, library, f"benchmarks.peers.spdl_peer:{factory}", kwargs, 0,
+                    python=self.spdl_python, **{**budget, "extra": extra})
 
     def _s2_recipes(self, group: str, prefix: str, kw: dict[str, Any], layout: str = "wds") -> list[Case]:
         from pipeflow import recipes
@@ -739,6 +787,9 @@ class _Runner:
                 native = "benchmarks.pipeflow_cases:make_decode_loader"
                 self.case(proxy, Case("s4", group, THREAD_NATIVE, native, {**kwargs, "method": method}, 0,
                                       **budget))
+                spdl = self.spdl_case("s4", group, SPDL, "make_decode", {**kwargs, "method": method}, budget)
+                if spdl:
+                    self.case(proxy, spdl)
                 if method == "process":  # DataLoader workers are processes: one row, in this group
                     in_workers = "benchmarks.pipeflow_cases:make_decode_dataloader"
                     self.case(proxy, Case("s4", group, S4_DATALOADER, in_workers, kwargs, 2, **budget))
@@ -750,7 +801,21 @@ class _Runner:
         except ImportError:
             self.notes.append("scenario 5 skipped: benchmarks/overhead.py is missing")
             return []
-        return overhead.run(items=self.sz.s5_items, repeats=self.sz.s5_repeats)
+        rows = overhead.run(items=self.sz.s5_items, repeats=self.sz.s5_repeats)
+        self.spdl_overhead = self._s5_spdl()
+        return rows
+
+    def _s5_spdl(self) -> list[dict[str, Any]]:
+        """S5's chains against SPDL's engine, alternated in one process of the SPDL venv."""
+        if not self.spdl_python or (self.cfg.only and SPDL not in self.cfg.only):
+            return []
+        items = max(1000, self.sz.s5_items // SPDL_S5_FRACTION)
+        args = ["overhead", str(items), str(self.sz.s5_repeats)]
+        done = _spdl_command(self.spdl_python, args, timeout=1800)
+        if "error" in done:
+            self.notes.append(f"S5 against SPDL failed: {done['error'][-600:]}")
+            return []
+        return list(done["rows"])
 
 
 def _datapipes_venv(log: Callable[[str], None]) -> str:
@@ -765,6 +830,55 @@ def _streaming_peers_venv(log: Callable[[str], None]) -> str:
     from benchmarks.peers import _sidevenv
 
     return _sidevenv.ensure_venv(log=log)
+
+
+def _spdl_venv(log: Callable[[str], None]) -> str:
+    from benchmarks.peers import _sidevenv
+
+    return _sidevenv.ensure_venv(spec=_sidevenv.SPDL, log=log)
+
+
+def spdl_settings() -> dict[str, Any]:
+    """SPDL's settings for this machine (its docs' recommendations), as the rows record them."""
+    import dataclasses
+
+    from benchmarks.peers.spdl_peer import SpdlSettings
+
+    return dataclasses.asdict(SpdlSettings())
+
+
+def _spdl_command(python: str, args: list[str], *, timeout: float = 120) -> dict[str, Any]:
+    """``python -m benchmarks.peers.spdl_peer ARGS`` in the SPDL venv; its JSON line, or an error."""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONWARNINGS": "ignore"}
+    try:
+        done = subprocess.run([python, "-m", "benchmarks.peers.spdl_peer", *args], capture_output=True,
+                              text=True, env=env, timeout=timeout, cwd=str(root))
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:g} s"}
+    line = next((x for x in reversed(done.stdout.splitlines()) if x.startswith("{")), None)
+    if done.returncode != 0 or line is None:
+        return {"error": (done.stderr or done.stdout)[-1500:].strip() or f"exit code {done.returncode}"}
+    return dict(json.loads(line))
+
+
+def wants_spdl(cfg: BenchConfig) -> bool:
+    """Whether a run needs the SPDL venv: SPDL on, a scenario it joins, and (with ``only``) a row
+    of it asked for."""
+    if not cfg.spdl or not set(SPDL_SCENARIOS) & set(cfg.scenarios):
+        return False
+    return not cfg.only or bool(set(cfg.only) & set(SPDL_LIBRARIES))
+
+
+def _prepare_spdl(runner: _Runner) -> None:
+    runner.spdl_python = _side_venv(runner, "SPDL", _spdl_venv)
+    if runner.spdl_python is None:
+        runner.spdl_missing = runner.notes[-1]
+        return
+    runner.spdl_probe = _spdl_command(runner.spdl_python, ["probe"])
+    if not runner.spdl_probe.get("ffmpeg"):
+        why = runner.spdl_probe.get("why") or runner.spdl_probe
+        runner.notes.append(f"SPDL's FFmpeg decoder unavailable: {why}")
 
 
 def _side_venv(runner: _Runner, what: str, make: Callable[[Callable[[str], None]], str]) -> str | None:
@@ -831,6 +945,8 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print,
         runner.peers_python = _side_venv(runner, "LitData / Mosaic", _streaming_peers_venv)
         if runner.peers_python is None:
             runner.peers_missing = runner.notes[-1]
+    if wants_spdl(cfg):
+        _prepare_spdl(runner)
     overhead_rows: list[dict[str, Any]] = []
     with _server(cfg.server, log=log) as endpoint:
         runner.endpoint = endpoint
@@ -865,11 +981,12 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print,
         "latency_ms": cfg.latency_ms,
         "server": server_name(cfg.server),
         "machine": machine(),
-        "versions": _versions(),
+        "versions": {**_versions(), **{k: v for k, v in runner.spdl_probe.items() if k == "spdl"}},
         "datasets": runner.datasets,
         "ceilings": runner.ceilings,
         "rows": runner.rows,
         "overhead": overhead_rows,
+        "overhead_spdl": runner.spdl_overhead,
         "conversions": runner.conversions,
         "notes": runner.notes,
     }

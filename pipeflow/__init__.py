@@ -38,7 +38,8 @@ _EXPORTS: dict[str, str] = {
     "RetryPolicy": "backends._retry",
     "ShardManifest": "sinks.manifest",
     **{name: "errors" for name in (
-        "AccessDeniedError", "BackendError", "CommandError", "ConfigError", "CorruptDataError",
+        "AccessDeniedError", "BackendError", "ClusterError", "ClusterUnreachableError",
+        "CommandError", "ConfigError", "CorruptDataError",
         "DecodeError", "EmptyShardError", "EndpointUnreachableError", "IncompleteSampleError",
         "InvalidURLError", "MissingDependencyError", "MissingFieldError", "ObjectChangedError",
         "ObjectNotFoundError", "OptionError", "PipeflowError",
@@ -51,6 +52,8 @@ _SUBMODULES = ("backends", "errors", "formats", "recipes", "testing")
 __all__ = [
     "AccessDeniedError",
     "BackendError",
+    "ClusterError",
+    "ClusterUnreachableError",
     "CommandError",
     "ConfigError",
     "CorruptDataError",
@@ -101,6 +104,8 @@ if _TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ l
     from .errors import (
         AccessDeniedError,
         BackendError,
+        ClusterError,
+        ClusterUnreachableError,
         CommandError,
         ConfigError,
         CorruptDataError,

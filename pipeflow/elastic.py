@@ -57,9 +57,27 @@ def _loader_shards(state: dict[str, Any], rank: int, world: int) -> list[tuple[A
     if "fetcher_state" in state or "_num_yielded" in state:  # StatefulDataLoader, no workers
         return [((state.get("fetcher_state") or {}).get("dataset_iter_state"), [rank, world, 0, 1])]
     if "stages" in state:  # PipelineIterator.state_dict()
+        shares = _elsewhere_shares(state)
+        if shares is not None:  # offload(): the actors' shares, as DataLoader workers
+            return [(share, [rank, world, a, len(shares)]) for a, share in enumerate(shares)]
         return [(state, [rank, world, 0, 1])]
     raise ConfigError("merge_states() needs StatefulDataLoader.state_dict() or "
                       f"PipelineIterator.state_dict() values, got keys {sorted(state)[:6]}")
+
+
+def _elsewhere_shares(state: dict[str, Any]) -> list[Any] | None:
+    """The per-share states of a pipeline with a stage whose inputs run elsewhere
+    (``offload()``), read by that stage's class; None for any other pipeline. The stages after
+    it (in the training process) take one item per item, so its state under them is the
+    position of the last item delivered."""
+    graph = state.get("graph")
+    if not isinstance(graph, str):
+        return None
+    for depth, cls in enumerate(_chain_classes(graph)):
+        if cls.runs_inputs_elsewhere:
+            own = _at_depth(state["stages"], depth)
+            return cls.elastic_shares(own) if isinstance(own, dict) else None
+    return None
 
 
 def _chain_classes(graph: str) -> list[type[Stage[Any]]]:
@@ -370,6 +388,12 @@ def resume_node(node: Node, merged: dict[str, Any]) -> Node:
     """
     if not isinstance(merged, dict) or merged.get(FORMAT) != 1:
         raise ConfigError("resume_from() needs the value merge_states() returned")
+    elsewhere = _resume_elsewhere(node, merged)  # offload(): its input is what resumes
+    return elsewhere if elsewhere is not None else _resume_chain(node, merged)
+
+
+def _resume_chain(node: Node, merged: dict[str, Any]) -> Node:
+    """:func:`resume_node` of a single chain that runs in this process."""
     epoch = int(merged["epoch"])
     nodes = _node_chain(plan(node))
     node = nodes[0]
@@ -420,3 +444,20 @@ def resume_node(node: Node, merged: dict[str, Any]) -> Node:
         current = Node(ElasticDropper, (partial,), {"epoch": epoch}, (current,),
                        f"resume_dropper(epoch={epoch})")
     return current
+
+
+def _resume_elsewhere(node: Node, merged: dict[str, Any]) -> Node | None:
+    """For a description with a stage whose inputs run elsewhere (``offload()``): the same
+    stages, with that stage's input resumed (the merged state is the input's); else None."""
+    path: list[Node] = []
+    current = node
+    while not current.stage.runs_inputs_elsewhere:
+        if len(current.inputs) != 1:
+            return None
+        path.append(current)
+        current = current.inputs[0]
+    resumed = Node(current.stage, current.args, current.kwargs,
+                   (resume_node(current.inputs[0], merged),), current.label)
+    for n in reversed(path):
+        resumed = Node(n.stage, n.args, n.kwargs, (resumed,), n.label)
+    return resumed

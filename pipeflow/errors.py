@@ -11,6 +11,8 @@ from __future__ import annotations
 __all__ = [
     "AccessDeniedError",
     "BackendError",
+    "ClusterError",
+    "ClusterUnreachableError",
     "CommandError",
     "ConfigError",
     "CorruptDataError",
@@ -224,3 +226,28 @@ def _rebuild_command_error(cls, message, url, backend, op, command, returncode, 
 
 class EmptyShardError(ConfigError):
     """A rank x DataLoader worker shard received no items, so it cannot yield its equal share."""
+
+
+class ClusterError(PipeflowError):
+    """The compute cluster an offloaded pipeline runs on (:meth:`Pipeline.offload`) failed:
+    it refused the connection, or a cluster worker kept dying after its restarts.
+
+    Attributes:
+        address: the cluster's address as given (empty: the cluster of this process).
+    """
+
+    def __init__(self, message: str, *, address: str = "") -> None:
+        self.message = message
+        self.address = address
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (_rebuild_cluster_error, (type(self), self.message, self.address))
+
+
+def _rebuild_cluster_error(cls, message, address):
+    return cls(message, address=address)
+
+
+class ClusterUnreachableError(ClusterError, ConnectionError):
+    """Nothing answers at the cluster's address (checked within seconds, before any wait)."""

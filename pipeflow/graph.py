@@ -248,6 +248,8 @@ def _groups_objects(node: Node, grouped: bool) -> bool:
 
 def _build(node: Node, ctx: RunContext, auto: bool, labels: dict[int, str],
            auto_shards: dict[str, int], grouped: bool = False) -> tuple[Stage[Any], bool]:
+    if node.stage.runs_inputs_elsewhere:
+        return _build_elsewhere(node, ctx, labels), True
     grouped = _groups_objects(node, grouped)
     below = auto and not node.stage.is_sharder  # what a sharder reads is not sharded again
     inputs = [_build(i, ctx, below, labels, auto_shards, grouped) for i in node.inputs]
@@ -269,6 +271,16 @@ def _build(node: Node, ctx: RunContext, auto: bool, labels: dict[int, str],
     return stage, sharded
 
 
+def _build_elsewhere(node: Node, ctx: RunContext, labels: dict[int, str]) -> Stage[Any]:
+    """A stage whose inputs run elsewhere (``offload()``), given their descriptions unbuilt:
+    where they run, they are planned and sharded for the shard they read."""
+    stage = node.stage(*node.inputs, *node.args, **node.kwargs)  # type: ignore[arg-type]
+    stage.context = ctx
+    stage.name = labels[id(node)]
+    stage.description = _described(node, labels)
+    return stage
+
+
 # ---- reading random-access sources by assignment ---------------------------------------------------
 def plan(node: Node, *, split: bool = True) -> Node:
     """The description as it runs: each random-access source (``random_access``: ``from_items``,
@@ -288,6 +300,8 @@ def plan(node: Node, *, split: bool = True) -> Node:
 
 
 def _plan(node: Node, explicit: bool, grouped: bool, unit: int | None, split: bool) -> Node:
+    if node.stage.runs_inputs_elsewhere:
+        return node  # planned where it runs, for the shard it reads
     grouped = _groups_objects(node, grouped)
     folded = _fold(node, explicit, grouped, unit or 0, split)
     if folded is not None:
@@ -333,6 +347,10 @@ def order_notes(node: Node) -> dict[int, str]:
     notes: dict[int, str] = {}
 
     def visit(current: Node, breaker: str | None, unit: int | None) -> None:
+        if current.stage.runs_inputs_elsewhere:  # the inputs' order is their own affair
+            for inp in current.inputs:
+                notes.update(order_notes(inp))
+            return
         if current.stage.reads_by_place:
             leaf = current.inputs[0]
             if breaker is not None:

@@ -78,16 +78,24 @@ class PipelineIterator:
     """
 
     def __init__(self, node: Node, *, epoch: int = 0, stats: Stats | None = None,
-                 on_epoch_end: Callable[[int], None] | None = None) -> None:
+                 on_epoch_end: Callable[[int], None] | None = None,
+                 context: RunContext | None = None) -> None:
         """Args:
             node: the description to build.
             epoch: the epoch shuffles are seeded with.
             stats: the counters the stages count into (a fresh set when None).
             on_epoch_end: called with the epoch when it ends normally (the pipeline uses it
                 to advance its own epoch).
+            context: the shard this iterator reads (rank, world size, worker, workers), when
+                it is not the calling process's own: a cluster worker that runs a rank's share
+                of an offloaded prefix (:mod:`pipeflow.offload`). Its epoch is ``epoch``.
         """
         self._on_epoch_end = on_epoch_end
-        self._ctx = RunContext.detect(epoch, stats=stats)
+        if context is not None:
+            context.epoch = epoch
+            if stats is not None:
+                context.stats = stats
+        self._ctx = context or RunContext.detect(epoch, stats=stats)
         self._root = build(node, self._ctx)
         self._done = False
         self._replay_checked = False  # whether a mid-epoch state could not be resumed (said once)

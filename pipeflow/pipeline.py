@@ -24,6 +24,7 @@ from .graph import Node, checks_options, draw, format_value, make_label, order_n
 from .iterator import PipelineIterator
 from .keytable import KeyTable, shareable
 from .loader import Loader, LoaderOptions
+from .offload import OffloadOptions, RayOffloader
 from .sinks import shards as _shards
 from .stages.base import Stage
 from .stages.batch import Batcher
@@ -149,6 +150,22 @@ class Pipeline(torch.utils.data.IterableDataset):
         """Run everything upstream in a background thread, keeping up to ``size`` items ready
         (``"auto"``: grown while running when the consumer finds the buffer empty)."""
         return self._then("prefetch", Prefetcher, size)
+
+    @checks_options
+    def offload(self, *, workers: int = 2, inflight: int = 2, address: str | None = None,
+                cpus: float = 1.0, restarts: int = 3, connect_timeout: float = 5.0,
+                start_timeout: float = 60.0) -> Pipeline:
+        """Run everything before this point on a Ray cluster: ``workers`` Ray actors per
+        training rank, each over the share a DataLoader worker would read, at most ``inflight``
+        items ahead each; the stages after it run here. A dead actor is replaced and its share
+        continues from the last item received (up to ``restarts`` times per worker and epoch).
+        ``address``: ``"HOST:PORT"`` of ``ray start --head`` (None: this process's Ray
+        connection, else Ray's default). Needs the ``ray`` extra. See docs/offload.md."""
+        options = OffloadOptions(workers=workers, inflight=inflight, address=address, cpus=cpus,
+                                 restarts=restarts, connect_timeout=connect_timeout,
+                                 start_timeout=start_timeout)
+        label = make_label("offload", (), options.shown())
+        return Pipeline(Node(RayOffloader, (options,), {}, (self._node,), label))
 
     @checks_options
     def take(self, n: int, *, across: Literal["each", "all"] = "each") -> Pipeline:

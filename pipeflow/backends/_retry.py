@@ -12,7 +12,8 @@
   connections (or whose name does not resolve) is a configuration mistake, not an outage; it
   ends in :class:`~pipeflow.errors.EndpointUnreachableError` after ``first_contact`` seconds
   (3 s by default), not after the whole budget. Once the endpoint has answered once, any
-  outage gets the whole budget.
+  outage gets the whole budget. :func:`await_first_contact` applies the rule ahead of a request,
+  for an SDK whose own attempts are slow to fail (the CRT).
 
 Streams that resume where they broke live in :mod:`pipeflow.backends._resumable`.
 """
@@ -26,7 +27,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -39,12 +40,14 @@ __all__ = [
     "TRANSIENT_CODES",
     "RetryPolicy",
     "RetryTimer",
+    "await_first_contact",
     "check_first_contact",
     "exhausted",
     "has_answered",
     "is_transient",
     "is_transient_status",
     "mark_answered",
+    "retried_pages",
     "retry_call",
     "s3_error_code",
 ]
@@ -59,9 +62,6 @@ TRANSIENT_CODES = frozenset({
     "RequestTimeoutException", "InternalError", "ServiceUnavailable", "ServiceUnavailableException",
     "EC2ThrottledException", "PriorRequestNotComplete", "TransactionInProgressException",
 })
-
-#: the most attempts :meth:`RetryPolicy.sdk_attempts` hands to an SDK that counts attempts
-_MAX_SDK_ATTEMPTS = 50
 
 _jitter = random.Random()
 
@@ -159,28 +159,6 @@ class RetryPolicy:
         """The (random) delay before retry number ``attempt`` (0-based): full jitter."""
         cap = min(self.max_delay, self.base_delay * (2 ** min(attempt, 32)))
         return _jitter.uniform(0.0, cap)
-
-    def sdk_attempts(self, *, sdk_base_delay: float | None = None,
-                     sdk_max_delay: float | None = None) -> int:
-        """Attempts to give an SDK that can only count attempts, not time (s5cmd's batched run).
-
-        ``max_attempts`` when set; otherwise the number of tries whose average backoff fits in
-        the budget (capped at 50), computed with the SDK's own backoff (``sdk_base_delay`` and
-        ``sdk_max_delay``, full jitter assumed; default: this policy's). The SDK's delays are
-        random, so on those backends the budget holds on average, not exactly.
-        """
-        if self.max_attempts is not None:
-            return self.max_attempts
-        assert self.budget is not None
-        base = self.base_delay if sdk_base_delay is None else sdk_base_delay
-        cap = self.max_delay if sdk_max_delay is None else sdk_max_delay
-        attempts, spent = 1, 0.0
-        while attempts < _MAX_SDK_ATTEMPTS:
-            spent += min(cap, base * (2 ** min(attempts - 1, 32))) / 2
-            if spent > self.budget:
-                break
-            attempts += 1
-        return attempts
 
     def timer(self, clock: Callable[[], float] = time.monotonic) -> RetryTimer:
         """A fresh count of failures and elapsed time for one request."""
@@ -355,6 +333,31 @@ def retry_call(fn: Callable[[], T], *, policy: RetryPolicy, url: str = "", backe
             return result
 
 
+def retried_pages(open_pages: Callable[[], Iterable[T]],
+                  call: Callable[[Callable[[], T | None]], T | None]) -> Iterator[T]:
+    """The pages of a listing, each fetched through ``call`` (the backend's request under its
+    retry policy).
+
+    A page that fails drops the listing stream: an SDK's page iterator is not usable after an
+    error. The next attempt opens a new one with ``open_pages()``, which starts after the last
+    key the caller has taken (the caller consumes each page before the next is fetched). One
+    stream is open at a time, whatever the number of pages.
+    """
+    pages: list[Iterator[T]] = []  # the open listing stream, dropped when it fails
+
+    def page() -> T | None:
+        if not pages:
+            pages.append(iter(open_pages()))
+        try:
+            return next(pages[0], None)
+        except BaseException:
+            pages.clear()
+            raise
+
+    while (batch := call(page)) is not None:
+        yield batch
+
+
 def note_retry(delay: float) -> None:
     """Count a retry and the seconds waited before it, for the stage whose request this is."""
     note("retries")
@@ -418,3 +421,34 @@ def check_first_contact(timer: RetryTimer, exc: BaseException, delay: float, *,
         f"the endpoint {endpoint} has not answered since this process started ({why}, "
         f"{timer.describe()}): check the endpoint (endpoint=, AWS_ENDPOINT_URL) and that the "
         f"server is running", url=url, backend=backend, op=op) from exc
+
+
+def await_first_contact(policy: RetryPolicy, *, endpoint: str | None, url: str = "", backend: str = "",
+                        op: str = "", sleep: Callable[[float], None] = time.sleep,
+                        clock: Callable[[], float] = time.monotonic) -> None:
+    """The first-contact rule ahead of a request, with TCP connections instead of SDK attempts.
+
+    For an SDK that cannot be told to fail a refused connection quickly: the CRT makes at least
+    two attempts per request, waiting its own backoff (0.2-0.5 s) between them, and its client
+    takes about a second to start, so the rule applied to its failures reported a wrong endpoint
+    after 4-10 s instead of ``first_contact``. A TCP connection says "refused" (or "does not
+    resolve") in a millisecond. Returns at once when ``endpoint`` has answered in this process
+    (a set lookup: the cost of every request after the first answer) or accepts a connection.
+
+    Raises:
+        EndpointUnreachableError: ``endpoint`` still refuses connections (or does not resolve)
+            ``policy.first_contact`` seconds after the first refusal.
+        RetryExhaustedError: the policy's attempts ran out first (``max_attempts``).
+    """
+    if policy.first_contact is None or not endpoint or has_answered(endpoint):
+        return
+    timer = policy.timer(clock)
+    while (cause := refused(endpoint)) is not None:
+        delay = timer.failed()
+        if delay is None:
+            raise exhausted(timer, cause, what="connection", url=url, backend=backend, op=op,
+                            endpoint=endpoint) from cause
+        delay = check_first_contact(timer, cause, delay, endpoint=endpoint, url=url, backend=backend,
+                                    op=op)
+        note_retry(delay)
+        sleep(delay)

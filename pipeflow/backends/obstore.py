@@ -42,12 +42,12 @@ import io
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import IO, Any, TypeVar
+from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from pipeflow._checks import check_int
 from pipeflow._pump import Pump
 from pipeflow.backends._resumable import ResumableStream
-from pipeflow.backends._retry import is_transient, mark_answered, retry_call
+from pipeflow.backends._retry import is_transient, mark_answered, retried_pages, retry_call
 from pipeflow.backends._s3config import S3Options
 from pipeflow.backends.base import Backend, S3Location, parse_s3_url
 from pipeflow.errors import (
@@ -57,6 +57,10 @@ from pipeflow.errors import (
     PipeflowError,
 )
 from pipeflow.items import ObjectInfo
+
+if TYPE_CHECKING:  # obstore's option types exist in its stubs only
+    from obstore import GetOptions
+    from obstore.store import ClientConfig, RetryConfig, S3Config
 
 __all__ = ["ObstoreBackend", "ObstoreOptions", "usable_here"]
 
@@ -150,22 +154,23 @@ class ObstoreBackend(Backend):
         from obstore.store import S3Store
 
         opts = self.options
-        config: dict[str, Any] = {"region": opts.resolved_region(),
-                                  "virtual_hosted_style_request": not opts.use_path_style()}
+        config: S3Config = {"region": opts.resolved_region(),
+                            "virtual_hosted_style_request": not opts.use_path_style()}
         endpoint = opts.resolved_endpoint()
         if endpoint:
             config["endpoint"] = endpoint
-        if opts.access_key:
-            config.update(access_key_id=opts.access_key, secret_access_key=opts.secret_key)
+        if opts.access_key and opts.secret_key is not None:
+            config["access_key_id"] = opts.access_key
+            config["secret_access_key"] = opts.secret_key
             if opts.session_token:
                 config["session_token"] = opts.session_token
-        client: dict[str, Any] = {"allow_http": bool(endpoint and endpoint.startswith("http://")),
-                                  "timeout": _REQUEST_LIFETIME}
+        client: ClientConfig = {"allow_http": bool(endpoint and endpoint.startswith("http://")),
+                                "timeout": _REQUEST_LIFETIME}
         if opts.timeout is not None:
-            client.update(connect_timeout=_seconds(opts.connect_timeout or 0),
-                          read_timeout=_seconds(opts.read_timeout or 0))
+            client["connect_timeout"] = _seconds(opts.connect_timeout or 0)
+            client["read_timeout"] = _seconds(opts.read_timeout or 0)
         # pipeflow's RetryPolicy is the only retry layer (one try per object_store request)
-        retry = {"max_retries": 0, "retry_timeout": _REQUEST_LIFETIME}
+        retry: RetryConfig = {"max_retries": 0, "retry_timeout": _REQUEST_LIFETIME}
         return S3Store(bucket, config=config, client_options=client, retry_config=retry)
 
     # ---- errors ----------------------------------------------------------------------------
@@ -268,23 +273,13 @@ class ObstoreBackend(Backend):
         # enclosing segment and keep the keys that start with the prefix
         parent = loc.key.rpartition("/")[0]
         store = self._store(loc.bucket)
-        pages: list[Iterator[Any]] = []  # the listing stream, dropped when it fails
         last: list[str] = []  # the last key seen: a failed listing restarts after it
 
-        def page() -> Any:
-            if not pages:
-                pages.append(iter(obstore.list(store, parent or None, offset=last[-1] if last else None,
-                                               chunk_size=self.options.page_size)))
-            try:
-                return next(pages[0], None)
-            except BaseException:
-                pages.clear()
-                raise
+        def open_pages() -> Any:
+            return obstore.list(store, parent or None, offset=last[-1] if last else None,
+                                chunk_size=self.options.page_size)
 
-        while True:
-            batch = self._call(page, loc, url, "list")
-            if batch is None:
-                return
+        for batch in retried_pages(open_pages, lambda page: self._call(page, loc, url, "list")):
             # S3 returns keys in UTF-8 byte order, which is code point order: already sorted
             for meta in batch:
                 last[:] = [meta["path"]]
@@ -309,7 +304,7 @@ class ObstoreBackend(Backend):
     def _get(self, loc: S3Location, url: str, start: int, end: int | None) -> IO[bytes]:
         import obstore
 
-        options: dict[str, Any] = {}
+        options: GetOptions = {}
         if end is not None:
             options["range"] = (start, end)
         elif start:

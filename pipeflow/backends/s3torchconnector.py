@@ -24,11 +24,12 @@ the error is :class:`~pipeflow.errors.ObjectNotFoundError`.
 
 Retries: the CRT makes as few attempts per request as it can (``crt_max_attempts``, default 2:
 the binding reads 1 as "the CRT's default", which is 4; the CRT counts attempts, not time);
-every request runs under the backend's
-:class:`~pipeflow.backends._retry.RetryPolicy`, the same time budget as on every backend, with the
-first-contact rule for an endpoint that never answered. A body that breaks off or stalls
-mid-way is resumed with a ranged GET from the byte already delivered; each range after the
-first must carry the ETag of the first (else :class:`~pipeflow.errors.ObjectChangedError`: an
+every request runs under the backend's :class:`~pipeflow.backends._retry.RetryPolicy`, the same
+time budget as on every backend, with the first-contact rule for an endpoint that never
+answered, checked with a TCP connection before the CRT's first request (its own attempts
+against a refused port take seconds to fail). A body that breaks off or stalls mid-way is
+resumed with a ranged GET from the byte already delivered; each range after the first must
+carry the ETag of the first (else :class:`~pipeflow.errors.ObjectChangedError`: an
 object replaced mid-read would otherwise mix two versions).
 
 Timeouts: ``S3ClientConfig`` has no read timeout, so pipeflow bounds a stalled body itself: a
@@ -52,7 +53,14 @@ from typing import IO, Any, Literal, TypeVar
 from pipeflow._checks import check_int, is_int
 from pipeflow.backends._ranged import RangedBody
 from pipeflow.backends._resumable import ResumableStream
-from pipeflow.backends._retry import TRANSIENT_CODES, is_transient, mark_answered, retry_call
+from pipeflow.backends._retry import (
+    TRANSIENT_CODES,
+    await_first_contact,
+    is_transient,
+    mark_answered,
+    retried_pages,
+    retry_call,
+)
 from pipeflow.backends._s3config import S3Options, error_for_status
 from pipeflow.backends.base import Backend, S3Location, parse_s3_url
 from pipeflow.errors import (
@@ -246,7 +254,12 @@ class S3TorchConnectorBackend(Backend):
         return BackendError("S3 request failed", url=url, backend=self.name, op=op)
 
     def _call(self, fn: Callable[[], T], loc: S3Location, url: str, op: str) -> T:
-        """Run one request under the retry policy; typed errors on failure."""
+        """Run one request under the retry policy; typed errors on failure.
+
+        Until the endpoint has answered, a TCP connection checks it first: the CRT cannot be
+        given a connect timeout or a single attempt, so its own failures would report a wrong
+        endpoint seconds late (:func:`~pipeflow.backends._retry.await_first_contact`).
+        """
 
         def attempt() -> T:
             try:
@@ -257,28 +270,20 @@ class S3TorchConnectorBackend(Backend):
                     raise
                 raise err from exc
 
-        return retry_call(attempt, policy=self.options.retry, url=url, backend=self.name, op=op,
-                          endpoint=self.options.endpoint_label(), classify=self._transient)
+        policy, endpoint = self.options.retry, self.options.endpoint_label()
+        await_first_contact(policy, endpoint=endpoint, url=url, backend=self.name, op=op)
+        return retry_call(attempt, policy=policy, url=url, backend=self.name, op=op,
+                          endpoint=endpoint, classify=self._transient)
 
     # ---- listing ---------------------------------------------------------------------------
     def list(self, url: str) -> Iterator[ObjectInfo]:
         loc = parse_s3_url(url, backend=self.name, op="list")
         after = ""  # the last key yielded: a failed page restarts the listing after it
-        pages: list[Iterator[Any]] = []
 
-        def page() -> Any:
-            if not pages:
-                pages.append(iter(self._client().list_objects(loc.bucket, loc.key, "", 1000)))
-            try:
-                return next(pages[0], None)
-            except BaseException:
-                pages.clear()
-                raise
+        def open_pages() -> Any:  # from the start: the connector cannot start after a key
+            return self._client().list_objects(loc.bucket, loc.key, "", 1000)
 
-        while True:
-            batch = self._call(page, loc, url, "list")
-            if batch is None:
-                return
+        for batch in retried_pages(open_pages, lambda page: self._call(page, loc, url, "list")):
             for obj in batch.object_info:  # keys arrive in S3's (sorted) order
                 if obj.key > after:
                     after = obj.key

@@ -92,6 +92,10 @@ class Stage(Generic[T]):
     #: False for stages whose output order depends on timing (an unordered ``map``): no stage
     #: that replays its input can resume exactly downstream of one
     ordered_output: bool = True
+    #: True for a stage whose inputs run somewhere else (``offload()``: on a cluster): the
+    #: builder hands it its input descriptions unbuilt, in place of source stages, and neither
+    #: plans nor shards them in this process
+    runs_inputs_elsewhere: bool = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -217,6 +221,14 @@ class Stage(Generic[T]):
         """False when these options keep elastic resume from naming this stage's items (an
         unordered map); the class's ``elastic_roles`` say where it may stand."""
         return True
+
+    @classmethod
+    def elastic_shares(cls, state: dict[str, Any]) -> list[Any] | None:
+        """For a stage whose inputs run elsewhere (``offload()``): from one of its states, the
+        iterator state of every share it reads, in worker order (None for a share that has
+        delivered nothing yet). Elastic resume merges them as it merges the states of a rank's
+        DataLoader workers. None for other stages."""
+        return None
 
     @classmethod
     def elastic_buffer(cls, state: dict[str, Any]) -> dict[str, Any] | None:

@@ -292,7 +292,8 @@ class BatchFetcher(Stage[Any]):
             if batch.results is None:
                 if batch.error is not None:
                     raise batch.error
-                batch.results = batch.handle.wait(self._timeout) if batch.handle is not None else {}
+                with self.context.stats.counting(self.name):  # retries made while waiting count here
+                    batch.results = batch.handle.wait(self._timeout) if batch.handle is not None else {}
                 self._forget(batch)
                 self._fill()  # batch k is ready: start k+1 while it is consumed
             if batch.pos >= len(batch.samples):

@@ -13,28 +13,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from .._checks import check_choice, check_int
-from .._rng import derive_seed, draw
 from .base import SOURCES_KEY, Stage
 from .shard import _sample_key
+from .shuffle import replay_draws, stream_seed, take
 
-__all__ = ["SampleShuffler", "replay_samples"]
-
-
-def replay_samples(seed: int, size: int, draws: int, pulled: int) -> tuple[list[int], int]:
-    """``(buffer, current)`` of a sample shuffle after ``draws`` draws and ``pulled`` samples
-    pulled: the sample numbers still buffered, in slot order, and the one drawn last (-1 before
-    the first draw)."""
-    buffer: list[int] = []
-    taken, current = 0, -1
-    for step in range(draws):
-        while len(buffer) < size and taken < pulled:
-            buffer.append(taken)
-            taken += 1
-        j = draw(seed, step, len(buffer))
-        buffer[j], buffer[-1] = buffer[-1], buffer[j]
-        current = buffer.pop()
-    buffer.extend(range(taken, pulled))  # pulled after the last draw (a fill an error ended)
-    return buffer, current
+__all__ = ["SampleShuffler"]
 
 
 class SampleShuffler(Stage[Any]):
@@ -48,8 +31,9 @@ class SampleShuffler(Stage[Any]):
     State without data, of a fixed size whatever the buffer size: the stream's seed, the buffer
     size, the draw and sample counts, the source position before the oldest sample still
     buffered (or being delivered, or being read) and how many items of the sample drawn last
-    are out. Which samples were buffered follows from those numbers (:func:`replay_samples`
-    runs the draws again over sample numbers). Resuming re-reads about one buffer of URLs once.
+    are out. Which samples were buffered follows from those numbers
+    (:func:`~pipeflow.stages.shuffle.replay_draws` runs the draws again over sample numbers).
+    Resuming re-reads about one buffer of URLs once.
 
     An error can end a call between two draws, while the buffer is refilled: the sample drawn
     last therefore stays the current one, all its items out, until the next draw replaces it
@@ -90,19 +74,14 @@ class SampleShuffler(Stage[Any]):
         self._done = 0  # items of it delivered
         self._stream = 0
 
-    def _stream_seed(self) -> int:
-        ctx = self.context
-        shard = ctx.shard_index if self.sharded_upstream else -1
-        return derive_seed("shuffle", self._seed, ctx.epoch, self._round, shard)
-
     def start(self, state: dict[str, Any] | None) -> None:
         self._init_run()
         self._round = int(state["round"]) if state else self._round + 1
-        self._stream = self._stream_seed()
+        self._stream = stream_seed(self, self._seed, self._round)
         if not state:
             return
         self._step = int(state["step"])
-        order, current = replay_samples(self._stream, self._size, self._step, int(state["pulled"]))
+        order, current = replay_draws(self._stream, self._size, self._step, int(state["pulled"]))
         done = int(state["done"])
         wanted = set(order) | {current}
         found: dict[int, list[Any]] = {}
@@ -162,10 +141,8 @@ class SampleShuffler(Stage[Any]):
             self._current, self._current_seq, self._done = [], -1, 0
         if not buffer:
             raise StopIteration
-        j = draw(self._stream, self._step, len(buffer))
+        self._current_seq, self._current = take(buffer, self._stream, self._step)
         self._step += 1
-        buffer[j], buffer[-1] = buffer[-1], buffer[j]
-        self._current_seq, self._current = buffer.pop()
         return self._deliver()
 
     def _deliver(self) -> Any:

@@ -2,31 +2,57 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from .._checks import check_int
 from .._rng import derive_seed, draw
 from ..errors import ConfigError
 from .base import SOURCES_KEY, Stage
 
-__all__ = ["Shuffler", "replay"]
+__all__ = ["Shuffler", "replay", "replay_draws", "stream_seed", "take"]
+
+T = TypeVar("T")
 
 
-def replay(seed: int, size: int, draws: int, pulled: int) -> list[int]:
-    """The buffer of a shuffler after ``draws`` draws, as the sequence numbers of its items in
-    slot order: the draws of stream ``seed`` run again over integers. ``pulled`` is how many
-    items the shuffler had pulled (its source ran dry there when it is short of a full buffer)."""
+def stream_seed(stage: Stage[Any], seed: int, round_: int) -> int:
+    """The seed of a shuffle's draws: a function of ``(seed, epoch, round)`` and, downstream of
+    a sharding stage, of the shard index (upstream of one every rank shuffles alike, which
+    keeps sharding after a shuffle exact). Shared by :class:`Shuffler` and the sample shuffle,
+    so ``shuffle(by="key")`` is seeded as ``shuffle()`` is."""
+    ctx = stage.context
+    shard = ctx.shard_index if stage.sharded_upstream else -1
+    return derive_seed("shuffle", seed, ctx.epoch, round_, shard)
+
+
+def take(buffer: list[T], seed: int, step: int) -> T:
+    """Draw number ``step`` of stream ``seed``: remove a random entry of ``buffer`` and return
+    it; the last entry moves into its slot. The shuffles draw with this and :func:`replay_draws`
+    runs it again, so a replayed buffer is the one the stage held."""
+    j = draw(seed, step, len(buffer))
+    buffer[j], buffer[-1] = buffer[-1], buffer[j]
+    return buffer.pop()
+
+
+def replay_draws(seed: int, size: int, draws: int, pulled: int) -> tuple[list[int], int]:
+    """``(buffer, last)`` of a shuffle of ``size`` slots after ``draws`` draws of stream
+    ``seed`` and ``pulled`` entries pulled, run again over sequence numbers (no data): the
+    numbers still buffered, in slot order, and the one drawn last (-1 before the first draw).
+    The source ran dry at ``pulled`` when that is short of a full buffer."""
     buffer: list[int] = []
-    taken = 0
+    taken, last = 0, -1
     for step in range(draws):
         while len(buffer) < size and taken < pulled:
             buffer.append(taken)
             taken += 1
-        j = draw(seed, step, len(buffer))
-        buffer[j] = buffer[-1]
-        buffer.pop()
+        last = take(buffer, seed, step)
     buffer.extend(range(taken, pulled))  # pulled after the last draw (a fill an error ended)
-    return buffer
+    return buffer, last
+
+
+def replay(seed: int, size: int, draws: int, pulled: int) -> list[int]:
+    """The buffer of a shuffler after ``draws`` draws, as the sequence numbers of its items in
+    slot order (:func:`replay_draws`)."""
+    return replay_draws(seed, size, draws, pulled)[0]
 
 
 class Shuffler(Stage[Any]):
@@ -82,19 +108,14 @@ class Shuffler(Stage[Any]):
         self._exhausted = False
         self._stream = 0
 
-    def _stream_seed(self) -> int:
-        ctx = self.context
-        shard = ctx.shard_index if self.sharded_upstream else -1
-        return derive_seed("shuffle", self._seed, ctx.epoch, self._round, shard)
-
     def start(self, state: dict[str, Any] | None) -> None:
         self._init_run()
         if not state:
             self._round += 1
-            self._stream = self._stream_seed()
+            self._stream = stream_seed(self, self._seed, self._round)
             return
         self._round = int(state["round"])
-        self._stream = self._stream_seed()
+        self._stream = stream_seed(self, self._seed, self._round)
         self._step = int(state["step"])
         self._exhausted = bool(state["exhausted"])
         base, pulled = int(state["base"]), int(state["pulled"])
@@ -133,11 +154,8 @@ class Shuffler(Stage[Any]):
                 break
         if not buffer:
             raise StopIteration
-        j = draw(self._stream, self._step, len(buffer))
+        seq, item = take(buffer, self._stream, self._step)
         self._step += 1
-        seq, item = buffer[j]
-        buffer[j] = buffer[-1]
-        buffer.pop()
         del self._snapshots[seq]
         return item
 

@@ -818,12 +818,24 @@ class DelayProxy:
 
     async def _go_down(self) -> None:
         assert self._server is not None
+        loop = asyncio.get_running_loop()
         # shutdown() acts on the socket, not on this process's descriptor: processes forked
         # since (DataLoader workers) hold copies that would keep it listening (and the port
-        # bound) with nobody accepting, and keep its connections open
-        sockets = list(getattr(self._server, "sockets", ()))
-        sockets += [c.client.get_extra_info("socket") for c in self._core.connections if c.client]
-        for sock in sockets:
+        # bound) with nobody accepting, and keep its connections open. The kernel resets the
+        # connections it had queued but nobody accepted.
+        listening = list(getattr(self._server, "sockets", ()))
+        for sock in listening:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            loop.remove_reader(sock.fileno())
+        # Connections the loop accepted in this turn get their transport (and join
+        # ``connections``) a turn or two later, and only while the server is open: closed
+        # first, they escaped, never served nor closed, and their clients waited out a read
+        # timeout. Let them in, so they are reset with the others.
+        for _ in range(3):
+            await asyncio.sleep(0)
+        for conn in list(self._core.connections):
+            sock = conn.client.get_extra_info("socket") if conn.client else None
             if sock is not None:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)

@@ -86,3 +86,27 @@ def test_timeouts_reach_the_clients_and_default():
     assert get_backend("boto3").options.timeout == DEFAULT_TIMEOUT
     assert get_backend("iopath", endpoint="http://127.0.0.1:1", timeout=5)._client()[1] \
         .meta.config.read_timeout == 5.0
+
+
+@pytest.mark.parametrize("backend", ["obstore", "s3torchconnector"])
+def test_a_listing_whose_page_fails_lists_every_key_once(s3, backend):
+    # both list 1,000 keys a request: the first page fails here; the listing stream is dropped
+    # and a new one opened (from the last key taken, none yet)
+    bucket = s3.make_bucket(f"pages-{backend}")
+    urls = sorted(s3.put(bucket, f"p/k{i:02d}", b"x") for i in range(7))
+
+    lists = []
+
+    def fail_one_list(info):
+        if info.method == "GET" and "list-type=" in info.path:
+            lists.append(info.path)
+            return "error503" if len(lists) == 1 else None
+        return None
+
+    with DelayProxy(s3.endpoint, delay_ms=0, hook=fail_one_list) as proxy:
+        be = get_backend(backend, endpoint=proxy.url, retry={"max_delay": 0.05})
+        got = [info.url for info in be.list(f"s3://{bucket}/p/")]
+        assert proxy.stats()["faults"].get("error") == 1
+        be.close()
+    assert got == urls
+    assert len(lists) == 2  # the failed page was asked for again, once

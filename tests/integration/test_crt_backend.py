@@ -83,6 +83,43 @@ def test_a_closed_port_is_retry_exhausted_naming_the_endpoint_quickly():
     print(f"closed port: RetryExhaustedError after {elapsed:.2f} s")
 
 
+def test_a_closed_port_is_reported_at_first_contact_without_a_crt_attempt():
+    from pipeflow.errors import EndpointUnreachableError
+
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    policy = RetryPolicy(first_contact=1.0)  # the default budget (60 s); a shorter window
+    be = get_backend("s3torchconnector", endpoint=endpoint, retry=policy)
+    started = time.monotonic()
+    with pytest.raises(EndpointUnreachableError) as info:
+        be.read("s3://bucket/key")
+    elapsed = time.monotonic() - started
+    assert endpoint in str(info.value) and "s3://bucket/key" in str(info.value)
+    # TCP connections found the refusal: the CRT client (about 1 s to start, 0.2-0.5 s of its
+    # own backoff per attempt) was never made, and the window was given, not the budget
+    assert be._client_obj is None
+    assert policy.first_contact <= elapsed < policy.budget / 4
+    with pytest.raises(EndpointUnreachableError):
+        list(be.list("s3://bucket/"))
+    print(f"closed port: EndpointUnreachableError after {elapsed:.2f} s (first_contact 1 s)")
+
+
+def test_an_endpoint_that_comes_up_within_the_first_contact_window_is_read(s3):
+    import threading
+
+    bucket = s3.make_bucket("crt-late")
+    url = s3.put(bucket, "late.bin", b"z" * 5000)
+    with DelayProxy(s3.endpoint, delay_ms=0) as proxy:
+        proxy.down()  # refusing, and never answered in this process (a fresh port)
+        timer = threading.Timer(0.5, proxy.up)
+        timer.start()
+        try:
+            be = get_backend("s3torchconnector", endpoint=proxy.url)  # fail fast after 3 s
+            assert be.read(url) == b"z" * 5000
+        finally:
+            timer.join()
+        be.close()
+
+
 def test_no_credentials_is_access_denied(s3, big, monkeypatch, tmp_path):
     url, _ = big
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):

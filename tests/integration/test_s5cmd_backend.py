@@ -162,6 +162,50 @@ def test_batch_cancel_kills_s5cmd(backend, s3, s3_bucket, tmp_path):
     assert not [n for n in os.listdir(tmp_path) if n.endswith(".txt")]
 
 
+_KEYS = {"access_key": "testing", "secret_key": "testing"}
+
+
+def _closed_endpoint() -> str:
+    from pipeflow.testing import free_port
+
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there: connections are refused
+
+
+def test_batch_retries_in_rounds_until_the_budget_not_an_s5cmd_count(tmp_path):
+    import time
+
+    from pipeflow.backends._retry import RetryPolicy
+
+    # first_contact off: the refused endpoint is an outage that gets the whole (short) budget
+    policy = RetryPolicy(budget=1.5, first_contact=None)
+    backend = get_backend("s5cmd", endpoint=_closed_endpoint(), retry=policy, **_KEYS)
+    pairs = [(f"s3://bucket/k{i}", str(tmp_path / f"k{i}")) for i in range(3)]
+    before = _children()
+    started = time.monotonic()
+    results = backend.start_batch(pairs, workdir=str(tmp_path)).wait()
+    elapsed = time.monotonic() - started
+    assert _children() <= before
+    for url, dest in pairs:
+        err = results[dest]
+        assert isinstance(err, RetryExhaustedError) and err.url == url, err
+        assert "retry budget 1.5 s" in str(err) and "127.0.0.1" in str(err)
+    # tried for the whole budget, in several rounds: not given up at the first refusal, and not
+    # handed to s5cmd as a count of its own retries (9 of them wait about 45 s)
+    assert policy.budget <= elapsed < 10 * policy.budget
+    assert int(str(results[pairs[0][1]]).split("after ")[1].split()[0]) > 2
+    assert sorted(os.listdir(tmp_path)) == []  # no command file, no partial file
+
+
+def test_batch_to_an_endpoint_that_never_answered_fails_fast(tmp_path):
+    from pipeflow.errors import EndpointUnreachableError
+
+    backend = get_backend("s5cmd", endpoint=_closed_endpoint(), **_KEYS)  # 60 s, fail fast 3 s
+    dest = str(tmp_path / "k")
+    results = backend.start_batch([("s3://bucket/k", dest)], workdir=str(tmp_path)).wait()
+    assert isinstance(results[dest], EndpointUnreachableError), results[dest]
+    assert results[dest].url == "s3://bucket/k"
+
+
 def test_classify_error_by_code_and_status():
     def classify(text: str) -> BackendError:
         return classify_error(text, url="s3://b/k", op="open")

@@ -8,9 +8,14 @@ subclass here, with its default options. The outage under ``torchrun`` with 2 ra
 
 from __future__ import annotations
 
+import threading
+from typing import Any
+
 import pytest
 
-from pipeflow.testing.faults import BackendFaults
+from pipeflow.pipeline import from_items
+from pipeflow.testing.faults import BackendFaults, check_epoch, digest, outage_after
+from pipeflow.testing.proxy import DelayProxy
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]
 
@@ -43,3 +48,25 @@ class TestS3TorchConnector(BackendFaults):
 
 class TestS5cmd(BackendFaults):
     backend_name = "s5cmd"
+
+    def test_batched_run_outlives_an_outage_longer_than_its_retries(
+            self, fault_data: dict[str, bytes], s3: Any, tmp_path: Any) -> None:
+        # fetch_batch's `s5cmd run` makes no retries of its own: its files are retried in rounds
+        # until the budget's deadline. A 10 s budget once became a count of s5cmd retries that
+        # a 3 s outage outlasted; the budget is time now, and the outage fits in it.
+        threads: list[threading.Thread] = []
+        with DelayProxy(s3.endpoint, delay_ms=0) as proxy:
+            pipe = from_items(sorted(fault_data)).fetch_batch(
+                "s5cmd", batch_size=4, to=str(tmp_path),
+                options={"endpoint": proxy.url, "retry": {"budget": 10.0}}).map(digest)
+            got = []
+            for n, item in enumerate(pipe, 1):
+                got.append(item)
+                if n == 1:  # batches 0 and 1 are in; batch 2 starts (and meets the outage) next
+                    threads.append(outage_after(proxy))
+            for thread in threads:
+                thread.join()
+        check_epoch(got, fault_data)
+        counters = pipe.stats().counters("fetch_batch")
+        assert counters.get("retries", 0) > 0, f"the outage was not met: {counters}"
+        assert counters.get("retry_wait_s", 0) > 0, counters

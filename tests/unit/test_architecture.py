@@ -87,8 +87,8 @@ def _layer(module: str) -> str:
 
 FOUNDATION = {"errors", "_braces", "_checks", "_io", "_fs", "_rng", "_pump", "_meter", "_once", "_usercache",
               "assign", "items", "stats", "run_context", "disk_cache", "keytable"}
-ABOVE_STAGES = {"graph", "iterator", "elastic", "sinks", "pipeline", "loader", "map_dataset", "recipes",
-                "_cli", "cli", "testing", "pipeflow"}
+ABOVE_STAGES = {"graph", "iterator", "elastic", "offload", "sinks", "pipeline", "loader", "map_dataset",
+                "recipes", "_cli", "cli", "testing", "pipeflow"}
 
 #: layer -> the layers it must never import
 FORBIDDEN = {
@@ -97,9 +97,10 @@ FORBIDDEN = {
     "formats": ABOVE_STAGES | {"stages", "executor", "backends"},
     "backends": ABOVE_STAGES | {"stages", "executor"},
     "stages": ABOVE_STAGES,
-    "graph": {"iterator", "pipeline", "loader", "recipes", "_cli", "cli", "pipeflow"},
+    "graph": {"iterator", "offload", "pipeline", "loader", "recipes", "_cli", "cli", "pipeflow"},
     "iterator": {"pipeline", "loader", "recipes", "_cli", "cli", "pipeflow"},
-    "elastic": {"iterator", "pipeline", "loader", "recipes", "_cli", "cli", "pipeflow"},
+    "elastic": {"iterator", "offload", "pipeline", "loader", "recipes", "_cli", "cli", "pipeflow"},
+    "offload": {"pipeline", "loader", "recipes", "_cli", "cli", "pipeflow"},
     "sinks": {"stages", "graph", "pipeline", "loader", "recipes", "_cli", "cli", "pipeflow"},
 }
 

@@ -371,13 +371,6 @@ def test_backends_take_the_retry_option_in_every_form() -> None:
         get_backend("boto3", retry={"tries": 3})
 
 
-def test_sdk_attempts_follow_the_budget() -> None:
-    assert RetryPolicy(max_attempts=4).sdk_attempts() == 4
-    short, long = RetryPolicy(budget=1.5), RetryPolicy(budget=60.0)
-    assert 1 < short.sdk_attempts(sdk_base_delay=0.5, sdk_max_delay=20.0) \
-        < long.sdk_attempts(sdk_base_delay=0.5, sdk_max_delay=20.0) <= 50
-
-
 # ---- the first-contact rule ------------------------------------------------------------------
 def _closed_endpoint() -> str:
     from pipeflow.testing import free_port
@@ -443,6 +436,34 @@ def test_an_error_response_is_an_answer_and_a_listening_endpoint_is_no_mistake()
             retry_call(_reset, policy=RetryPolicy(budget=8.0), endpoint=listening, sleep=clock.sleep,
                        clock=clock)
         assert clock.now == pytest.approx(8.0)
+
+
+def test_await_first_contact_probes_with_connections_until_the_deadline() -> None:
+    from pipeflow.backends._retry import await_first_contact, mark_answered
+    from pipeflow.errors import EndpointUnreachableError
+
+    clock, endpoint = _Clock(), _closed_endpoint()
+    with pytest.raises(EndpointUnreachableError, match="connection refused") as info:
+        await_first_contact(RetryPolicy(), endpoint=endpoint, url="s3://b/k", backend="x", op="open",
+                            sleep=clock.sleep, clock=clock)
+    assert 3.0 <= clock.now < 3.1 and len(clock.sleeps) > 2  # the window is given, then no more
+    assert endpoint in str(info.value)
+    with pytest.raises(RetryExhaustedError, match="after 2 attempts"):  # a cap on attempts holds too
+        await_first_contact(RetryPolicy(max_attempts=2), endpoint=endpoint, sleep=clock.sleep,
+                            clock=clock)
+
+    # nothing to wait for: the rule is off, the endpoint listens, or it has answered before
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        listening = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        for policy, where in ((RetryPolicy(first_contact=None), endpoint), (RetryPolicy(), listening)):
+            clock = _Clock()
+            await_first_contact(policy, endpoint=where, sleep=clock.sleep, clock=clock)
+            assert clock.sleeps == []
+    mark_answered(endpoint)
+    await_first_contact(RetryPolicy(), endpoint=endpoint, sleep=clock.sleep, clock=clock)
+    assert clock.sleeps == []
 
 
 def test_first_contact_none_gives_a_refusing_endpoint_the_whole_budget() -> None:

@@ -22,8 +22,9 @@ When a connection is reset in the middle of a body, ``s5cmd cat`` can end its ou
 that knows the size: a short body is resumed from the byte already delivered. ``s5cmd cat``
 cannot read a byte range, so a resumption starts a new ``s5cmd cat`` and reads and discards the
 bytes already delivered (costly for large objects; the other S3 backends use a ranged GET).
-Batched ``run`` downloads are retried by s5cmd itself, per file (``--retry-count`` derived from
-the policy, at most 10; s5cmd's own backoff then applies).
+Batched ``run`` downloads run with s5cmd's retries off too: the files that failed transiently
+are downloaded again by another ``s5cmd run``, after the policy's backoff, until the budget's
+deadline (a round that downloads anything ends the outage); see ``_batch``.
 
 Timeouts: s5cmd has no connect or read timeout flags. ``timeout`` (connect, read) is enforced
 from the outside instead: a ``cat`` that sends no byte for ``connect + read`` seconds is killed

@@ -194,9 +194,10 @@ class S5cmdBackend(Backend):
         """Start downloading ``(url, local path)`` pairs with one ``s5cmd run`` command file.
 
         Returns at once; the returned handle's :meth:`S5cmdBatch.wait` reports per file.
-        The command file is written in ``workdir`` and removed when the batch ends. s5cmd
-        retries each file itself (``--retry-count`` from the retry policy, at most 10) and
-        runs ``numworkers`` requests at once; ``workers`` is not used.
+        The command files are written in ``workdir`` and removed when the batch ends. Files
+        that fail transiently are downloaded again, in further ``s5cmd run`` rounds under the
+        retry policy's time budget (s5cmd's own retries are off); s5cmd runs ``numworkers``
+        requests at once; ``workers`` is not used.
 
         Raises:
             ConfigError: a destination is not an absolute path.

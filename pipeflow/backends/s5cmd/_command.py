@@ -33,11 +33,11 @@ def quote_run_arg(arg: str) -> str:
     return "'" + arg.replace("'", "'\"'\"'") + "'"
 
 
-def command_line(opts: S5cmdOptions, *args: str, retries: int = 0, json_output: bool = True) -> list[str]:
+def command_line(opts: S5cmdOptions, *args: str, json_output: bool = True) -> list[str]:
     """The argv of one s5cmd call: the binary, the global flags, then ``args``.
 
-    ``retries`` is s5cmd's own ``--retry-count``: 0 for single calls, which pipeflow's retry
-    policy retries; more for batched ``run`` downloads, which s5cmd retries per file.
+    s5cmd's own retries are off (``--retry-count 0``): it counts retries, not time, so pipeflow's
+    retry policy retries single calls, and the files of a batched ``run`` in rounds.
     """
     argv = [find_s5cmd(opts.binary)]
     endpoint = opts.resolved_endpoint()
@@ -51,7 +51,7 @@ def command_line(opts: S5cmdOptions, *args: str, retries: int = 0, json_output: 
         argv.append("--no-verify-ssl")
     if opts.numworkers:
         argv += ["--numworkers", str(opts.numworkers)]
-    argv += ["--retry-count", str(max(0, retries))]
+    argv += ["--retry-count", "0"]
     if json_output:
         # one JSON record per result on stdout, per error on stderr; the default log level
         # is kept on purpose: "error" would also silence ls output and cp success records

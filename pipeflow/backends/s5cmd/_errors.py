@@ -17,7 +17,8 @@ from ...errors import BackendError, ObjectNotFoundError, RetryExhaustedError
 from .._retry import is_transient_status
 from .._s3config import error_for_status
 
-__all__ = ["S5cmdTransientError", "classify_error", "error_from_output", "errors_in", "transient_in"]
+__all__ = ["S5cmdTransientError", "answered_in", "classify_error", "error_from_output", "errors_in",
+           "transient_in"]
 
 _S3_ERROR = re.compile(r"^\s*(?P<code>[A-Za-z][A-Za-z0-9.]*):.*?status code: (?P<status>\d{3})", re.S)
 #: request-level error codes of the AWS SDK for Go (no HTTP status: the request got no answer)
@@ -54,6 +55,12 @@ def transient_in(text: str) -> S5cmdTransientError | None:
     if match:
         return S5cmdTransientError(match["code"], None, text)
     return None
+
+
+def answered_in(text: str) -> bool:
+    """Whether an ``error`` field reports an answer of the store (an S3 error with its HTTP
+    status), not a request that got none (the first-contact rule, :mod:`pipeflow.backends._retry`)."""
+    return _S3_ERROR.match(text.strip()) is not None
 
 
 def classify_error(error: str, *, url: str, op: str, status: int | None = None) -> BackendError:

@@ -10,10 +10,6 @@ from .._s3config import S3Options
 
 __all__ = ["S5cmdOptions"]
 
-#: the most retries s5cmd is asked to make itself in a batched ``run`` (its own backoff grows
-#: to minutes past that, far beyond any budget of the policy)
-MAX_RUN_RETRIES = 10
-
 
 @dataclass(frozen=True)
 class S5cmdOptions(S3Options):
@@ -56,8 +52,3 @@ class S5cmdOptions(S3Options):
         if self.timeout is None:
             return None
         return self.timeout[0] + self.timeout[1]  # type: ignore[index]
-
-    @property
-    def run_retries(self) -> int:
-        """``--retry-count`` of a batched ``s5cmd run``: s5cmd retries those files itself."""
-        return min(MAX_RUN_RETRIES, self.retry.sdk_attempts() - 1)
