@@ -96,6 +96,9 @@ def running(*, directory: Path | None = None, timeout: float = 30.0, log=print) 
     proc = subprocess.Popen(
         [str(exe), "-d", str(data), "-a", "127.0.0.1", "-p", str(port), "--silent"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        # s3rver 3 makes its continuation tokens with a cipher OpenSSL 3 (Node >= 17) keeps in
+        # the legacy provider: without it, any listing of more than one page fails (500)
+        env={**os.environ, "NODE_OPTIONS": "--openssl-legacy-provider"},
         preexec_fn=death_signal_hook(),  # a benchmark killed outright takes its server along
     )
     try:

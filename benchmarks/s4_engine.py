@@ -11,9 +11,9 @@ is part of the run and also reported alone:
   ``ThreadPoolExecutor`` kept for the whole run, ``executor.map(fn, blobs, chunksize=C)`` per
   epoch: every item of the epoch submitted at once, as a user of the standard library writes it.
 
-Cases alternate inside each repeat, so a ratio compares runs seconds apart on this shared
-machine. The parent samples the child's process tree (CPU time) between its START and END
-markers, like :mod:`benchmarks.harness`.
+Cases alternate inside each repeat (in reverse order on odd repeats), so a ratio compares runs
+seconds apart on this shared machine. The parent samples the child's process tree (CPU time)
+between its START and END markers, like :mod:`benchmarks.harness`.
 
     python -m benchmarks.s4_engine --seconds 30 --repeats 3
     python -m benchmarks.s4_engine --seconds 10 --cases pipeflow-process bare-process --chunksize 1 8
@@ -151,6 +151,9 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     env.setdefault("PYTHONWARNINGS", "ignore")
+    env.pop("PIPEFLOW_START_METHOD", None)
+    if spec["case"].startswith("pipeflow") and spec.get("start_method"):
+        env["PIPEFLOW_START_METHOD"] = spec["start_method"]  # as a user names it
     load0 = os.getloadavg()[0]
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.s4_engine", "--child", json.dumps(spec)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -195,9 +198,12 @@ def _label(spec: dict[str, Any]) -> str:
     if spec["case"] == "bare-process":
         method = f" {spec['start_method']}" if spec.get("start_method") else ""
         return f"bare-process c{spec['chunksize']}{method}"
+    label = spec["case"]
     if spec["case"].startswith("pipeflow") and spec.get("max_inflight"):
-        return f"{spec['case']} w{spec['max_inflight']}"
-    return spec["case"]
+        label += f" w{spec['max_inflight']}"
+    if spec["case"] == "pipeflow-process" and spec.get("start_method"):
+        label += f" {spec['start_method']}"
+    return label
 
 
 def _specs(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -208,6 +214,9 @@ def _specs(args: argparse.Namespace) -> list[dict[str, Any]]:
         if case == "bare-process":
             out += [{**base, "case": case, "chunksize": c, "start_method": m or None}
                     for c in args.chunksize for m in args.bare_start_method]
+        elif case == "pipeflow-process":
+            out += [{**base, "case": case, "max_inflight": w or None, "start_method": m or None}
+                    for w in args.max_inflight for m in args.pipeflow_start_method]
         elif case.startswith("pipeflow"):
             out += [{**base, "case": case, "max_inflight": w or None} for w in args.max_inflight]
         else:
@@ -230,6 +239,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--chunksize", type=int, nargs="+", default=[1], help="bare-process chunk sizes")
     p.add_argument("--bare-start-method", nargs="+", default=[""],
                    help="start methods of the bare process pool ('' : the platform default, fork on Linux)")
+    p.add_argument("--pipeflow-start-method", nargs="+", default=[""],
+                   help="start methods of pipeflow's process map ('' : the default, a warm fork server "
+                        "where it can be; 'forkserver': a fresh interpreter's)")
     p.add_argument("--max-inflight", type=int, nargs="+", default=[0],
                    help="pipeflow max_inflight values (0: the default)")
     p.add_argument("--json", help="write every row here")
@@ -239,7 +251,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     rows = []
     for r in range(args.repeats):
-        for spec in _specs(args):
+        specs = _specs(args)
+        # the load of a shared machine drifts within a repeat: odd repeats run the cases backwards
+        for spec in specs if r % 2 == 0 else specs[::-1]:
             row = run_one(spec)
             row["repeat"] = r
             rows.append(row)

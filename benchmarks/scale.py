@@ -10,6 +10,12 @@ Parts (each case runs ``--repeats`` times; the report gives medians):
   (every LIST page costs the server O(N): it sorts the whole bucket) and on a latency-bound
   store model: a sorted key array answering ``list_page`` after a fixed delay per request
   (``--page-ms``, S3-like), in this process. The model measures the algorithm, not a server.
+  With ``--s3rver-listing-sizes``, also on s3rver (npm), filled by writing its files straight
+  into its data directory (keys ``data/DDDD/NNNNNNN.jpg``, 1,000 a directory, which its listing
+  walks), behind the delay proxy (``--s3rver-delay-ms`` a chunk, S3's latency).
+* ``cuts``: LIST requests of a listing with 8 threads against ``ceil(N/1000)``, on the store model
+  without its delay, for keys numbered without gaps, numbered with gaps, random (hashed) and
+  nested in directories, at 10^4 to 10^6 keys.
 * ``memory``: an index of N keys (ObjectInfo: URL, size, etag, mtime) written once to a local
   file; ``list_objects(url, manifest=index)`` read warm; a DataLoader with W workers (fork)
   reads a whole epoch in batches of 64. Measured: seconds from making the pipeline to the
@@ -176,8 +182,88 @@ def _time_listing(backend: Any, url: str, threads: int) -> tuple[float, int, int
     from pipeflow.backends.parallel_list import list_parallel
 
     started = time.perf_counter()
-    listing = list_parallel(backend, url, concurrency=threads)
+    listing = list_parallel(backend, url, concurrency=threads, pages_per_cut=PAGES_PER_CUT)
     return time.perf_counter() - started, listing.requests, len(listing.objects)
+
+
+#: the budget of cuts (list_parallel's default; lower to measure what cuts buy on a small listing)
+PAGES_PER_CUT = 100
+
+
+def s3rver_keys(n: int) -> list[str]:
+    return [f"data/{i // 1000:04d}/{i:07d}.jpg" for i in range(n)]
+
+
+def fill_s3rver(data_dir: str, bucket: str, keys: list[str]) -> None:
+    """Objects of one byte in s3rver's file layout: ``<key>._S3rver_object``, its metadata and
+    its MD5 beside it (what a PUT writes; writing them directly skips N requests)."""
+    md5 = "9dd4e461268c8034f5c8564e155c67a6"  # of b"x"
+    for key in keys:
+        path = os.path.join(data_dir, bucket, *key.split("/"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        for suffix, body in (("object", b"x"), ("object.md5", md5.encode()),
+                             ("metadata.json", b'{"content-type": "image/jpeg"}')):
+            with open(f"{path}._S3rver_{suffix}", "wb") as fh:
+                fh.write(body)
+
+
+def part_s3rver_listing(sizes: list[int], delay_ms: float, repeats: int) -> list[dict[str, Any]]:
+    from benchmarks import s3rver
+    from pipeflow.backends.registry import get_backend
+    from pipeflow.testing.proxy import DelayProxy
+
+    rows = []
+    os.environ.update(s3rver.CREDENTIALS)
+    for n in sizes:
+        with s3rver.running() as endpoint:
+            data_dir = _s3rver_data_dir(endpoint)
+            started = time.perf_counter()
+            fill_s3rver(data_dir, BUCKET, s3rver_keys(n))
+            print(f"s3rver: {n} objects written in {time.perf_counter() - started:.0f} s", flush=True)
+            with DelayProxy(endpoint, delay_ms=delay_ms) as proxy:
+                be = get_backend("boto3", endpoint=proxy.url)
+                rows += _listing_rows(f"s3rver, {delay_ms:g} ms delay", be, f"s3://{BUCKET}/data/",
+                                      n, repeats)
+    return rows
+
+
+def _s3rver_data_dir(endpoint: str) -> str:
+    """The data directory of the s3rver listening on ``endpoint`` (from its command line)."""
+    port = endpoint.rsplit(":", 1)[1]
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if "-p" in cmd and port in cmd and "-d" in cmd:
+            return cmd[cmd.index("-d") + 1]
+    raise RuntimeError(f"no s3rver process found for {endpoint}")
+
+
+def shaped_keys(shape: str, n: int) -> list[str]:
+    import random
+
+    rng = random.Random(n)
+    if shape == "numbered":
+        return numbered(n)
+    if shape == "numbered, gaps":  # one number in 11 missing
+        return [f"data/{i:07d}.jpg" for i in range(n * 11 // 10 + 11) if i % 11 != 5][:n]
+    if shape == "hashed":
+        return sorted(f"data/{rng.getrandbits(64):016x}.jpg" for _ in range(n))
+    return sorted(f"data/c{i % 1000:03d}/{i:08d}.jpg" for i in range(n))  # nested
+
+
+def part_cuts(sizes: list[int], repeats: int) -> list[dict[str, Any]]:
+    from pipeflow.backends.parallel_list import serial_requests
+
+    rows = []
+    for shape in ("numbered", "numbered, gaps", "hashed", "nested"):
+        for n in sizes:
+            store = ModelStore([f"s3://b/{k}" for k in shaped_keys(shape, n)], 0)
+            runs = [_time_listing(store, "s3://b/data/", 8) for _ in range(repeats)]
+            assert all(r[2] == n for r in runs), runs
+            rows.append({"shape": shape, "objects": n, "requests": [r[1] for r in runs],
+                         "serial": serial_requests(n)})
+            print(f"cuts: {shape} {n}: {[r[1] for r in runs]} requests, serial {serial_requests(n)}",
+                  flush=True)
+    return rows
 
 
 def part_listing(sizes: list[int], moto_sizes: list[int], page_ms: float, repeats: int,
@@ -298,28 +384,38 @@ def machine() -> dict[str, Any]:
 
 
 def main() -> int:
+    global PAGES_PER_CUT
     if len(sys.argv) > 1 and sys.argv[1] == "--job":
         job(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", nargs="+", default=["lists", "listing", "memory"],
-                    choices=["lists", "listing", "memory"])
+                    choices=["lists", "listing", "cuts", "memory"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--list-objects", type=int, default=20_000, help="objects for the LIST count")
-    ap.add_argument("--listing-sizes", type=int, nargs="+", default=[100_000, 1_000_000])
+    ap.add_argument("--listing-sizes", type=int, nargs="*", default=[100_000, 1_000_000])
     ap.add_argument("--moto-listing-sizes", type=int, nargs="*", default=[20_000])
     ap.add_argument("--page-ms", type=float, default=30.0)
+    ap.add_argument("--s3rver-listing-sizes", type=int, nargs="*", default=[])
+    ap.add_argument("--s3rver-delay-ms", type=float, default=20.0)
+    ap.add_argument("--pages-per-cut", type=int, default=PAGES_PER_CUT)
     ap.add_argument("--memory-sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 2, 4, 8])
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    result: dict[str, Any] = {"machine": machine(), "repeats": args.repeats}
+    result: dict[str, Any] = {"machine": machine(), "repeats": args.repeats,
+                              "pages_per_cut": args.pages_per_cut}
+    PAGES_PER_CUT = args.pages_per_cut
     with tempfile.TemporaryDirectory(prefix="pipeflow-scale-") as tmp:
         if "lists" in args.parts:
             result["lists"] = part_lists(args.list_objects, args.repeats)
         if "listing" in args.parts:
             result["listing"] = part_listing(args.listing_sizes, args.moto_listing_sizes,
                                              args.page_ms, args.repeats)
+            result["listing"] += part_s3rver_listing(args.s3rver_listing_sizes,
+                                                     args.s3rver_delay_ms, args.repeats)
+        if "cuts" in args.parts:
+            result["cuts"] = part_cuts([10_000, 20_000, 100_000, 250_000, 1_000_000], args.repeats)
         if "memory" in args.parts:
             result["memory"] = part_memory(args.memory_sizes, args.workers, args.repeats, tmp)
     result["machine"]["load_1min_at_end"] = os.getloadavg()[0]

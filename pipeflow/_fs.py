@@ -7,7 +7,7 @@ import os
 import secrets
 import socket
 
-__all__ = ["atomic_write", "create_temp", "sweep_temps"]
+__all__ = ["atomic_write", "create_temp", "pid_alive", "sweep_temps"]
 
 #: directories already swept of dead processes' temporary files, per process (one listing each)
 _swept: set[tuple[int, str, str]] = set()
@@ -44,7 +44,7 @@ def sweep_temps(directory: str, prefix: str) -> list[str]:
     with contextlib.suppress(OSError), os.scandir(directory) as entries:
         for entry in entries:
             owner = _owner(entry.name, prefix)
-            if owner is not None and owner[0] == host and not _alive(owner[1]):
+            if owner is not None and owner[0] == host and not pid_alive(owner[1]):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
                     removed.append(entry.path)
@@ -60,7 +60,12 @@ def _owner(name: str, prefix: str) -> tuple[str, int] | None:
     return parts[0], int(parts[1])
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True while process ``pid`` exists on this host, someone else's live process included.
+
+    The one liveness check behind every sweep of files and shared memory named after the
+    process that made them (temporary files here, key tables, shared-memory segments, stats
+    channels): a name whose process is gone belongs to nobody and may be removed."""
     if pid == os.getpid():
         return True
     try:

@@ -45,6 +45,7 @@ try:
 except ImportError:  # pragma: no cover - Windows: every process keeps its own copy
     fcntl = None  # type: ignore[assignment]
 
+from ._fs import pid_alive
 from ._usercache import cache_root
 from .errors import ConfigError, CorruptDataError
 from .items import ObjectInfo
@@ -349,13 +350,43 @@ class KeyTable(Sequence[Any]):
                 _publish(path, data)
                 continue
             try:
-                table = cls(path, expect_digest=digest)
+                return cls._held(path, fd, digest)
             except CorruptDataError:  # not ours to repair: this process keeps its own copy
-                os.close(fd)
                 return cls.from_bytes(data)
-            weakref.finalize(table, _let_go, fd, path, os.getpid())
-            return table
         return cls.from_bytes(data)
+
+    @classmethod
+    def at_node(cls, digest: str) -> KeyTable:
+        """The table another process of this host published with :meth:`on_node` (its checksum
+        ``digest``), held the same way; for the processes of a node that were not sent the bytes.
+
+        Raises:
+            ConfigError: there is no such file on this host (the processes of a node must share
+                the cache directory, ``$XDG_CACHE_HOME``).
+        """
+        path = node_path(digest)
+        fd = _held_fd(path) if fcntl is not None else None
+        if fd is None:
+            raise ConfigError(f"the key table {path!r} that this node's local rank 0 writes is not "
+                              "there: the ranks of a node must share the cache directory "
+                              "($XDG_CACHE_HOME)")
+        return cls._held(path, fd, digest)
+
+    @classmethod
+    def _held(cls, path: str, fd: int, digest: str) -> KeyTable:
+        """Map ``path``, whose shared lock ``fd`` holds, until the table is collected."""
+        try:
+            table = cls(path, expect_digest=digest)
+        except BaseException:
+            os.close(fd)
+            raise
+        weakref.finalize(table, _let_go, fd, path, os.getpid())
+        return table
+
+    @staticmethod
+    def digest_of(data: bytes) -> str:
+        """The checksum in the header of the index file ``data`` (hex), which names its node file."""
+        return _header_digest(data)
 
     @classmethod
     def open(cls, path: str, *, url: str | None = None, pattern: str | None = None,
@@ -541,7 +572,7 @@ def _sweep(directory: str) -> None:
                 _sweep_node_file(os.path.join(directory, name))
                 continue
             pid_text = name[len(host):].split("-", 1)[0]
-            if pid_text.isdigit() and not _alive(int(pid_text)):
+            if pid_text.isdigit() and not pid_alive(int(pid_text)):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(directory, name))
 
@@ -556,12 +587,3 @@ def _sweep_node_file(path: str) -> None:
     finally:
         os.close(fd)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

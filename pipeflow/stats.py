@@ -23,6 +23,8 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from ._fs import pid_alive
+
 __all__ = ["PipelineStats", "Stats", "StatsChannel", "merge_stages", "note"]
 
 #: timing keys every stage reports
@@ -170,16 +172,6 @@ def _base_dir() -> str:
 _PREFIX = "pipeflow-stats-"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
-
-
 class StatsChannel:
     """A directory named by a token (the owner's pid and a random part) where the processes
     iterating a pipeline publish their snapshots, one small JSON file each, replaced
@@ -224,7 +216,7 @@ class StatsChannel:
 
     def write(self, name: str, payload: dict[str, Any]) -> None:
         try:
-            if not os.path.isdir(self.path) or not _pid_alive(self.owner):
+            if not os.path.isdir(self.path) or not pid_alive(self.owner):
                 return  # removed by its owner, or nobody will read it: do not recreate it
             tmp = os.path.join(self.path, f".{name}.tmp")
             with open(tmp, "w") as f:
@@ -296,7 +288,7 @@ def sweep_stale(base: str | None = None) -> list[str]:
             owner = int(name[len(_PREFIX):].split("-", 1)[0])
         except ValueError:
             continue
-        if owner != os.getpid() and not _pid_alive(owner):
+        if owner != os.getpid() and not pid_alive(owner):
             path = os.path.join(base, name)
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)

@@ -25,7 +25,9 @@ import select
 import signal
 import threading
 
-from .shm import pid_alive, set_worker_prefix, sweep_owner
+from .._fs import pid_alive
+from .intraop import one_intraop_thread
+from .shm import set_worker_prefix, sweep_owner
 
 __all__ = ["arm_worker"]
 
@@ -73,6 +75,9 @@ def arm_worker(owner_pid: int, shm_prefix: str) -> None:
     # handler rather than SIG_IGN, so programs the user's function starts keep the default.
     signal.signal(signal.SIGINT, _ignore_interrupt)
     _set_pdeathsig()
+    # one torch intra-op thread, as in a DataLoader worker: N workers use N cores, and a worker
+    # forked from a warm server never touches the OpenMP team its ancestor may have started
+    one_intraop_thread()
     set_worker_prefix(shm_prefix)
     pidfd = None
     with contextlib.suppress(AttributeError, OSError):

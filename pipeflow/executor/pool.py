@@ -28,6 +28,7 @@ from .intraop import one_intraop_thread
 from .lifetime import arm_worker
 from .shm import Slots, discard, pool_prefix, restore, run_in_slot, run_task, sweep, sweep_dead_owners
 from .shm import available as shm_available
+from .warm import start_warm_server
 
 __all__ = ["PoolCache", "WorkerPool", "lease_pool", "make_pool", "pool_cache", "prestart", "return_pool"]
 
@@ -56,6 +57,14 @@ def _start_method(start_method: str | None) -> str:
     return start_method or os.environ.get("PIPEFLOW_START_METHOD") or _default_start_method()
 
 
+def _warm_first(start_method: str | None) -> None:
+    # the default start method, unless asked by name: a fork server forked from this process
+    # when it may be (no other thread), else the fresh interpreter's
+    if start_method is None and not os.environ.get("PIPEFLOW_START_METHOD") \
+            and _default_start_method() == "forkserver":
+        start_warm_server()
+
+
 def _fn_preload(fn: Callable[..., Any]) -> tuple[str, ...]:
     module = getattr(fn, "__module__", None) or type(fn).__module__
     return (module,) if module and module != "__main__" else ()
@@ -73,6 +82,7 @@ def prestart(fn: Callable[..., Any], start_method: str | None = None) -> bool:
         return False
     from multiprocessing import forkserver  # POSIX only
 
+    _warm_first(start_method)
     _preload_forkserver(multiprocessing.get_context("forkserver"), _fn_preload(fn))
     forkserver.ensure_running()
     return True
@@ -120,6 +130,7 @@ class WorkerPool:
             ctx = multiprocessing.get_context(method_name)
             self.start_method = method_name
             if method_name == "forkserver":
+                _warm_first(start_method)
                 _preload_forkserver(ctx, preload)
             if shm_available():
                 sweep_dead_owners()

@@ -37,6 +37,8 @@ import threading
 import weakref
 from typing import Any
 
+from .._fs import pid_alive
+
 __all__ = ["MIN_BYTES", "SHM_DIR", "Slots", "restore", "run_task", "sweep", "sweep_owner"]
 
 #: results smaller than this are cheaper to pickle than to map
@@ -474,13 +476,3 @@ def sweep_dead_owners() -> None:
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(SHM_DIR, name))
 
-
-def pid_alive(pid: int) -> bool:
-    """True while process ``pid`` exists (someone else's live process included)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

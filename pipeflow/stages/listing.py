@@ -294,13 +294,16 @@ def obtain_listing(url: str, *, pattern: str | None = None, backend: str | Backe
                                                threads=threads, **opts), url, pattern))
     be = _manifest_backend(manifest, url, backend, opts)
 
-    def lead() -> str:
-        if manifest_exists(manifest, be):
-            return "exists"
-        infos = list_now(url, pattern=pattern, backend=backend, threads=threads, **opts)
-        return "written" if publish(manifest, be, url, pattern, infos) else "exists"
+    def lead() -> Objects | None:
+        if not manifest_exists(manifest, be):
+            infos = list_now(url, pattern=pattern, backend=backend, threads=threads, **opts)
+            publish(manifest, be, url, pattern, infos)  # or another job's, published first
+        # one in the store is downloaded once per job and sent on like a listing
+        return read_listing(manifest, be, url, pattern) if _is_remote(manifest) else None
 
-    on_lead(lead)  # rank 0 writes; the others wait here for it, then every rank reads
+    held = on_lead(lead)  # rank 0 writes; the others wait here for it
+    if held is not None:
+        return held
     try:
         return read_listing(manifest, be, url, pattern)
     except FileNotFoundError as exc:

@@ -31,3 +31,10 @@ def big_or_raise_on_5(i: int) -> dict:
 def slow_big(i: int) -> dict:
     time.sleep(0.05)
     return big_sample(i)
+
+
+def parallel_ops(i: int) -> int:
+    """torch operators that run on an OpenMP team when given more than one thread."""
+    x = torch.randn(800, 800)
+    y = x.permute(1, 0).contiguous()
+    return i + int(torch.isfinite((x @ y).sum()).item())

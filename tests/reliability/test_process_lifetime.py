@@ -268,3 +268,56 @@ def test_the_fork_server_starts_before_upstream_stages_produce_items(start_metho
     # to import, and the very server that then forked the workers
     assert seen["upstream"] == 1 and seen["same"]
     assert "tests.reliability._procs" in " ".join(seen["preload"])
+
+
+# A fresh interpreter again: by default the fork server is a fork of the owner, taken when the
+# owner runs no other thread, after torch's OpenMP team has run in it (which hangs a fork that
+# then runs an operator on several threads: the workers run torch on one).
+WARM = """
+import json, sys, threading
+from multiprocessing import forkserver
+import psutil, torch
+import pipeflow as pf
+from pipeflow.executor import warm
+from tests.reliability._procs import parallel_ops
+
+if __name__ == "__main__":
+    x = torch.randn(1500, 1500)
+    (x @ x.permute(1, 0).contiguous()).sum()  # the owner's OpenMP team now exists
+    if sys.argv[1] == "thread":
+        stop = threading.Event()
+        threading.Thread(target=stop.wait, daemon=True).start()
+    print("unflushed ", end="")  # a pipe: still in the buffer when the owner forks
+    pipe = pf.from_items(range(6)).map(parallel_ops, workers=2, method="process")
+    described = warm.server_pid()
+    it = iter(pipe)
+    first = next(it)
+    server = forkserver._forkserver._forkserver_pid
+    parents = {p.ppid() for p in psutil.Process().children(recursive=True) if p.ppid() != server}
+    workers = [p for p in psutil.Process(server).children()]
+    rest = list(it)
+    print(json.dumps({"described": described, "warm": warm.server_pid(), "server": server,
+                      "cmdline": psutil.Process(server).cmdline(), "workers": len(workers),
+                      "items": [first, *rest]}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("threads", ["alone", "thread"])
+def test_the_default_fork_server_is_a_warm_fork_when_the_owner_runs_no_other_thread(threads, tmp_path):
+    script = tmp_path / "user_script.py"
+    script.write_text(WARM)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env.pop("PIPEFLOW_START_METHOD", None)
+    out = subprocess.run([sys.executable, str(script), threads], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=90)  # a worker stuck on the OpenMP team fails here
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("unflushed") == 1  # not once more per worker
+    seen = json.loads(out.stdout.split("unflushed ", 1)[1].strip().splitlines()[-1])
+    assert seen["described"] == 0  # describing a pipeline starts nothing
+    assert seen["items"] == [i + 1 for i in range(6)] and seen["workers"] == 2
+    if threads == "alone":
+        assert seen["warm"] == seen["server"]  # the server multiprocessing uses is the fork
+        assert "forkserver" not in " ".join(seen["cmdline"])
+    else:  # another thread might hold a lock the fork would copy: a fresh interpreter instead
+        assert seen["warm"] == 0
+        assert "forkserver" in " ".join(seen["cmdline"])

@@ -12,6 +12,7 @@ from torch.utils.data import DataLoader
 
 import pipeflow as pf
 from pipeflow.errors import WorkerCrashedError
+from pipeflow.executor import warm
 
 from . import _data
 
@@ -32,7 +33,9 @@ def _infrastructure(procs) -> set[int]:
             cmd, parent = " ".join(proc.cmdline()), proc.ppid()
         except psutil.Error:
             continue
-        if parent == me and ("forkserver" in cmd or "resource_tracker" in cmd or "moto.server" in cmd):
+        warm_server = pid == warm.server_pid()  # a fork of this process: known by its pid
+        if parent == me and ("forkserver" in cmd or "resource_tracker" in cmd or "moto.server" in cmd
+                             or warm_server):
             out.add(pid)
     return out
 

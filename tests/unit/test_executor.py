@@ -9,6 +9,7 @@ import pytest
 
 import pipeflow as pf
 from pipeflow.errors import WorkerCrashedError
+from pipeflow.executor import warm
 
 from ._core_helpers import die_on_3, double, fail_on_13, slow_double
 
@@ -81,7 +82,9 @@ def test_crashed_worker_process_raises_clearly_without_orphans():
 
 def _forkserver(before):
     # the forkserver and resource tracker are shared, long-lived multiprocessing infrastructure
-    return {p.pid for p in psutil.Process().children() if "from multiprocessing" in _cmdline(p)}
+    # (a warm fork server is a fork of this process: known by its pid, not its command line)
+    return {p.pid for p in psutil.Process().children()
+            if "from multiprocessing" in _cmdline(p) or p.pid == warm.server_pid()}
 
 
 def _cmdline(p):

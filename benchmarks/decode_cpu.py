@@ -1,0 +1,161 @@
+"""CPU per sample of the S2 decode groups' pipeline in the training process, against a bare loop
+of the same decode call, local tar shards, no server.
+
+The S2 decode groups (``pipeflow bench --s2-groups decode``) decode JPEGs to 224x224 uint8 CHW
+tensors with ``decode("torch", resize=(224, 224))``. Over S3 a run's CPU also holds the client's
+requests and the server's share of the cores; here the shards are local files and every case
+runs in a fresh interpreter, so what is left is the CPU pipeflow adds around the decode:
+
+* ``bare``: ``decode_sample`` (the decode stage's own call, same options) over the JPEGs in
+  memory, one thread, torch on one intra-op thread: the decode alone;
+* ``bare-collate``: the same, and the samples stacked in batches of 4 as ``default_collate``
+  does (what every loader row also pays);
+* ``loader-inline`` / ``loader-2`` / ``loader-auto``: ``from_items(shards).open("local").untar()
+  .group_pairs().map(strip).decode(..., workers=0 | 2 | "auto").loader(batch_size=4)``, the
+  decode group's pipeline (``benchmarks.pipeflow_cases.photo_shards``) on local files.
+
+CPU is the process's (every thread), from the first batch (warm-up, imports and pools
+excluded) to the last; cases alternate inside each repeat.
+
+    python -m benchmarks.decode_cpu --kind imagenet photo --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CASES = ("bare", "bare-collate", "loader-inline", "loader-2", "loader-auto")
+BATCH = 4
+
+
+def write_local_shards(directory: str, kind: str, count: int, per_shard: int) -> list[str]:
+    """``count`` samples (``{i:06d}.jpg`` + ``.cls``) in tar files of ``per_shard`` samples."""
+    from benchmarks import photos
+
+    blobs = [photos.jpeg(kind, i) for i in range(min(photos.DISTINCT, count))]
+    paths = []
+    for first in range(0, count, per_shard):
+        path = os.path.join(directory, f"{kind}-{first // per_shard:05d}.tar")
+        with tarfile.open(path, "w") as tar:
+            for i in range(first, min(first + per_shard, count)):
+                members = ((f"{i:06d}.jpg", blobs[i % len(blobs)]), (f"{i:06d}.cls", str(i % 1000).encode()))
+                for name, data in members:
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        paths.append(path)
+    return paths
+
+
+# ---- child side ---------------------------------------------------------------------------------
+def _bare(spec: dict[str, Any]) -> Any:
+    import torch
+
+    from benchmarks import photos
+    from benchmarks.pipeflow_cases import PHOTO_DECODE
+    from pipeflow.formats.decoders import DecodeOptions, decode_sample
+
+    torch.set_num_threads(1)
+    blobs = [photos.jpeg(spec["kind"], i) for i in range(photos.DISTINCT)]
+    options = DecodeOptions(**PHOTO_DECODE)
+    collate = torch.utils.data.default_collate if spec["case"] == "bare-collate" else list
+    batch: list[Any] = []
+    for i in range(spec["count"]):
+        batch.append(decode_sample({"jpg": blobs[i % len(blobs)], "cls": str(i % 1000).encode()}, options))
+        if len(batch) == BATCH:
+            yield collate(batch)
+            batch = []
+
+
+def _strip(sample: dict[str, Any]) -> dict[str, Any]:
+    return {"jpg": sample["jpg"], "cls": sample["cls"]}
+
+
+def _loader(spec: dict[str, Any]) -> Any:
+    import pipeflow as pf
+    from benchmarks.pipeflow_cases import PHOTO_DECODE
+
+    workers: Any = {"loader-inline": 0, "loader-2": 2, "loader-auto": "auto"}[spec["case"]]
+    pipe = pf.from_items(spec["shards"]).open("local").untar().group_pairs().map(_strip)
+    return pipe.decode(**PHOTO_DECODE, workers=workers).loader(batch_size=BATCH)
+
+
+def child_main(spec: dict[str, Any]) -> None:
+    batches = iter(_bare(spec) if spec["case"].startswith("bare") else _loader(spec))
+    next(batches)  # warm: imports, pools, the first shard
+    cpu0, t0, n = time.process_time(), time.perf_counter(), 0
+    for batch in batches:
+        n += len(batch["jpg"]) if isinstance(batch, dict) else len(batch)
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
+    print("RESULT " + json.dumps({"samples": n, "cpu_s": cpu, "wall_s": wall}), flush=True)
+
+
+# ---- parent side --------------------------------------------------------------------------------
+def run_one(spec: dict[str, Any]) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    out = subprocess.run([sys.executable, "-m", "benchmarks.decode_cpu", "--child", json.dumps(spec)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+    if not lines:
+        raise RuntimeError(f"{spec['case']} failed: {out.stderr[-2000:]}")
+    result = json.loads(lines[-1][7:])
+    return {**result, "ms_per_sample": 1000 * result["cpu_s"] / max(result["samples"], 1)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--kind", nargs="+", default=["imagenet", "photo"], choices=("imagenet", "photo"))
+    p.add_argument("--count", type=int, default=1600, help="samples per case")
+    p.add_argument("--per-shard", type=int, default=200, help="samples per tar shard")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
+    p.add_argument("--json", help="write every row here")
+    args = p.parse_args(argv)
+    if args.child:
+        child_main(json.loads(args.child))
+        return
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="pipeflow-decode-cpu-") as tmp:
+        shards = {kind: write_local_shards(tmp, kind, args.count, args.per_shard) for kind in args.kind}
+        for r in range(args.repeats):
+            for kind in args.kind:
+                for case in args.cases:
+                    spec = {"case": case, "kind": kind, "count": args.count, "shards": shards[kind]}
+                    row = {"case": case, "kind": kind, "repeat": r, "load": os.getloadavg()[0],
+                           **run_one(spec)}
+                    rows.append(row)
+                    print(f"[{r}] {kind:<8} {case:<14} {row['ms_per_sample']:.3f} CPU ms/sample "
+                          f"({row['samples']} samples, {row['wall_s']:.2f} s, load {row['load']:.1f})",
+                          flush=True)
+    _summary(rows, args)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+
+
+def _summary(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    print("\nCPU ms/sample, median [min .. max]; / bare: the medians' ratio")
+    for kind in args.kind:
+        bare = statistics.median(r["ms_per_sample"] for r in rows if (r["kind"], r["case"]) == (kind, "bare"))
+        for case in args.cases:
+            ms = [r["ms_per_sample"] for r in rows if (r["kind"], r["case"]) == (kind, case)]
+            med = statistics.median(ms)
+            print(f"  {kind:<8} {case:<14} {med:.3f} [{min(ms):.3f} .. {max(ms):.3f}]  "
+                  f"/ bare {med / bare:.2f}")
+
+
+if __name__ == "__main__":
+    main()

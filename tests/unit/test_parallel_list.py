@@ -1,0 +1,146 @@
+"""The cutting of a listing into ranges (pipeflow/backends/parallel_list.py), over a store that
+answers pages from a sorted list in this process: every key exactly once and in order, and never
+more requests than a serial chain plus the budget, whatever the keys look like. Over HTTP the
+same is checked against the local S3 server in tests/integration/test_listing_scale.py."""
+
+from __future__ import annotations
+
+import bisect
+import random
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from pipeflow.backends.base import Backend
+from pipeflow.backends.parallel_list import list_parallel, serial_requests
+from pipeflow.errors import BackendError, ConfigError
+from pipeflow.items import ObjectInfo
+
+PAGE = 10
+
+
+class SortedStore(Backend):
+    """Pages of ``PAGE`` keys from a sorted list, counting requests (``StartAfter`` semantics)."""
+
+    name = "sorted"
+    pages_from_any_key = True
+
+    def __init__(self, keys: list[str]) -> None:
+        super().__init__()
+        self.keys = sorted(keys)
+        self.requests = 0
+        self.lock = threading.Lock()
+
+    def list_page(self, url: str, *, start_after: str | None, limit: int = PAGE,
+                  ) -> tuple[list[ObjectInfo], bool]:
+        with self.lock:
+            self.requests += 1
+        lo = bisect.bisect_left(self.keys, url)
+        hi = bisect.bisect_left(self.keys, url + "\U0010ffff")
+        i = lo if start_after is None else max(lo, bisect.bisect_right(self.keys, start_after))
+        page = self.keys[i:min(i + PAGE, hi)]
+        return [ObjectInfo(k, size=1) for k in page], i + PAGE < hi
+
+    def open(self, url: str, *, start: int = 0) -> Any:
+        raise NotImplementedError
+
+    def list(self, url: str) -> Iterator[ObjectInfo]:
+        raise NotImplementedError
+
+    def info(self, url: str) -> ObjectInfo:
+        raise NotImplementedError
+
+
+def _shapes(n: int) -> dict[str, list[str]]:
+    rng = random.Random(n)
+    return {
+        "numbered": [f"s3://b/d/{i:07d}.jpg" for i in range(n)],
+        "numbered with gaps": [f"s3://b/d/{i:07d}.jpg" for i in range(n * 11 // 10) if i % 11 != 5],
+        "hashed": [f"s3://b/d/{rng.getrandbits(64):016x}.jpg" for _ in range(n)],
+        "nested": [f"s3://b/d/c{i % 37:03d}/{i:06d}.png" for i in range(n)],
+        "numbered, then others": [f"s3://b/d/{i:07d}.jpg" for i in range(n // 2)]
+                                 + [f"s3://b/d/x{rng.getrandbits(32):08x}" for _ in range(n - n // 2)],
+    }
+
+
+@pytest.mark.parametrize("n", [95, 2_000, 25_000])
+@pytest.mark.parametrize("shape", list(_shapes(10)))
+def test_every_key_once_in_order_within_the_budget(n: int, shape: str) -> None:
+    keys = sorted(_shapes(n)[shape])
+    store = SortedStore([*keys, "s3://b/a", "s3://b/e/after"])  # neighbours outside the prefix
+    listing = list_parallel(store, "s3://b/d/", concurrency=8, min_pages=2, pages_per_cut=20)
+    assert [i.url for i in listing.objects] == keys
+    assert listing.requests == store.requests
+    serial = serial_requests(len(keys), PAGE)
+    assert serial <= listing.requests <= serial + len(keys) // (PAGE * 20)
+
+
+def test_a_small_listing_is_one_serial_chain() -> None:
+    keys = [f"s3://b/d/{i:07d}.jpg" for i in range(99 * PAGE)]  # under the 100 pages of one cut
+    listing = list_parallel(SortedStore(keys), "s3://b/d/", concurrency=8)
+    assert listing.ranges == 1 and listing.requests == 99
+
+
+def test_consecutive_numbers_are_cut_on_page_boundaries_at_no_cost() -> None:
+    keys = [f"s3://b/d/{i:07d}.jpg" for i in range(30_000)]
+    listing = list_parallel(SortedStore(keys), "s3://b/d/", concurrency=8, min_pages=2)
+    assert [i.url for i in listing.objects] == keys
+    assert listing.ranges > 4
+    # past the last key, a probe can find nothing: at most the budget of 30 cuts, in practice a few
+    assert 3_000 <= listing.requests <= 3_000 + 30
+
+
+def test_one_thread_or_a_bad_option() -> None:
+    keys = [f"s3://b/d/{i:07d}.jpg" for i in range(5_000)]
+    assert list_parallel(SortedStore(keys), "s3://b/d/", concurrency=1).requests == 500
+    with pytest.raises(ConfigError):
+        list_parallel(SortedStore(keys), "s3://b/d/", concurrency=0)
+    with pytest.raises(ConfigError):
+        list_parallel(SortedStore(keys), "s3://b/d/", pages_per_cut=0)
+
+
+def test_random_key_sets_stay_exact_and_within_the_budget() -> None:
+    rng = random.Random(7)
+    for _ in range(60):
+        n, per_cut = rng.randint(50, 6000), rng.choice([1, 2, 5, 20])
+        shape = rng.choice(["numbered", "gaps", "hashed", "nested"])
+        if shape == "numbered":
+            keys = [f"s3://b/d/{i:06d}.x" for i in range(n)]
+        elif shape == "gaps":
+            keys = [f"s3://b/d/{i:06d}.x" for i in rng.sample(range(n * 3), n)]
+        elif shape == "hashed":
+            keys = [f"s3://b/d/{rng.getrandbits(40):010x}" for _ in range(n)]
+        else:
+            keys = [f"s3://b/d/{rng.choice('abxyz')}{rng.randint(0, 99)}/{i}" for i in range(n)]
+        keys = sorted(set(keys))
+        store = SortedStore(keys)
+        listing = list_parallel(store, "s3://b/d/", concurrency=rng.choice([2, 8]),
+                                min_pages=rng.choice([1, 2, 5]), pages_per_cut=per_cut)
+        assert [i.url for i in listing.objects] == keys, (shape, n, per_cut)
+        assert listing.requests <= serial_requests(len(keys), PAGE) + len(keys) // (PAGE * per_cut), (
+            shape, n, per_cut, listing.requests)
+
+
+class CaseFoldingStore(SortedStore):
+    """A store that lists in its own order (case-insensitive), not in byte order."""
+
+    def __init__(self, keys: list[str]) -> None:
+        super().__init__(keys)
+        self.keys = sorted(keys, key=str.lower)
+
+    def list_page(self, url: str, *, start_after: str | None, limit: int = PAGE,
+                  ) -> tuple[list[ObjectInfo], bool]:
+        keys = [k for k in self.keys if k.startswith(url)]
+        i = 0 if start_after is None else next(
+            (n for n, k in enumerate(keys) if k.lower() > start_after.lower()), len(keys))
+        return [ObjectInfo(k, size=1) for k in keys[i:i + PAGE]], i + PAGE < len(keys)
+
+
+def test_a_store_listing_out_of_byte_order_is_a_typed_error_not_lost_keys() -> None:
+    rng = random.Random(3)
+    keys = sorted({f"s3://b/d/{rng.choice('aAbBzZ')}{rng.getrandbits(24):06x}" for _ in range(3_000)})
+    with pytest.raises(BackendError, match="byte order"):
+        list_parallel(CaseFoldingStore(keys), "s3://b/d/", concurrency=4, min_pages=1,
+                      pages_per_cut=1)
