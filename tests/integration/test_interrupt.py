@@ -35,8 +35,13 @@ def _interrupt_when_running(command: list[str], cwd: Path,
     try:
         assert proc.stdout is not None
         deadline = time.monotonic() + 120
-        while "running" not in proc.stdout.readline():
-            assert time.monotonic() < deadline and proc.poll() is None, "the command ended early"
+        while "running" not in (line := proc.stdout.readline()):
+            if not line and proc.poll() is not None:
+                pytest.fail(f"the command ended (exit status {proc.returncode}) before it said it was "
+                            f"running:\n{proc.stderr.read() if proc.stderr else ''}")
+            if time.monotonic() > deadline:
+                pytest.fail("the command did not say it was running within 120 s")
+        assert proc.poll() is None, "the command ended as soon as it was running"
         time.sleep(after)
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: every process of the group
         out, err = proc.communicate(timeout=60)

@@ -1,24 +1,22 @@
 """Launched by ``torchrun --nproc_per_node=2`` from test_faults_torchrun.py: every rank reads its
-share of the fault suite's objects with each S3 backend in turn while the test takes the store
-down once per backend, after both ranks have read something; writes what every rank read to
-``OUT/results.json``.
+share of the fault suite's objects with every S3 backend at once (a thread per backend) while the
+test takes the store down once, after every backend on both ranks has read something; writes
+what every rank read to ``OUT/results.json``.
 
 Usage: torchrun --nproc_per_node=2 ... faults_torchrun.py OUT_DIR ENDPOINT BACKEND...
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import sys
 import time
-import traceback
-
-import torch.distributed as dist
+from concurrent.futures import ThreadPoolExecutor
 
 import pipeflow as pf
 from pipeflow.testing.faults import digest
+from tests.reliability import _dist
 
 
 def read_share(out: str, endpoint: str, backend: str, urls: list[str], rank: int) -> list:
@@ -31,37 +29,42 @@ def read_share(out: str, endpoint: str, backend: str, urls: list[str], rank: int
         got.append(list(item))
         if len(got) == 1:  # this rank's store has answered: say so, wait for the outage
             open(os.path.join(out, f"started-{backend}-{rank}"), "w").close()
-            deadline = time.monotonic() + 60
-            while not os.path.exists(os.path.join(out, f"go-{backend}")):
+            # every backend on both ranks starts first: patient, as the launch's own timeout is
+            deadline = time.monotonic() + 240
+            while not os.path.exists(os.path.join(out, "go")):
                 if time.monotonic() > deadline:
                     raise TimeoutError("the outage never started")
                 time.sleep(0.02)
+            # the store is down: say this backend reads on, so the outage lasts past its next request
+            open(os.path.join(out, f"resumed-{backend}-{rank}"), "w").close()
     retries = pipe.stats().counters("open").get("retries", 0)
     return [got, retries]
 
 
-def main() -> None:
+def read_and_say(out: str, endpoint: str, backend: str, urls: list[str], rank: int) -> list:
+    """:func:`read_share`; a rank that fails still says it started and resumed, so the test does
+    not wait for it to take the store down or to bring it back."""
+    try:
+        return read_share(out, endpoint, backend, urls, rank)
+    finally:
+        for step in ("started", "resumed"):
+            open(os.path.join(out, f"{step}-{backend}-{rank}"), "w").close()
+
+
+def main() -> int:
     out, endpoint, backends = sys.argv[1], sys.argv[2], sys.argv[3:]
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
-    rank = dist.get_rank()
+    rank, _ = _dist.init(timeout_s=120)
     with open(os.path.join(out, "urls.json")) as f:
         urls = json.load(f)
-    mine: dict = {}
-    for backend in backends:
-        try:
-            mine[backend] = {"ok": True, "data": read_share(out, endpoint, backend, urls, rank)}
-        except BaseException as exc:  # reported to the test with the rank's traceback
-            mine[backend] = {"ok": False, "error": repr(exc), "traceback": traceback.format_exc()}
-            open(os.path.join(out, f"started-{backend}-{rank}"), "w").close()
-    gathered: list = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
-    if rank == 0:
-        results = {"world_size": dist.get_world_size(),
-                   **{b: [part[b] for part in gathered] for b in backends}}
-        with open(os.path.join(out, "results.json"), "w") as f:
-            json.dump(results, f)
-    dist.destroy_process_group()
+    # side by side: the outage is waited out once for all of them, not once per backend
+    with ThreadPoolExecutor(len(backends), thread_name_prefix="backend") as pool:
+        futures = {b: pool.submit(_dist.attempt, read_and_say, out, endpoint, b, urls, rank)
+                   for b in backends}
+    mine = {backend: future.result() for backend, future in futures.items()}
+    gathered = _dist.gather(mine)
+    _dist.write_results(out, {b: [part[b] for part in gathered] for b in backends})
+    return _dist.finish()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

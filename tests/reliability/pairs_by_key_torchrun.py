@@ -7,16 +7,12 @@ Usage: torchrun --nproc_per_node=2 ... pairs_by_key_torchrun.py OUT_DIR PREFIX
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
 import sys
-import traceback
 
-import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 import pipeflow as pf
+from tests.reliability import _dist
 
 #: (name, shard_by_rank(by=...) or None for automatic sharding, DataLoader workers)
 CONFIGS = [("auto-w0", None, 0), ("auto-w2", None, 2), ("shard_by_rank-w2", "auto", 2),
@@ -37,23 +33,8 @@ def keys_seen(prefix: str, by: str | None, workers: int) -> list[str]:
 
 def main() -> int:
     out_dir, prefix = sys.argv[1], sys.argv[2]
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    results: dict[str, object] = {"world_size": world}
-    for name, by, workers in CONFIGS:
-        try:
-            local = {"ok": True, "keys": keys_seen(prefix, by, workers)}
-        except Exception as exc:  # reported, so the test shows which rank failed and why
-            local = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
-                     "traceback": traceback.format_exc()}
-        gathered: list[object] = [None] * world
-        dist.all_gather_object(gathered, local)
-        results[name] = gathered
-    if rank == 0:
-        with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as fh:
-            json.dump(results, fh)
-    dist.destroy_process_group()
-    return 0
+    return _dist.run_suites(out_dir, {name: (lambda by=by, workers=workers: keys_seen(prefix, by, workers))
+                                      for name, by, workers in CONFIGS})
 
 
 if __name__ == "__main__":

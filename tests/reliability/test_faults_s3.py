@@ -12,9 +12,11 @@ request; a store that never comes back fails once a small budget is spent, namin
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import Counter
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -87,24 +89,67 @@ def _faults_seen(proxy) -> int:
     return sum(faults.values()) if isinstance(faults, dict) else int(faults or 0)
 
 
+def _selected(request, test: str, names: tuple[str, ...]) -> list[tuple]:
+    """The parameters ``names`` of the cases of ``test`` (in this module) that this run selected."""
+    return [tuple(item.callspec.params[n] for n in names) for item in request.session.items
+            if item.module is request.module and getattr(item, "originalname", None) == test]
+
+
+def _side_by_side(run, cases: list[tuple], at_once: int | None = None) -> dict[tuple, Future]:
+    """Start ``run(*case)`` for every case, ``at_once`` (default: all) at a time in the order the
+    tests come, each with its own proxy; each test takes its case's result (or exception) from
+    its future. The cases spend most of their time waiting (outages, stalls, backoff): side by
+    side they take about as long as the longest, not the sum. The threads are daemons and
+    nothing joins them: a case that hangs fails its own test at the timeout, not the run."""
+    futures: dict[tuple, Future] = {case: Future() for case in cases}
+    queue, lock = list(cases), threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                case = queue.pop(0)
+            try:
+                futures[case].set_result(run(*case))
+            except BaseException as exc:  # handed to the case's test, which raises it
+                futures[case].set_exception(exc)
+
+    for n in range(min(at_once or len(cases), len(cases))):
+        threading.Thread(target=worker, name=f"fault-cases-{n}", daemon=True).start()
+    return futures
+
+
 def _fault_cases():
     for backend in BACKENDS:
         for fault in sorted(FAULTS):
             yield pytest.param(backend, fault)
 
 
-@pytest.mark.parametrize("backend,fault", list(_fault_cases()))
-def test_epoch_is_exact_despite_faults(s3, shards, backend, fault):
-    with DelayProxy(s3.endpoint, delay_ms=0, faults=FAULTS[fault]) as proxy:
+def _epoch_through_faults(endpoint: str, shards: list[str], backend: str, fault: str):
+    with DelayProxy(endpoint, delay_ms=0, faults=FAULTS[fault]) as proxy:
         keys = list(_pipeline(shards, backend, proxy.url))
-        injected = _faults_seen(proxy)
+        return keys, _faults_seen(proxy), proxy.stats()
+
+
+@pytest.fixture(scope="module")
+def fault_epochs(request, s3, shards):
+    """Every selected backend x fault case, a few side by side (each reads a whole epoch)."""
+    run = functools.partial(_epoch_through_faults, s3.endpoint, shards)
+    return _side_by_side(run, _selected(request, "test_epoch_is_exact_despite_faults", ("backend", "fault")),
+                         at_once=4)
+
+
+@pytest.mark.parametrize("backend,fault", list(_fault_cases()))
+def test_epoch_is_exact_despite_faults(fault_epochs, backend, fault):
+    keys, injected, stats = fault_epochs[(backend, fault)].result()
     INJECTED[fault] += injected
     FIGURES["faults injected"] += injected
     FIGURES["samples checked"] += len(keys)
     counts = Counter(keys)
     assert [k for k, c in counts.items() if c > 1] == [], "duplicated samples"
     assert sorted(counts) == _expected(), "lost samples"
-    assert injected > 0, f"the proxy injected no fault: {proxy.stats()}"
+    assert injected > 0, f"the proxy injected no fault: {stats}"
 
 
 def _budget_cases():
@@ -113,21 +158,40 @@ def _budget_cases():
             yield pytest.param(status, backend)
 
 
+#: the retry policy of the cases that exhaust it
+BUDGET = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, max_resumes=3)
+
+
+def _epoch_past_the_budget(endpoint: str, shards: list[str], status: int, backend: str):
+    """The error of an epoch whose every GET is answered ``status``, and the faults injected."""
+    with DelayProxy(endpoint, delay_ms=0, faults=Faults(error_rate=1.0, error_status=status)) as proxy:
+        name, options = _backend(backend)
+        pipe = pf.from_items(shards).open(name, endpoint=proxy.url, retry=BUDGET, **options).untar()
+        try:
+            list(pipe)
+        except PipeflowError as exc:
+            return exc, _faults_seen(proxy)
+    raise AssertionError(f"{backend}: an epoch with every GET answered {status} ended without an error")
+
+
+@pytest.fixture(scope="module")
+def past_the_budget(request, s3, shards):
+    """Every selected status x backend case, side by side."""
+    test = "test_past_the_retry_budget_a_typed_error_within_bounded_time"
+    run = functools.partial(_epoch_past_the_budget, s3.endpoint, shards)
+    return _side_by_side(run, _selected(request, test, ("status", "backend")))
+
+
 # "within bounded time" is enforced by pytest-timeout (a hang fails the test), not by timing
 # the call: the retry budget itself is a few hundredths of a second of backoff
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("status,backend", list(_budget_cases()))
-def test_past_the_retry_budget_a_typed_error_within_bounded_time(s3, shards, backend, status):
-    budget = RetryPolicy(max_attempts=3, base_delay=0.01, max_delay=0.05, max_resumes=3)
-    with DelayProxy(s3.endpoint, delay_ms=0, faults=Faults(error_rate=1.0, error_status=status)) as proxy:
-        name, options = _backend(backend)
-        pipe = pf.from_items(shards).open(name, endpoint=proxy.url, retry=budget, **options).untar()
-        with pytest.raises(PipeflowError) as info:
-            list(pipe)
-        INJECTED[f"budget-{status}"] += _faults_seen(proxy)
-        FIGURES["faults injected"] += _faults_seen(proxy)
-    assert isinstance(info.value, BackendError), f"{type(info.value).__name__}: {info.value}"
-    assert shards[0] in str(info.value), "the error names the object"
+def test_past_the_retry_budget_a_typed_error_within_bounded_time(past_the_budget, shards, backend, status):
+    error, injected = past_the_budget[(status, backend)].result()
+    INJECTED[f"budget-{status}"] += injected
+    FIGURES["faults injected"] += injected
+    assert isinstance(error, BackendError), f"{type(error).__name__}: {error}"
+    assert shards[0] in str(error), "the error names the object"
 
 
 #: every S3 backend, for the outage and permanent-error tests (the default retry policy)
@@ -170,14 +234,27 @@ def _outage_cases():
             yield pytest.param(backend, seconds, marks=marks, id=f"{backend}-{seconds}s")
 
 
-@pytest.mark.parametrize("backend,seconds", list(_outage_cases()))
-def test_an_outage_mid_epoch_loses_and_duplicates_nothing(s3, shards, backend, seconds):
+def _epoch_through_outage(endpoint: str, shards: list[str], backend: str, seconds: float):
     # the default policy (no retry= option): a store that is down for seconds costs time, not data
     outage = _Outage(after=2, seconds=seconds)
-    with DelayProxy(s3.endpoint, delay_ms=0, hook=outage) as proxy:
+    with DelayProxy(endpoint, delay_ms=0, hook=outage) as proxy:
         pipe = (pf.from_items(shards).open(backend, workers=2, endpoint=proxy.url)
                 .untar().group_pairs(required=("bin", "cls")).map(_data.check_sample))
         keys = list(pipe)
+    return outage, keys
+
+
+@pytest.fixture(scope="module")
+def outage_epochs(request, s3, shards):
+    """Every selected outage case, run side by side, each with its own proxy and outage."""
+    test = "test_an_outage_mid_epoch_loses_and_duplicates_nothing"
+    return _side_by_side(functools.partial(_epoch_through_outage, s3.endpoint, shards),
+                         _selected(request, test, ("backend", "seconds")))
+
+
+@pytest.mark.parametrize("backend,seconds", list(_outage_cases()))
+def test_an_outage_mid_epoch_loses_and_duplicates_nothing(outage_epochs, backend, seconds):
+    outage, keys = outage_epochs[(backend, seconds)].result()
     FIGURES["faults injected"] += outage.failed
     FIGURES["samples checked"] += len(keys)
     assert outage.failed > 0 and outage.served_after > 0, "the outage did not happen mid-epoch"
@@ -226,24 +303,40 @@ def test_a_missing_object_fails_at_once(s3, shards, backend):
     assert _object_requests(log, url.split("/", 3)[3]) == 1, [(i.method, i.path) for i in log]
 
 
-@pytest.mark.parametrize("backend", ALL_S3)
-def test_a_server_that_never_comes_back_fails_after_the_budget(s3, shards, backend):
-    budget = RetryPolicy(budget=1.5, base_delay=0.05, max_delay=0.3)
-    with DelayProxy(s3.endpoint, delay_ms=0, hook=lambda info: "error503") as proxy:
-        be = get_backend(backend, endpoint=proxy.url, retry=budget)
+#: the retry budget of a read from a server that never comes back
+NEVER_BACK = RetryPolicy(budget=1.5, base_delay=0.05, max_delay=0.3)
+
+
+def _read_from_a_server_that_never_comes_back(endpoint: str, url: str, backend: str):
+    """The read's error, the seconds it took, and the proxy's URL."""
+    with DelayProxy(endpoint, delay_ms=0, hook=lambda info: "error503") as proxy:
+        be = get_backend(backend, endpoint=proxy.url, retry=NEVER_BACK)
         started = time.monotonic()
         try:
-            with pytest.raises(BackendError) as info:
-                be.read(shards[0])
+            be.read(url)
+        except BackendError as exc:
+            return exc, time.monotonic() - started, proxy.url
         finally:
             be.close()
-        elapsed = time.monotonic() - started
-        endpoint = proxy.url
+    raise AssertionError(f"{backend}: a read from a server that answers only 503 returned")
+
+
+@pytest.fixture(scope="module")
+def never_back(request, s3, shards):
+    """Every selected backend at once: each spends the whole retry budget waiting."""
+    test = "test_a_server_that_never_comes_back_fails_after_the_budget"
+    run = functools.partial(_read_from_a_server_that_never_comes_back, s3.endpoint, shards[0])
+    return _side_by_side(run, _selected(request, test, ("backend",)))
+
+
+@pytest.mark.parametrize("backend", ALL_S3)
+def test_a_server_that_never_comes_back_fails_after_the_budget(never_back, shards, backend):
+    error, elapsed, endpoint = never_back[(backend,)].result()
     FIGURES["faults injected"] += 1
-    assert isinstance(info.value, RetryExhaustedError), f"{type(info.value).__name__}: {info.value}"
-    assert shards[0] in str(info.value) and endpoint in str(info.value), str(info.value)
+    assert isinstance(error, RetryExhaustedError), f"{type(error).__name__}: {error}"
+    assert shards[0] in str(error) and endpoint in str(error), str(error)
     # it kept trying for the whole budget (a lower bound: the attempts themselves add time)
-    assert elapsed >= budget.budget
+    assert elapsed >= NEVER_BACK.budget
 
 
 class _Relay:

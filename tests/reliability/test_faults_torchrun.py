@@ -1,9 +1,10 @@
 """The fault suite's outage under ``torchrun`` with 2 ranks, for every S3 backend.
 
-One launch: the ranks read their shares with each backend in turn; once both have read
-something, the store goes down (connections refused) for ``OUTAGE_S`` seconds and comes back.
-Every object must be read exactly once across the ranks, byte-identical, and both ranks must
-have met the outage (retries counted in ``stats()``).
+One launch: the ranks read their shares with every backend at once; once every backend on both
+ranks has read something, the store goes down (connections refused) and comes back ``OUTAGE_S``
+seconds after the last of them has gone on reading. Every object must be read exactly once
+across the ranks by each backend, byte-identical, and each backend on both ranks must have met
+the outage (retries counted in ``stats()``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import time
 
 import pytest
 
-from pipeflow.testing.faults import check_epoch, fault_objects, outage_after
+from pipeflow.testing.faults import OUTAGE_S, check_epoch, fault_objects
 from pipeflow.testing.proxy import DelayProxy
 
 from ._launch import torchrun
@@ -28,15 +29,28 @@ BACKENDS = ["obstore", "boto3", "s3fs", "fsspec", "iopath", "s3torchconnector", 
 OBJECTS = 48
 
 
+def _wait_for(out: str, step: str, stop: threading.Event) -> bool:
+    """Until every backend on both ranks has written its ``step`` file (False: the test ended)."""
+    paths = [os.path.join(out, f"{step}-{backend}-{r}") for backend in BACKENDS for r in (0, 1)]
+    while not all(map(os.path.exists, paths)):
+        if stop.wait(0.02):
+            return False
+    return True
+
+
 def _conduct(out: str, proxy: DelayProxy, stop: threading.Event) -> None:
-    """Per backend: wait until both ranks have read, take the store down, let them go on."""
-    for backend in BACKENDS:
-        while not all(os.path.exists(os.path.join(out, f"started-{backend}-{r}")) for r in (0, 1)):
-            if stop.wait(0.02):
-                return
-        outage = outage_after(proxy)
-        open(os.path.join(out, f"go-{backend}"), "w").close()
-        outage.join()
+    """Once every backend on both ranks has read, take the store down and let them go on; bring
+    it back OUTAGE_S after the last of them has gone on (14 readers in two busy processes may
+    take a while to, and each must meet the outage)."""
+    if not _wait_for(out, "started", stop):
+        return
+    proxy.down()
+    try:
+        open(os.path.join(out, "go"), "w").close()
+        if _wait_for(out, "resumed", stop):
+            time.sleep(OUTAGE_S)
+    finally:
+        proxy.up()
 
 
 def test_an_outage_under_torchrun_loses_and_duplicates_nothing(s3, tmp_path):

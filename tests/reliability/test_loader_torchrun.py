@@ -8,19 +8,16 @@ from collections import Counter
 import pytest
 
 from . import _data
-from ._launch import torchrun
 from .conftest import FIGURES, suite
 
-pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(360)]
 
 KEYS = _data.all_keys(10)
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    results = torchrun("torchrun_loader.py", tmp_path_factory.mktemp("loader"), timeout=200)
-    assert results["world_size"] == 2
-    return suite(results, "loader")
+def ranks(torchrun_results):
+    return suite(torchrun_results, "loader")
 
 
 def _keys(batches):

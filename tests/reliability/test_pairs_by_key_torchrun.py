@@ -34,8 +34,8 @@ def test_pairs_sharded_by_key_across_ranks_and_workers(s3, tmp_path):
         per_rank = results[name]
         for rank, part in enumerate(per_rank):
             assert part["ok"], f"rank {rank} failed in {name}: {part['error']}\n{part['traceback']}"
-        counts = Counter(k for part in per_rank for k in part["keys"])
+        counts = Counter(k for part in per_rank for k in part["data"])
         assert sorted(counts) == expected and set(counts.values()) == {1}, name
-        assert all(part["keys"] for part in per_rank), f"{name}: a rank got nothing"
+        assert all(part["data"] for part in per_rank), f"{name}: a rank got nothing"
     object_gets = int(stats["requests"].get("GET", 0)) - int(stats.get("lists", 0))
     assert object_gets == len(CONFIGS) * 2 * SAMPLES, stats

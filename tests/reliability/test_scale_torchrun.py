@@ -1,5 +1,6 @@
 """One listing per job and exactly once over a listing, an index and a large ``from_items``,
-under ``torchrun --nproc_per_node=2`` x DataLoader workers {0, 2, 3} started with fork and spawn.
+under ``torchrun --nproc_per_node=2`` x DataLoader workers {0, 2, 3} started with fork, and 3
+started with spawn.
 
 The objects sit in the real local S3 server behind the counting proxy; one torchrun launch runs
 every case (see torchrun_scale.py)."""

@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from ._launch import torchrun
+from .conftest import suite
 from .stats_ranks import ITEMS
 
 pytestmark = [pytest.mark.torchrun, pytest.mark.timeout(360)]
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    results = torchrun("stats_ranks.py", tmp_path_factory.mktemp("stats"), timeout=300)
-    assert results["world_size"] == 2
-    return results["ranks"]
+def ranks(torchrun_results):
+    return suite(torchrun_results, "stats")
 
 
 @pytest.mark.parametrize("workers", [0, 2, 3])

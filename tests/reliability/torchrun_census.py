@@ -1,25 +1,21 @@
 """Launched by ``torchrun --nproc_per_node=2``: runs many loader configurations in one launch and
 writes what every rank saw to ``OUT/results.json`` (gathered to rank 0 with all_gather_object).
+Besides its own suites it runs those of torchrun_loader.py (``loader``) and stats_ranks.py
+(``stats``): one launch for every multi-rank test that needs no S3 server.
 
 Usage: torchrun --nproc_per_node=2 ... torchrun_census.py OUT_DIR [SUITE ...]
 """
 
 from __future__ import annotations
 
-import datetime
-import json
-import os
 import sys
-import traceback
 
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 import pipeflow as pf
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from tests.reliability import _data  # noqa: E402
+from tests.reliability import _data, _dist, stats_ranks, torchrun_loader
 
 NUM_SHARDS = 10
 WORKERS = (0, 2, 3)
@@ -65,7 +61,7 @@ def run_loader(pipe: pf.Pipeline, num_workers: int, epoch: int) -> list[list[str
     return [list(batch) for batch in loader]
 
 
-def suite_census(rank: int) -> dict[str, object]:
+def suite_census() -> dict[str, object]:
     shards = list(_data.shard_sizes(NUM_SHARDS))
     out: dict[str, object] = {}
     for level in ("shard", "sample", "auto"):
@@ -98,7 +94,7 @@ def ddp_epoch(loader: DataLoader, model: torch.nn.Module) -> list[list[str]]:
     return seen
 
 
-def suite_equalize(rank: int) -> dict[str, object]:
+def suite_equalize() -> dict[str, object]:
     """Uneven data: equalize() makes every rank run the same number of DDP steps."""
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
     out: dict[str, object] = {}
@@ -125,7 +121,7 @@ def suite_equalize(rank: int) -> dict[str, object]:
     return out
 
 
-def suite_empty_shard(rank: int) -> dict[str, object]:
+def suite_empty_shard() -> dict[str, object]:
     """Shard-level sharding of 4 shards over 2 ranks x 3 workers: some workers get none."""
     shards = list(_data.shard_sizes(4))
     pipe = (pf.from_items(shards).shard_by_rank().map(_data.expand).unbatch().equalize(per_shard=5)
@@ -137,7 +133,7 @@ def suite_empty_shard(rank: int) -> dict[str, object]:
     return {"raised": None, "batches": batches}
 
 
-def suite_resample(rank: int) -> dict[str, object]:
+def suite_resample() -> dict[str, object]:
     """resample(): every rank x worker draws its own stream of shards; shuffle(by="key") then
     shard_by_rank(by="key"): whole samples, each once across ranks and workers."""
     shards = list(_data.shard_sizes(NUM_SHARDS))
@@ -164,39 +160,20 @@ def order_pipeline(per_rank: int) -> pf.Pipeline:
             .batch(per_rank))
 
 
-def suite_order(rank: int) -> dict[str, object]:
+def suite_order() -> dict[str, object]:
     """Each rank's batches of epoch 1 with 0, 2 and 3 DataLoader workers."""
     per_rank = GLOBAL_BATCH // dist.get_world_size()
     return {f"w{nw}": run_loader(order_pipeline(per_rank), nw, 1) for nw in WORKERS}
 
 
 SUITES = {"census": suite_census, "order": suite_order, "equalize": suite_equalize,
-          "empty_shard": suite_empty_shard, "resample": suite_resample}
+          "empty_shard": suite_empty_shard, "resample": suite_resample, "loader": torchrun_loader.run,
+          "stats": stats_ranks.per_workers}
 
 
 def main() -> int:
-    out_dir = sys.argv[1]
-    suites = sys.argv[2:] or list(SUITES)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    results: dict[str, object] = {"world_size": world}
-    for suite in suites:
-        try:
-            local = {"ok": True, "data": SUITES[suite](rank)}
-        except Exception as exc:  # reported, so the test shows which rank failed and why
-            local = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
-                     "traceback": traceback.format_exc()}
-        gathered: list[object] = [None] * world
-        dist.all_gather_object(gathered, local)
-        results[suite] = gathered
-    if rank == 0:
-        tmp = os.path.join(out_dir, "results.json.tmp")
-        with open(tmp, "w") as fh:
-            json.dump(results, fh)
-        os.replace(tmp, os.path.join(out_dir, "results.json"))
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    names = sys.argv[2:] or list(SUITES)
+    return _dist.run_suites(sys.argv[1], {name: SUITES[name] for name in names})
 
 
 if __name__ == "__main__":

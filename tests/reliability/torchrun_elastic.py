@@ -9,7 +9,6 @@ Usage: torchrun --nproc_per_node=N ... torchrun_elastic.py OUT_DIR PHASE SHARED_
 
 from __future__ import annotations
 
-import datetime
 import functools
 import json
 import os
@@ -19,9 +18,7 @@ import torch.distributed as dist
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import pipeflow as pf
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from tests.reliability import _data  # noqa: E402
+from tests.reliability import _data, _dist
 
 EPOCH = 1
 #: (name, pipeline kind, shuffled)
@@ -104,18 +101,11 @@ def phase(name: str, shared: str) -> dict[str, list[str]]:
 
 def main() -> int:
     out_dir, name, shared = sys.argv[1:4]
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    local = phase(name, shared)
-    gathered: list[object] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, local)
-    if dist.get_rank() == 0:
-        tmp = os.path.join(out_dir, "results.json.tmp")
-        with open(tmp, "w") as fh:
-            json.dump({"world_size": dist.get_world_size(), "ranks": gathered}, fh)
-        os.replace(tmp, os.path.join(out_dir, "results.json"))
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    _dist.init()
+    # not caught: a rank that fails inside a save's collectives ends the launch (torchrun stops the
+    # other rank at once), where a reported error would leave the other rank waiting in them
+    _dist.write_results(out_dir, {"ranks": _dist.gather(phase(name, shared))})
+    return _dist.finish()
 
 
 if __name__ == "__main__":

@@ -1,24 +1,14 @@
-"""Launched by ``torchrun --nproc_per_node=2``: Pipeline.loader() in each rank's training process
-(no DataLoader workers). Writes what every rank saw to ``OUT/results.json``.
-
-Usage: torchrun --nproc_per_node=2 ... torchrun_loader.py OUT_DIR
-"""
+"""The ``loader`` suite of the shared torchrun launch (torchrun_census.py): Pipeline.loader() in
+each rank's training process (no DataLoader workers)."""
 
 from __future__ import annotations
 
-import datetime
 import json
-import os
-import sys
-import traceback
 
 import torch
-import torch.distributed as dist
 
 import pipeflow as pf
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-from tests.reliability import _data  # noqa: E402
+from tests.reliability import _data
 
 NUM_SHARDS = 10
 
@@ -51,7 +41,7 @@ def ddp_steps(loader, model: torch.nn.Module) -> int:
     return steps
 
 
-def run(rank: int) -> dict[str, object]:
+def run() -> dict[str, object]:
     out: dict[str, object] = {}
     for shuffle in (False, True):
         name = "shuffled" if shuffle else "ordered"
@@ -73,27 +63,3 @@ def run(rank: int) -> dict[str, object]:
     out["stats"] = {"batches_all_ranks": stats["batch"]["items"],
                     "local_batches": loader.stats()["batch"]["items"]}
     return out
-
-
-def main() -> int:
-    out_dir = sys.argv[1]
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
-    rank, world = dist.get_rank(), dist.get_world_size()
-    try:
-        local = {"ok": True, "data": run(rank)}
-    except Exception as exc:  # reported, so the test shows which rank failed and why
-        local = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
-    gathered: list[object] = [None] * world
-    dist.all_gather_object(gathered, local)
-    if rank == 0:
-        tmp = os.path.join(out_dir, "results.json.tmp")
-        with open(tmp, "w") as fh:
-            json.dump({"world_size": world, "loader": gathered}, fh)
-        os.replace(tmp, os.path.join(out_dir, "results.json"))
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -98,25 +98,35 @@ def test_take_rejects_unknown_across():
         pf.from_items(range(3)).take(1, across="rank")
 
 
+#: the cases each rank process runs: (kind, n, DataLoader workers)
+RANK_CASES = [("epoch", 20, 2), ("epoch", 40, 3), ("take", 13, 2)]
+
 RANK_SCRIPT = """
 import json, sys
 import torch.utils.data
 import pipeflow as pf
 
-if __name__ == "__main__":
-    kind, n, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def run(kind, n, workers):
     src = pf.from_items(range(53)).shuffle(16, seed=2)
     pipe = src.with_epoch(n) if kind == "epoch" else src.take(n, across="all")
     loader = torch.utils.data.DataLoader(pipe, batch_size=None, num_workers=workers)
     steps = len(torch.utils.data.DataLoader(pipe, batch_size=1)) if kind == "epoch" else -1
-    print(json.dumps({"items": [int(x) for x in loader], "len": steps}))
+    return {"items": [int(x) for x in loader], "len": steps}
+
+if __name__ == "__main__":
+    cases = json.loads(sys.argv[1])
+    print(json.dumps({f"{kind}-{n}-{workers}": run(kind, n, workers) for kind, n, workers in cases}))
 """
 
 
-def _ranks(tmp_path: Path, kind: str, n: int, workers: int, world: int) -> list[dict]:
-    script = tmp_path / "rank.py"
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> list[dict]:
+    """Every case of RANK_CASES on 2 ranks: one process per rank runs them all (a fresh
+    interpreter costs more than the cases)."""
+    script = tmp_path_factory.mktemp("ranks") / "rank.py"
     script.write_text(RANK_SCRIPT)
-    procs = [subprocess.Popen([sys.executable, str(script), kind, str(n), str(workers)],
+    world = 2
+    procs = [subprocess.Popen([sys.executable, str(script), json.dumps(RANK_CASES)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(r),
                                    "WORLD_SIZE": str(world)})
@@ -131,8 +141,8 @@ def _ranks(tmp_path: Path, kind: str, n: int, workers: int, world: int) -> list[
 
 @pytest.mark.slow
 @pytest.mark.parametrize("n, workers", [(20, 2), (40, 3)])
-def test_with_epoch_same_count_on_every_rank(tmp_path, n, workers):
-    results = _ranks(tmp_path, "epoch", n, workers, world=2)
+def test_with_epoch_same_count_on_every_rank(ranks, n, workers):
+    results = [r[f"epoch-{n}-{workers}"] for r in ranks]
     for r in results:
         assert len(r["items"]) == n and r["len"] == n
     # each rank reads (and, past its data, repeats) only its own part of the data
@@ -142,8 +152,8 @@ def test_with_epoch_same_count_on_every_rank(tmp_path, n, workers):
 
 
 @pytest.mark.slow
-def test_take_all_is_global_across_ranks_and_workers(tmp_path):
-    results = _ranks(tmp_path, "take", 13, 2, world=2)
+def test_take_all_is_global_across_ranks_and_workers(ranks):
+    results = [r["take-13-2"] for r in ranks]
     everything = results[0]["items"] + results[1]["items"]
     assert len(everything) == 13 and len(set(everything)) == 13
     assert sorted(len(r["items"]) for r in results) == [6, 7]

@@ -71,8 +71,12 @@ def test_a_temporary_file_left_by_a_killed_writer_is_removed_by_the_next_write(t
     try:
         deadline = time.monotonic() + 60
         while not [p for p in os.listdir(out) if p.startswith(".upload-")]:
-            assert proc.poll() is None and time.monotonic() < deadline, "the writer never started"
+            if proc.poll() is not None:
+                pytest.fail(f"the writer exited (status {proc.returncode}) before it made its temporary file")
+            if time.monotonic() > deadline:
+                pytest.fail("the writer made no temporary file within 60 s")
             time.sleep(0.05)
+        assert proc.poll() is None, "the writer ended before it could be killed mid-upload"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
     finally:

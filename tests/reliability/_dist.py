@@ -1,0 +1,68 @@
+"""What every script launched under ``torchrun`` by the reliability tests shares: joining the
+gloo process group, running named suites so that a failure on one rank is reported (with its
+traceback) instead of hanging the other, gathering every rank's result to rank 0 and writing
+``OUT/results.json`` atomically, where :func:`tests.reliability._launch.torchrun` reads it.
+
+The launcher puts the checkout on ``PYTHONPATH``, so the scripts import this module as
+``tests.reliability._dist``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch.distributed as dist
+
+
+def init(timeout_s: float = 60.0) -> tuple[int, int]:
+    """Join the job's gloo process group; ``(rank, world size)``."""
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def attempt(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:
+    """``{"ok": True, "data": fn(*args)}``, or the error and traceback of this rank: the other
+    ranks carry on to the next collective call, and the test names the rank that failed."""
+    try:
+        return {"ok": True, "data": fn(*args)}
+    except Exception as exc:
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+
+
+def gather(local: Any) -> list[Any]:
+    """Every rank's ``local``, in rank order, on every rank."""
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, local)
+    return gathered
+
+
+def write_results(out_dir: str, results: Mapping[str, Any]) -> None:
+    """On rank 0: ``OUT/results.json`` with the world size added, written whole or not at all
+    (a test never reads half a file from a rank that died while writing)."""
+    if dist.get_rank() != 0:
+        return
+    tmp = os.path.join(out_dir, "results.json.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump({"world_size": dist.get_world_size(), **results}, fh)
+    os.replace(tmp, os.path.join(out_dir, "results.json"))
+
+
+def finish() -> int:
+    """Wait for every rank, leave the process group; the script's exit status."""
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def run_suites(out_dir: str, suites: Mapping[str, Callable[[], Any]], *, timeout_s: float = 60.0) -> int:
+    """The whole life of a launched script: join, run each suite on every rank (one gather per
+    suite, in order), write ``{name: [rank 0's result, rank 1's, ...]}``, leave."""
+    init(timeout_s)
+    results = {name: gather(attempt(fn)) for name, fn in suites.items()}
+    write_results(out_dir, results)
+    return finish()
