@@ -100,20 +100,36 @@ def _marker(path: Path) -> Path:
     return path / ".pipeflow-peers-ok"
 
 
+def base_pth_line() -> str:
+    """The ``.pth`` line that layers a side venv over this environment's packages."""
+    return f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n"
+
+
+def layered_over_this_env(path: Path) -> bool:
+    """True if the side venv at ``path`` sees this environment's packages: one built over another
+    environment (a clone's venv since removed, another checkout) would import none of them."""
+    found = list(path.glob("lib/python*/site-packages/_pipeflow_base_env.pth"))
+    return len(found) == 1 and found[0].read_text() == base_pth_line()
+
+
+def write_base_pth(site: str) -> None:
+    Path(site, "_pipeflow_base_env.pth").write_text(base_pth_line())
+
+
 def ensure_venv(path: str | Path | None = None, *, spec: SideVenv = STREAMING,
                 python: str = sys.executable, log: Any = print) -> str:
     """Create (once) the side venv of ``spec`` (default: LitData and Mosaic); returns its python."""
     path = Path(path or default_path(spec))
     exe = path / "bin" / "python"
     marker = _marker(path)
-    if marker.exists() and exe.exists() and marker.read_text().startswith(spec.wanted + "\n"):
+    if (marker.exists() and exe.exists() and marker.read_text().startswith(spec.wanted + "\n")
+            and layered_over_this_env(path)):
         return str(exe)
     log(f"creating the {spec.what} venv in {path} (layered over {sys.prefix})")
     subprocess.run([python, "-m", "venv", "--without-pip", "--clear", str(path)], check=True)
     site = subprocess.run([str(exe), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
-    base = sysconfig.get_paths()["purelib"]
-    Path(site, "_pipeflow_base_env.pth").write_text(f"import site; site.addsitedir({base!r})\n")
+    write_base_pth(site)
     pip = [python, "-m", "pip", "--python", str(exe), "install", "--quiet", "--disable-pip-version-check"]
     subprocess.run([*pip, "--no-deps", *spec.no_deps], check=True)
     if spec.with_deps:

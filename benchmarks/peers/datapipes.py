@@ -17,11 +17,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 from typing import Any
 
-from . import _common
+from . import _common, _sidevenv
 
 TORCHDATA = "torchdata==0.9.0"
 
@@ -35,14 +34,13 @@ def ensure_venv(path: str | Path, *, python: str = sys.executable, log: Any = pr
     path = Path(path)
     exe = path / "bin" / "python"
     marker = path / ".pipeflow-datapipes-ok"
-    if marker.exists() and exe.exists():
+    if marker.exists() and exe.exists() and _sidevenv.layered_over_this_env(path):
         return str(exe)
     log(f"creating the DataPipes venv in {path} ({TORCHDATA}, layered over {sys.prefix})")
     subprocess.run([python, "-m", "venv", "--without-pip", "--clear", str(path)], check=True)
     site = subprocess.run([str(exe), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
-    base = sysconfig.get_paths()["purelib"]
-    Path(site, "_pipeflow_base_env.pth").write_text(f"import site; site.addsitedir({base!r})\n")
+    _sidevenv.write_base_pth(site)
     subprocess.run([python, "-m", "pip", "--python", str(exe), "install", "--quiet", "--no-deps",
                     "--disable-pip-version-check", TORCHDATA], check=True)
     check = subprocess.run([str(exe), "-W", "ignore", "-c",

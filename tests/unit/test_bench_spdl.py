@@ -191,6 +191,10 @@ def test_a_built_venv_is_reused_and_a_changed_package_list_rebuilds_it(tmp_path,
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").write_text("")
     (venv / ".pipeflow-peers-ok").write_text(_sidevenv.SPDL.wanted + "\n0.8.0\n")
+    site = venv / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True)
+    pth = site / "_pipeflow_base_env.pth"
+    pth.write_text("import site; site.addsitedir('/a/removed/clone/.venv/lib/python3.11/site-packages')\n")
     ran = []
 
     def run(args, **kwargs):
@@ -198,6 +202,11 @@ def test_a_built_venv_is_reused_and_a_changed_package_list_rebuilds_it(tmp_path,
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(_sidevenv.subprocess, "run", run)
+    # layered over another environment (a clone's venv since removed): rebuilt, never reused
+    with pytest.raises(RuntimeError, match="stop here"):
+        _sidevenv.ensure_venv(venv, spec=_sidevenv.SPDL, log=lambda line: None)
+    ran.clear()
+    pth.write_text(_sidevenv.base_pth_line())
     python = _sidevenv.ensure_venv(venv, spec=_sidevenv.SPDL, log=lambda line: None)
     assert python == str(venv / "bin" / "python")
     assert ran == []
