@@ -189,9 +189,9 @@ def test_batch_retries_in_rounds_until_the_budget_not_an_s5cmd_count(tmp_path):
         err = results[dest]
         assert isinstance(err, RetryExhaustedError) and err.url == url, err
         assert "retry budget 1.5 s" in str(err) and "127.0.0.1" in str(err)
-    # tried for the whole budget, in several rounds: not given up at the first refusal, and not
-    # handed to s5cmd as a count of its own retries (9 of them wait about 45 s)
-    assert policy.budget <= elapsed < 10 * policy.budget
+    # tried for the whole budget (not given up at the first refusal), in several rounds of our
+    # own (s5cmd's retries are off: a count of them would show as one round)
+    assert elapsed >= policy.budget
     assert int(str(results[pairs[0][1]]).split("after ")[1].split()[0]) > 2
     assert sorted(os.listdir(tmp_path)) == []  # no command file, no partial file
 

@@ -215,10 +215,9 @@ def test_closing_mid_epoch_ends_every_cluster_worker(cluster):
 
 def test_a_cluster_without_room_is_an_error_not_a_hang(cluster):
     pipe = PREFIX.offload(workers=2, cpus=64, start_timeout=2)
-    started = time.monotonic()
+    # the error, not a wait: a hang would end at the test's timeout instead
     with pytest.raises(ClusterError, match="did not start"):
         list(pipe)
-    assert time.monotonic() - started < 30
 
 
 _CHILD = """
