@@ -10,6 +10,7 @@ The launcher puts the checkout on ``PYTHONPATH``, so the scripts import this mod
 from __future__ import annotations
 
 import datetime
+import gc
 import json
 import os
 import traceback
@@ -52,8 +53,17 @@ def write_results(out_dir: str, results: Mapping[str, Any]) -> None:
     os.replace(tmp, os.path.join(out_dir, "results.json"))
 
 
+def collect() -> None:
+    """Free what a failed or abandoned iteration left in reference cycles (a DataLoader iterator
+    and its workers, a DDP model) here and now: left to a later collection, it runs in a forked
+    DataLoader worker (which cannot shut down its parent's workers) or after the process group is
+    gone (a DDP reducer destroyed then aborts the rank, and the suite's own error is lost)."""
+    gc.collect()
+
+
 def finish() -> int:
     """Wait for every rank, leave the process group; the script's exit status."""
+    collect()
     dist.barrier()
     dist.destroy_process_group()
     return 0
@@ -63,6 +73,10 @@ def run_suites(out_dir: str, suites: Mapping[str, Callable[[], Any]], *, timeout
     """The whole life of a launched script: join, run each suite on every rank (one gather per
     suite, in order), write ``{name: [rank 0's result, rank 1's, ...]}``, leave."""
     init(timeout_s)
-    results = {name: gather(attempt(fn)) for name, fn in suites.items()}
+    results = {}
+    for name, fn in suites.items():
+        local = attempt(fn)
+        collect()
+        results[name] = gather(local)
     write_results(out_dir, results)
     return finish()

@@ -34,9 +34,20 @@ def torchrun(script: str, out_dir: Path, *args: str, nproc: int = 2, timeout: fl
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(env), capture_output=True, text=True, timeout=timeout)
     results = out_dir / "results.json"
     if proc.returncode != 0 or not results.exists():
-        raise AssertionError(f"torchrun exited with {proc.returncode}\nstdout:\n{proc.stdout[-4000:]}\n"
-                             f"stderr:\n{proc.stderr[-8000:]}")
+        raise AssertionError(f"torchrun exited with {proc.returncode}{_failed_suites(results)}\n"
+                             f"stdout:\n{proc.stdout[-4000:]}\nstderr:\n{proc.stderr[-8000:]}")
     return json.loads(results.read_text())
+
+
+def _failed_suites(results: Path) -> str:
+    """The suites that raised on some rank, from a results.json written before the launch failed:
+    a rank that crashes on the way out must not hide the error that came first."""
+    if not results.exists():
+        return " (no results.json)"
+    failed = [f"\n{name} on rank {rank}: {part.get('error')}\n{part.get('traceback', '')}"
+              for name, parts in json.loads(results.read_text()).items() if isinstance(parts, list)
+              for rank, part in enumerate(parts) if isinstance(part, dict) and part.get("ok") is False]
+    return "".join(failed) or " (every suite succeeded on every rank)"
 
 
 def torchrun_raw(script: str, out_dir: Path, *args: str, nproc: int = 2, timeout: float = 120.0,
