@@ -1,9 +1,17 @@
-"""Launched by ``torchrun --nproc_per_node=2``: one listing per job, and exactly once over a
-listing, an index in the store and a large ``from_items``, at 0/2/3 DataLoader workers started
-with fork and 3 started with spawn. LIST requests are read from the proxy in front of the server
-(rank 0 asks it before and after each ``list_objects`` call, between barriers).
+"""Launched by ``torchrun --nproc_per_node=2``: the scale of the job in one launch.
 
-Usage: torchrun --nproc_per_node=2 ... torchrun_scale.py OUT_DIR PROXY_URL BUCKET
+``scale``: one listing per job, and exactly once over a listing, an index in the store and a large
+``from_items``, at 0/2/3 DataLoader workers started with fork and 3 started with spawn. LIST
+requests are read from the proxy in front of the server (rank 0 asks it before and after each
+``list_objects`` call, between barriers).
+
+``one_node``: a key table and an index in the store reach one rank a node, the other ranks of the
+node map the file it writes (two ranks on one node: nothing is sent, rank 1 maps rank 0's file; the
+index is downloaded once for the job). ``two_nodes``, last: the same ranks again, each claiming
+``LOCAL_RANK`` 0 and its own cache directory, as ranks on two nodes would (rank 1 receives the
+bytes and writes its own file).
+
+Usage: torchrun --nproc_per_node=2 ... torchrun_scale.py OUT_DIR PROXY_URL SCALE_BUCKET PERNODE_BUCKET
 """
 
 from __future__ import annotations
@@ -13,13 +21,16 @@ import operator
 import os
 import sys
 import urllib.request
+from collections.abc import Callable
+from typing import Any
 
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 import pipeflow as pf
 from pipeflow.keytable import SHARE_MIN, KeyTable, keys_dir
-from pipeflow.stages._onejob import on_lead
+from pipeflow.stages import _onejob
+from pipeflow.stages._onejob import on_lead, received_bytes
 from tests.reliability import _dist
 
 #: (DataLoader workers, start method): 2 and 3 workers split each rank's share evenly and not;
@@ -29,18 +40,22 @@ from tests.reliability import _dist
 CASES = [(0, None), (2, "fork"), (3, "fork"), (3, "spawn")]
 
 
-def lists(proxy: str) -> int:
+def requests(proxy: str) -> dict[str, int]:
+    """Object GETs and LISTs the proxy has seen so far (a listing is a GET on the bucket)."""
     with urllib.request.urlopen(proxy + "/__proxy__/stats", timeout=10) as resp:
-        return int(json.loads(resp.read())["lists"])
+        stats = json.loads(resp.read())
+    return {"gets": stats["requests"].get("GET", 0) - stats["lists"], "lists": stats["lists"]}
 
 
-def counted(proxy: str, make):
-    """``make()`` on every rank, and the LIST requests the whole job sent meanwhile."""
+def counted(proxy: str | None, make: Callable[[], Any]) -> tuple[Any, dict[str, int], int]:
+    """``make()`` on every rank; the object GETs and LISTs the whole job sent meanwhile (none
+    counted without a proxy), and the table bytes this rank received from rank 0."""
     dist.barrier()
-    before = lists(proxy)
-    pipe = make()
+    before, got = requests(proxy) if proxy else {}, received_bytes()
+    value = make()
     dist.barrier()
-    return pipe, lists(proxy) - before
+    after = requests(proxy) if proxy else {}
+    return value, {k: after[k] - before[k] for k in after}, received_bytes() - got
 
 
 def run(pipe: pf.Pipeline, workers: int, context: str | None) -> list[str]:
@@ -48,21 +63,26 @@ def run(pipe: pf.Pipeline, workers: int, context: str | None) -> list[str]:
     return list(loader)
 
 
-def suite(proxy: str, bucket: str) -> dict[str, object]:
+def held(table: KeyTable) -> dict[str, object]:
+    """Where a table lives: its file, the file's inode, its size."""
+    return {"path": table.path, "inode": os.stat(table.path).st_ino, "nbytes": table.nbytes()}
+
+
+# ---- scale --------------------------------------------------------------------------------------
+def scale(proxy: str, bucket: str) -> dict[str, object]:
     url = f"s3://{bucket}/data/"
     opts = {"endpoint": proxy, "page_size": 100}
     url_of = operator.attrgetter("url")
-    listing, listed = counted(proxy, lambda: pf.list_objects(url, threads=1, **opts))
+    listing, listed, _ = counted(proxy, lambda: pf.list_objects(url, threads=1, **opts))
     # a listing this small travels as a tuple: a table made on rank 0 takes the path of a large one
     urls = [info.url for info in listing._node.kwargs["objects"]]
     table = on_lead(lambda: KeyTable.build(urls))
-    held = {"path": table.path, "inode": os.stat(table.path).st_ino,
-            "files": sorted(os.listdir(keys_dir()))}
+    files = {**held(table), "files": sorted(os.listdir(keys_dir()))}
     dist.barrier()  # both ranks looked at the cache directory before anything else is made
-    parallel, listed_parallel = counted(proxy, lambda: pf.list_objects(url, threads=4, **opts))
-    index, listed_index = counted(proxy, lambda: pf.list_objects(
+    parallel, listed_parallel, _ = counted(proxy, lambda: pf.list_objects(url, threads=4, **opts))
+    index, listed_index, _ = counted(proxy, lambda: pf.list_objects(
         url, manifest=f"s3://{bucket}/_index/data.pfi", **opts))
-    again, listed_again = counted(proxy, lambda: pf.list_objects(
+    again, listed_again, _ = counted(proxy, lambda: pf.list_objects(
         url, manifest=f"s3://{bucket}/_index/data.pfi", **opts))
     keys = [f"k{i:07d}" for i in range(SHARE_MIN + 11)]
     # the parallel listing is the same listing (the integration tests check it key by key):
@@ -70,21 +90,57 @@ def suite(proxy: str, bucket: str) -> dict[str, object]:
     seen = {"parallel-listed": sorted(map(url_of, parallel._node.kwargs["objects"]))}
     sources = {"listing": listing.map(url_of), "index": again.map(url_of), "items": pf.from_items(keys),
                "broadcast": pf.from_items(table)}
-    before = lists(proxy)
+    before = requests(proxy)["lists"]
     for name, pipe in sources.items():
         for workers, context in CASES:
             seen[f"{name}-w{workers}-{context or 'main'}"] = run(pipe, workers, context)
     dist.barrier()
-    return {"seen": seen, "held": held, "lists": {"listing": listed, "parallel": listed_parallel,
-                                    "index_cold": listed_index, "index_warm": listed_again,
-                                    "loaders": lists(proxy) - before},
+    lists = {"listing": listed["lists"], "parallel": listed_parallel["lists"],
+             "index_cold": listed_index["lists"], "index_warm": listed_again["lists"],
+             "loaders": requests(proxy)["lists"] - before}
+    return {"seen": seen, "held": files, "lists": lists,
             "kinds": {n: type(p._node.args[0] if n == "items" else p._node.kwargs["objects"]).__name__
                       for n, p in (("items", sources["items"]), ("index", again))}}
 
 
+# ---- keys once a node ---------------------------------------------------------------------------
+def one_node(proxy: str, bucket: str) -> dict[str, object]:
+    url, manifest = f"s3://{bucket}/data/", f"s3://{bucket}/_index/data.pfi"
+    keys = [f"train/{i:07d}.jpg" for i in range(5_000)]
+    table, _, got_table = counted(proxy, lambda: on_lead(lambda: KeyTable.build(keys)))
+    opts = {"endpoint": proxy, "page_size": 100, "threads": 1}
+    _, cold, _ = counted(proxy, lambda: pf.list_objects(url, manifest=manifest, **opts))
+    pipe, warm, got_index = counted(proxy, lambda: pf.list_objects(url, manifest=manifest, **opts))
+    index = pipe._node.kwargs["objects"]
+    seen = run(pipe.map(url_of_object), 2, "fork")
+    return {"table": held(table), "table_equal": list(table) == keys, "received_table": got_table,
+            "index": held(index), "received_index": got_index, "cold": cold, "warm": warm,
+            "seen": seen}
+
+
+def url_of_object(info: Any) -> str:
+    return str(info.url)
+
+
+def two_nodes(out_dir: str) -> dict[str, object]:
+    """Each rank as if alone on its node: a local rank 0 with its own cache (the ranks that receive
+    are found again: what a process group does on its first call). It changes this process for
+    good, so it runs last."""
+    os.environ["LOCAL_RANK"] = "0"
+    os.environ["XDG_CACHE_HOME"] = os.path.join(out_dir, f"node{dist.get_rank()}")
+    _onejob._leaders.clear()
+    keys = [f"val/{i:06d}.png" for i in range(3_000)]
+    table, _, got = counted(None, lambda: on_lead(lambda: KeyTable.build(keys)))
+    return {"table": held(table), "table_equal": list(table) == keys, "received_table": got,
+            "cache": os.environ["XDG_CACHE_HOME"]}
+
+
 def main() -> int:
-    out_dir, proxy, bucket = sys.argv[1:4]
-    return _dist.run_suites(out_dir, {"scale": lambda: suite(proxy, bucket)}, timeout_s=120)
+    out_dir, proxy, scale_bucket, pernode_bucket = sys.argv[1:5]
+    suites = {"scale": lambda: scale(proxy, scale_bucket),
+              "one_node": lambda: one_node(proxy, pernode_bucket),
+              "two_nodes": lambda: two_nodes(out_dir)}  # last: it makes each rank a node of its own
+    return _dist.run_suites(out_dir, suites, timeout_s=120)
 
 
 if __name__ == "__main__":
