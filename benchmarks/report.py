@@ -12,6 +12,7 @@ import argparse
 import json
 import statistics
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -282,28 +283,38 @@ def _medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "cpu_ms_per_sample": median("cpu_s_per_sample", 1000.0, 3)}
 
 
+def _loader_sides(rows: list[dict[str, Any]]) -> Iterator[tuple[str, str, list[dict[str, Any]],
+                                                                list[dict[str, Any]], list[dict[str, Any]]]]:
+    """Per scenario that has ``loader()`` rows and per group: ``(scenario, group name, the group's
+    rows, its good loader() rows, its good rows of the same pipeline in DataLoader workers)``. In
+    S4 one DataLoader row serves both groups of a layout (threads and processes)."""
+    for scen in ("s1", "s2", "s4"):
+        workers_row = S4_DATALOADER if scen == "s4" else PIPEFLOW
+        groups = _groups(rows, scen)
+        everything = [r for g in groups.values() for r in g]
+        for name, group in groups.items():
+            ours = [r for r in group if r["library"] == THREAD_NATIVE and _ok(r)]
+            theirs = [r for r in group if r["library"] == workers_row and _ok(r)]
+            if scen == "s4" and not theirs:
+                theirs = [r for r in everything if r["library"] == workers_row and _ok(r)
+                          and r["group"].split(",")[0] == name.split(",")[0]]
+            yield scen, name, group, ours, theirs
+
+
 def thread_native(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """``Pipeline.loader()`` (no DataLoader workers) against the same pipeline in DataLoader
     worker processes, per group: medians over the repeats of each side, and their ratios."""
     out: dict[str, Any] = {}
-    for scen in ("s1", "s2", "s4"):
-        workers_row = S4_DATALOADER if scen == "s4" else PIPEFLOW
-        dataloader = [r for g in _groups(rows, scen).values() for r in g if r["library"] == workers_row]
-        for name, group in _groups(rows, scen).items():
-            ours = [r for r in group if r["library"] == THREAD_NATIVE and _ok(r)]
-            theirs = [r for r in group if r["library"] == workers_row and _ok(r)]
-            if scen == "s4" and not theirs:  # one DataLoader row serves both S4 groups of a layout
-                layout = name.split(",")[0]
-                theirs = [r for r in dataloader if r["group"].split(",")[0] == layout and _ok(r)]
-            if not ours or not theirs:
-                continue
-            a, b = _medians(ours), _medians(theirs)
-            out[f"{scen} {name}"] = {
-                "loader": a, "dataloader": b, "dataloader_workers": theirs[0]["workers"],
-                "throughput_ratio": _ratio(a["samples_per_s"], b["samples_per_s"]),
-                "pss_ratio": _ratio(a["peak_pss_mb"], b["peak_pss_mb"]),
-                "cpu_per_sample_ratio": _ratio(a["cpu_ms_per_sample"], b["cpu_ms_per_sample"]),
-            }
+    for scen, name, _, ours, theirs in _loader_sides(rows):
+        if not ours or not theirs:
+            continue
+        a, b = _medians(ours), _medians(theirs)
+        out[f"{scen} {name}"] = {
+            "loader": a, "dataloader": b, "dataloader_workers": theirs[0]["workers"],
+            "throughput_ratio": _ratio(a["samples_per_s"], b["samples_per_s"]),
+            "pss_ratio": _ratio(a["peak_pss_mb"], b["peak_pss_mb"]),
+            "cpu_per_sample_ratio": _ratio(a["cpu_ms_per_sample"], b["cpu_ms_per_sample"]),
+        }
     return out
 
 
@@ -311,26 +322,18 @@ def against_spdl(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """pipeflow's ``loader()`` and the same pipeline in DataLoader workers beside each SPDL row of
     a group (medians over the repeats), with pipeflow's ratios over SPDL: one entry per SPDL row."""
     out: dict[str, Any] = {}
-    for scen in ("s1", "s2", "s4"):
-        workers_row = S4_DATALOADER if scen == "s4" else PIPEFLOW
-        everything = [r for g in _groups(rows, scen).values() for r in g]
-        for name, group in _groups(rows, scen).items():
-            ours = [r for r in group if r["library"] == THREAD_NATIVE and _ok(r)]
-            theirs = [r for r in group if r["library"] == workers_row and _ok(r)]
-            if scen == "s4" and not theirs:  # one DataLoader row serves both S4 groups of a layout
-                theirs = [r for r in everything if r["library"] == workers_row and _ok(r)
-                          and r["group"].split(",")[0] == name.split(",")[0]]
-            for library in SPDL_LIBRARIES:
-                spdl = [r for r in group if r["library"] == library and _ok(r)]
-                if not spdl or not ours:
-                    continue
-                a, b, c = _medians(ours), _medians(theirs) if theirs else None, _medians(spdl)
-                out[f"{scen} {name} | {library}"] = {
-                    "group": f"{scen} {name}", "spdl_library": library, "loader": a, "dataloader": b,
-                    "spdl": c, "loader_over_spdl": _ratio(a["samples_per_s"], c["samples_per_s"]),
-                    "dataloader_over_spdl": _ratio(b["samples_per_s"], c["samples_per_s"]) if b else None,
-                    "cpu_per_sample_spdl_over_loader": _ratio(c["cpu_ms_per_sample"], a["cpu_ms_per_sample"]),
-                }
+    for scen, name, group, ours, theirs in _loader_sides(rows):
+        for library in SPDL_LIBRARIES:
+            spdl = [r for r in group if r["library"] == library and _ok(r)]
+            if not spdl or not ours:
+                continue
+            a, b, c = _medians(ours), _medians(theirs) if theirs else None, _medians(spdl)
+            out[f"{scen} {name} | {library}"] = {
+                "group": f"{scen} {name}", "spdl_library": library, "loader": a, "dataloader": b,
+                "spdl": c, "loader_over_spdl": _ratio(a["samples_per_s"], c["samples_per_s"]),
+                "dataloader_over_spdl": _ratio(b["samples_per_s"], c["samples_per_s"]) if b else None,
+                "cpu_per_sample_spdl_over_loader": _ratio(c["cpu_ms_per_sample"], a["cpu_ms_per_sample"]),
+            }
     return out
 
 
@@ -342,18 +345,18 @@ def against_spdl_table(summary: dict[str, Any]) -> list[str]:
              "DataLoader / SPDL | PSS MB loader() / DataLoader / SPDL | CPU ms/sample loader() / "
              "DataLoader / SPDL | first batch s loader() / DataLoader / SPDL |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
-    empty = {"samples_per_s": None, "peak_pss_mb": None, "cpu_ms_per_sample": None, "first_batch_s": None}
     for e in summary.values():
-        sides = (e["loader"], e["dataloader"] or empty, e["spdl"])
-
-        def three(key: str, digits: int, sides: tuple[dict[str, Any], ...] = sides) -> str:
-            return " / ".join(_fmt(x[key], digits) for x in sides)
-
-        lines.append(f"| {e['group']} | {e['spdl_library']} | {three('samples_per_s', 1)} | "
+        sides = (e["loader"], e["dataloader"] or {}, e["spdl"])
+        lines.append(f"| {e['group']} | {e['spdl_library']} | {_each(sides, 'samples_per_s', 1)} | "
                      f"{_fmt(e['loader_over_spdl'], 2)} | {_fmt(e['dataloader_over_spdl'], 2)} | "
-                     f"{three('peak_pss_mb', 0)} | {three('cpu_ms_per_sample', 2)} | "
-                     f"{three('first_batch_s', 2)} |")
+                     f"{_each(sides, 'peak_pss_mb', 0)} | {_each(sides, 'cpu_ms_per_sample', 2)} | "
+                     f"{_each(sides, 'first_batch_s', 2)} |")
     return lines + [""]
+
+
+def _each(sides: tuple[dict[str, Any], ...], key: str, digits: int = 1) -> str:
+    """One measure of every side of a comparison, ``a / b / c`` (a side without it: ``-``)."""
+    return " / ".join(_fmt(side.get(key), digits) for side in sides)
 
 
 def _overhead_spdl_table(rows: list[dict[str, Any]]) -> list[str]:
@@ -377,13 +380,12 @@ def thread_native_table(summary: dict[str, Any]) -> list[str]:
              "throughput ratio | loader() / DataLoader PSS MB | PSS ratio | CPU ms/sample | "
              "first batch s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, e in summary.items():
-        a, b = e["loader"], e["dataloader"]
+        a, b = sides = e["loader"], e["dataloader"]
         lines.append(
             f"| {name} | {a['runs']}/{b['runs']} | {_fmt(a['samples_per_s'])} | "
             f"{_fmt(b['samples_per_s'])} ({e['dataloader_workers']}) | {_fmt(e['throughput_ratio'], 2)} | "
-            f"{_fmt(a['peak_pss_mb'])} / {_fmt(b['peak_pss_mb'])} | {_fmt(e['pss_ratio'], 2)} | "
-            f"{_fmt(a['cpu_ms_per_sample'], 2)} / {_fmt(b['cpu_ms_per_sample'], 2)} | "
-            f"{_fmt(a['first_batch_s'], 2)} / {_fmt(b['first_batch_s'], 2)} |")
+            f"{_each(sides, 'peak_pss_mb')} | {_fmt(e['pss_ratio'], 2)} | "
+            f"{_each(sides, 'cpu_ms_per_sample', 2)} | {_each(sides, 'first_batch_s', 2)} |")
     return lines + [""]
 
 
