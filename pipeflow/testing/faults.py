@@ -15,7 +15,9 @@ byte-identical. The faults:
 * the outage under ``DataLoader(num_workers=2)`` (each worker has read before it starts).
 
 The outages run under the default retry policy; the other cases cap the backoff at 0.5 s
-(:data:`QUICK_RETRY`, same budget) to keep the suite short.
+(:data:`QUICK_RETRY`, same budget) to keep the suite short. The faults are real time and the
+cases mostly wait, so all but the DataLoader one run side by side (:func:`side_by_side`), each
+through a proxy of its own, once per backend; each test checks its own case's outcome.
 
 Subclass :class:`BackendFaults` in a pytest module, name the backend, and provide an ``s3``
 fixture (a :class:`~pipeflow.testing.LocalS3`, as :func:`~pipeflow.testing.local_s3` yields)::
@@ -23,18 +25,20 @@ fixture (a :class:`~pipeflow.testing.LocalS3`, as :func:`~pipeflow.testing.local
     class TestMyBackend(BackendFaults):
         backend_name = "mybackend"
 
-The suite takes about 15 s per backend on two cores (the outages and stalls are real time);
-the DataLoader case is marked ``slow``. Requires pytest (``pip install -e '.[test]'`` from a checkout).
+The suite takes a few seconds per backend on two cores (about the longest case, the outage),
+plus the DataLoader case, marked ``slow``. Requires pytest (``pip install -e '.[test]'`` from a checkout).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
+from concurrent.futures import Future
 from typing import Any, ClassVar
 
 import pytest
@@ -42,15 +46,17 @@ import pytest
 from ..pipeline import Pipeline, from_items
 from .proxy import Action, DelayProxy, Faults, RequestInfo
 
-__all__ = ["CUT_AT", "OUTAGE_S", "STALL_S", "STORM_S", "BackendFaults", "digest", "fault_objects",
-           "outage_after"]
+__all__ = ["CUT_AT", "OUTAGE_S", "STALL_S", "STORM_S", "BackendFaults", "assert_met_outage", "check_epoch",
+           "digest", "fault_objects", "outage_after", "side_by_side", "through_outage"]
 
 #: objects read per epoch, and their size in bytes
 OBJECT_COUNT, OBJECT_SIZE = 16, 6000
 #: body bytes delivered before a reset, a clean close or a stall inside the body
 CUT_AT = 2000
-#: seconds the store is down (connections refused) in the outage cases
-OUTAGE_S = 3.0
+#: seconds the store is down (connections refused) in the outage cases: longer than any SDK's own
+#: retries (every backend turns them off, or down to two immediate attempts), several backoffs of
+#: the default policy
+OUTAGE_S = 1.5
 #: seconds of the 503 storm
 STORM_S = 1.5
 #: seconds a stalled response waits, longer than the read timeout of the stall cases
@@ -130,6 +136,59 @@ def outage_after(proxy: DelayProxy, seconds: float = OUTAGE_S) -> threading.Thre
     return thread
 
 
+def through_outage(make: Callable[[str], Pipeline], s3: Any, expected: dict[str, bytes], *, at: int = 2,
+                   seconds: float = OUTAGE_S,
+                   iterate: Callable[[Pipeline], Iterable[tuple[str, str]]] = iter) -> Pipeline:
+    """One epoch of ``make(proxy_url)``, read by ``iterate``, through a proxy in front of ``s3``
+    that goes down after the ``at``-th item for ``seconds`` and comes back; checked with
+    :func:`check_epoch`. Returns the pipeline: its ``stats()`` show the retries."""
+    threads: list[threading.Thread] = []
+    with DelayProxy(s3.endpoint, delay_ms=0) as proxy:
+        pipe = make(proxy.url)
+        got = []
+        for n, item in enumerate(iterate(pipe), 1):
+            got.append(item)
+            if n == at:  # the store has answered: from here on an outage gets the whole budget
+                threads.append(outage_after(proxy, seconds))
+        for thread in threads:
+            thread.join()
+    check_epoch(got, expected)
+    return pipe
+
+
+def assert_met_outage(counters: dict[str, Any]) -> None:
+    """The stage's retry counters show the outage was met and waited out."""
+    assert counters.get("retries", 0) > 0, f"the outage was not met: {counters}"
+    assert counters.get("retry_wait_s", 0) > 0, counters
+
+
+def side_by_side(run: Callable[..., Any], cases: Sequence[Hashable], at_once: int | None = None
+                 ) -> dict[Any, Future[Any]]:
+    """Start ``run(*case)`` (``run(case)`` for a case that is not a tuple) for every case,
+    ``at_once`` (default: all) at a time in the order given; each test takes its case's result (or
+    exception) from its future. Fault cases spend most of their time waiting (outages, stalls,
+    backoff): side by side they take about as long as the longest, not the sum. Each case needs
+    its own proxy. The threads are daemons and nothing joins them: a case that hangs fails its own
+    test at the timeout, not the run."""
+    futures: dict[Any, Future[Any]] = {case: Future() for case in cases}
+    queue, lock = list(cases), threading.Lock()
+
+    def worker() -> None:
+        while True:
+            with lock:
+                if not queue:
+                    return
+                case = queue.pop(0)
+            try:
+                futures[case].set_result(run(*case) if isinstance(case, tuple) else run(case))
+            except BaseException as exc:  # handed to the case's test, which raises it
+                futures[case].set_exception(exc)
+
+    for n in range(min(at_once or len(cases), len(cases))):
+        threading.Thread(target=worker, name=f"pipeflow-fault-cases-{n}", daemon=True).start()
+    return futures
+
+
 def check_epoch(got: list[tuple[str, str]], expected: dict[str, bytes]) -> None:
     """Every expected object exactly once, byte-identical."""
     counts = Counter(url for url, _ in got)
@@ -137,6 +196,10 @@ def check_epoch(got: list[tuple[str, str]], expected: dict[str, bytes]) -> None:
     assert sorted(counts) == sorted(expected), "objects lost"
     bad = [u for u, h in got if h != hashlib.sha256(expected[u]).hexdigest()]
     assert bad == [], f"wrong bytes: {bad}"
+
+
+_CUTS: tuple[Action, ...] = ("reset", "close")
+_STALLS: tuple[Action, ...] = ("stall", "stall_body")
 
 
 class BackendFaults:
@@ -167,74 +230,86 @@ class BackendFaults:
                                      **{**self.backend_options, **options}).map(digest)
 
     def run(self, fault_data: dict[str, bytes], s3: Any, *, hook: Callable[..., Any] | None = None,
-            during: Callable[[DelayProxy, int], None] | None = None,
             **options: Any) -> tuple[list[tuple[str, str]], Pipeline, dict[str, Any]]:
-        """One epoch through the proxy, checked; the items, the pipeline and the proxy's counters.
-        ``during(proxy, n)`` runs after the n-th item."""
+        """One epoch through a proxy whose ``hook`` picks the faults, checked; the items, the
+        pipeline and the proxy's counters."""
         with DelayProxy(s3.endpoint, delay_ms=0, hook=hook,
                         faults=Faults(reset_after=CUT_AT, stall_s=STALL_S)) as proxy:
             pipe = self.pipeline(sorted(fault_data), proxy.url, **options)
-            got = []
-            for n, item in enumerate(pipe, 1):
-                got.append(item)
-                if during is not None:
-                    during(proxy, n)
+            got = list(pipe)
             stats = proxy.stats()
         check_epoch(got, fault_data)
         return got, pipe, stats
 
-    # ---- outages -------------------------------------------------------------------------------
-    def test_outage_longer_than_sdk_retries(self, fault_data: dict[str, bytes], s3: Any) -> None:
-        threads: list[threading.Thread] = []
+    # ---- the cases, each through a proxy of its own --------------------------------------------
+    @pytest.fixture(scope="class")
+    @classmethod
+    def cases(cls, fault_data: dict[str, bytes], s3: Any) -> dict[str, Future[Any]]:
+        """Every case but the DataLoader one, started side by side; ``{name: future}``."""
+        suite = cls()
+        runs: dict[str, Callable[[], Any]] = {
+            "outage": functools.partial(suite.outage, fault_data, s3),
+            "storm": functools.partial(suite.storm, fault_data, s3),
+            **{a: functools.partial(suite.faulted, fault_data, s3, a) for a in _CUTS + _STALLS},
+        }
+        return side_by_side(lambda name: runs[name](), list(runs))
 
-        def during(proxy: DelayProxy, n: int) -> None:
-            if n == 2:  # the store has answered: from here on an outage gets the whole budget
-                threads.append(outage_after(proxy))
+    def outage(self, fault_data: dict[str, bytes], s3: Any) -> dict[str, Any]:
+        """An outage under the default policy; the open stage's counters."""
+        urls = sorted(fault_data)
+        pipe = through_outage(lambda url: self.pipeline(urls, url), s3, fault_data)
+        return pipe.stats().counters("open")
 
-        _, pipe, _ = self.run(fault_data, s3, during=during)
-        for thread in threads:
-            thread.join()
-        counters = pipe.stats().counters("open")
-        assert counters.get("retries", 0) > 0, f"the outage was not met: {counters}"
-        assert counters.get("retry_wait_s", 0) > 0, counters
-
-    def test_503_storm(self, fault_data: dict[str, bytes], s3: Any) -> None:
+    def storm(self, fault_data: dict[str, bytes], s3: Any) -> int:
+        """A 503 storm; the 503s answered."""
         storm = _Storm(after=2, seconds=STORM_S)
         self.run(fault_data, s3, hook=storm, retry=QUICK_RETRY)
-        assert storm.answered > 0
+        return storm.answered
+
+    def faulted(self, fault_data: dict[str, bytes], s3: Any, action: Action) -> dict[str, int]:
+        """Cut or stalled first GETs (every object cut, two stalled); the faults the proxy made."""
+        hook = _FirstGets(action, limit=OBJECT_COUNT if action in _CUTS else 2)
+        options: dict[str, Any] = {"retry": QUICK_RETRY}
+        if action in _STALLS:
+            options["timeout"] = STALL_TIMEOUT
+        _, _, stats = self.run(fault_data, s3, hook=hook, **options)
+        return dict(stats["faults"])
+
+    # ---- outages -------------------------------------------------------------------------------
+    def test_outage_longer_than_sdk_retries(self, cases: dict[str, Future[Any]]) -> None:
+        assert_met_outage(cases["outage"].result())
+
+    def test_503_storm(self, cases: dict[str, Future[Any]]) -> None:
+        assert cases["storm"].result() > 0
 
     # ---- cut bodies ----------------------------------------------------------------------------
-    @pytest.mark.parametrize("action", ["reset", "close"])
-    def test_body_cut_mid_object(self, fault_data: dict[str, bytes], s3: Any, action: Action) -> None:
-        hook = _FirstGets(action, limit=OBJECT_COUNT)
-        _, _, stats = self.run(fault_data, s3, hook=hook, retry=QUICK_RETRY)
-        assert stats["faults"].get(action, 0) > 0, stats
+    @pytest.mark.parametrize("action", _CUTS)
+    def test_body_cut_mid_object(self, cases: dict[str, Future[Any]], action: Action) -> None:
+        faults = cases[action].result()
+        assert faults.get(action, 0) > 0, faults
 
     # ---- stalls --------------------------------------------------------------------------------
-    @pytest.mark.parametrize("action", ["stall", "stall_body"])
-    def test_stall(self, fault_data: dict[str, bytes], s3: Any, action: Action) -> None:
-        hook = _FirstGets(action, limit=2)
-        _, _, stats = self.run(fault_data, s3, hook=hook, timeout=STALL_TIMEOUT, retry=QUICK_RETRY)
-        assert stats["faults"].get(action, 0) > 0, stats
+    @pytest.mark.parametrize("action", _STALLS)
+    def test_stall(self, cases: dict[str, Future[Any]], action: Action) -> None:
+        faults = cases[action].result()
+        assert faults.get(action, 0) > 0, faults
 
     # ---- DataLoader workers --------------------------------------------------------------------
     @pytest.mark.slow
     def test_outage_under_dataloader_workers(self, fault_data: dict[str, bytes], s3: Any) -> None:
         torch_data = pytest.importorskip("torch.utils.data")
-        with DelayProxy(s3.endpoint, delay_ms=0) as proxy:
-            pipe = from_items(sorted(fault_data)).open(
-                self.backend_name, workers=1, read=True, endpoint=proxy.url,
-                **self.backend_options).map(digest)
-            loader = torch_data.DataLoader(pipe, batch_size=None, num_workers=2,
-                                           multiprocessing_context=None if self.fork_safe else "spawn")
-            got, threads = [], []
-            for n, item in enumerate(_pairs(loader), 1):
-                got.append(item)
-                if n == 2:  # one item from each worker (they take turns): both have answered
-                    threads.append(outage_after(proxy))
-            for thread in threads:
-                thread.join()
-        check_epoch(got, fault_data)
+
+        def make(url: str) -> Pipeline:
+            return from_items(sorted(fault_data)).open(self.backend_name, workers=1, read=True,
+                                                       endpoint=url, **self.backend_options).map(digest)
+
+        def iterate(pipe: Pipeline) -> Iterator[tuple[str, str]]:
+            context = None if self.fork_safe else "spawn"
+            return _pairs(torch_data.DataLoader(pipe, batch_size=None, num_workers=2,
+                                                multiprocessing_context=context))
+
+        # at=2: one item from each worker (they take turns): both have answered
+        pipe = through_outage(make, s3, fault_data, iterate=iterate)
         counters = pipe.stats().counters("open")
         assert counters.get("retries", 0) > 0, f"the outage was not met: {counters}"
 

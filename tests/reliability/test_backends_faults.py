@@ -1,23 +1,25 @@
 """Every S3 backend runs the fault suite that ships with pipeflow.
 
 The suite is :mod:`pipeflow.testing.faults` (outage, 503 storm, body reset and clean close,
-stalls before and inside a body, the outage under DataLoader workers); each backend is one
-subclass here, with its default options. The outage under ``torchrun`` with 2 ranks is
-``test_faults_torchrun.py``.
+stalls before and inside a body, run side by side once per backend; the outage under DataLoader
+workers); each backend is one subclass here, with its default options. The outage under
+``torchrun`` with 2 ranks is ``test_faults_torchrun.py``.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
 
 from pipeflow.pipeline import from_items
-from pipeflow.testing.faults import BackendFaults, check_epoch, digest, outage_after
-from pipeflow.testing.proxy import DelayProxy
+from pipeflow.testing.faults import BackendFaults, assert_met_outage, digest, through_outage
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]
+
+#: the outage of the batched s5cmd case: as long as the one that outlasted its retries when the
+#: budget was a count of them
+BATCH_OUTAGE_S = 3.0
 
 
 class TestObstore(BackendFaults):  # the default backend for s3:// URLs
@@ -53,20 +55,10 @@ class TestS5cmd(BackendFaults):
             self, fault_data: dict[str, bytes], s3: Any, tmp_path: Any) -> None:
         # fetch_batch's `s5cmd run` makes no retries of its own: its files are retried in rounds
         # until the budget's deadline. A 10 s budget once became a count of s5cmd retries that
-        # a 3 s outage outlasted; the budget is time now, and the outage fits in it.
-        threads: list[threading.Thread] = []
-        with DelayProxy(s3.endpoint, delay_ms=0) as proxy:
-            pipe = from_items(sorted(fault_data)).fetch_batch(
+        # a 3 s outage outlasted; the budget is time now, and an outage that long fits in it.
+        pipe = through_outage(
+            lambda url: from_items(sorted(fault_data)).fetch_batch(
                 "s5cmd", batch_size=4, to=str(tmp_path),
-                options={"endpoint": proxy.url, "retry": {"budget": 10.0}}).map(digest)
-            got = []
-            for n, item in enumerate(pipe, 1):
-                got.append(item)
-                if n == 1:  # batches 0 and 1 are in; batch 2 starts (and meets the outage) next
-                    threads.append(outage_after(proxy))
-            for thread in threads:
-                thread.join()
-        check_epoch(got, fault_data)
-        counters = pipe.stats().counters("fetch_batch")
-        assert counters.get("retries", 0) > 0, f"the outage was not met: {counters}"
-        assert counters.get("retry_wait_s", 0) > 0, counters
+                options={"endpoint": url, "retry": {"budget": 10.0}}).map(digest),
+            s3, fault_data, at=1, seconds=BATCH_OUTAGE_S)  # batches 0 and 1 are in; 2 meets it
+        assert_met_outage(pipe.stats().counters("fetch_batch"))

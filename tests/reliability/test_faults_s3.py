@@ -16,7 +16,6 @@ import functools
 import threading
 import time
 from collections import Counter
-from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -32,6 +31,7 @@ from pipeflow.errors import (
     RetryExhaustedError,
 )
 from pipeflow.testing import local_s3
+from pipeflow.testing.faults import side_by_side
 from pipeflow.testing.proxy import DelayProxy, Faults
 
 from . import _data
@@ -95,31 +95,6 @@ def _selected(request, test: str, names: tuple[str, ...]) -> list[tuple]:
             if item.module is request.module and getattr(item, "originalname", None) == test]
 
 
-def _side_by_side(run, cases: list[tuple], at_once: int | None = None) -> dict[tuple, Future]:
-    """Start ``run(*case)`` for every case, ``at_once`` (default: all) at a time in the order the
-    tests come, each with its own proxy; each test takes its case's result (or exception) from
-    its future. The cases spend most of their time waiting (outages, stalls, backoff): side by
-    side they take about as long as the longest, not the sum. The threads are daemons and
-    nothing joins them: a case that hangs fails its own test at the timeout, not the run."""
-    futures: dict[tuple, Future] = {case: Future() for case in cases}
-    queue, lock = list(cases), threading.Lock()
-
-    def worker() -> None:
-        while True:
-            with lock:
-                if not queue:
-                    return
-                case = queue.pop(0)
-            try:
-                futures[case].set_result(run(*case))
-            except BaseException as exc:  # handed to the case's test, which raises it
-                futures[case].set_exception(exc)
-
-    for n in range(min(at_once or len(cases), len(cases))):
-        threading.Thread(target=worker, name=f"fault-cases-{n}", daemon=True).start()
-    return futures
-
-
 def _fault_cases():
     for backend in BACKENDS:
         for fault in sorted(FAULTS):
@@ -136,7 +111,7 @@ def _epoch_through_faults(endpoint: str, shards: list[str], backend: str, fault:
 def fault_epochs(request, s3, shards):
     """Every selected backend x fault case, a few side by side (each reads a whole epoch)."""
     run = functools.partial(_epoch_through_faults, s3.endpoint, shards)
-    return _side_by_side(run, _selected(request, "test_epoch_is_exact_despite_faults", ("backend", "fault")),
+    return side_by_side(run, _selected(request, "test_epoch_is_exact_despite_faults", ("backend", "fault")),
                          at_once=4)
 
 
@@ -179,7 +154,7 @@ def past_the_budget(request, s3, shards):
     """Every selected status x backend case, side by side."""
     test = "test_past_the_retry_budget_a_typed_error_within_bounded_time"
     run = functools.partial(_epoch_past_the_budget, s3.endpoint, shards)
-    return _side_by_side(run, _selected(request, test, ("status", "backend")))
+    return side_by_side(run, _selected(request, test, ("status", "backend")))
 
 
 # "within bounded time" is enforced by pytest-timeout (a hang fails the test), not by timing
@@ -248,7 +223,7 @@ def _epoch_through_outage(endpoint: str, shards: list[str], backend: str, second
 def outage_epochs(request, s3, shards):
     """Every selected outage case, run side by side, each with its own proxy and outage."""
     test = "test_an_outage_mid_epoch_loses_and_duplicates_nothing"
-    return _side_by_side(functools.partial(_epoch_through_outage, s3.endpoint, shards),
+    return side_by_side(functools.partial(_epoch_through_outage, s3.endpoint, shards),
                          _selected(request, test, ("backend", "seconds")))
 
 
@@ -326,7 +301,7 @@ def never_back(request, s3, shards):
     """Every selected backend at once: each spends the whole retry budget waiting."""
     test = "test_a_server_that_never_comes_back_fails_after_the_budget"
     run = functools.partial(_read_from_a_server_that_never_comes_back, s3.endpoint, shards[0])
-    return _side_by_side(run, _selected(request, test, ("backend",)))
+    return side_by_side(run, _selected(request, test, ("backend",)))
 
 
 @pytest.mark.parametrize("backend", ALL_S3)
