@@ -176,6 +176,15 @@ class Tuner:
         #: how many times the store pushed back (a rising share of retried requests) and the
         #: limit was halved
         self.backoffs = 0
+        #: how many times a backoff was undone: the share of retried requests did not fall with
+        #: fewer requests (the store's own error rate, not a limit on the rate)
+        self.steady_errors = 0
+        #: how many times the limit went up, and how many of those were probes of a settled limit
+        self.steps_up = 0
+        self.probes = 0
+        #: seconds from the first item to the first settled value (None: still climbing)
+        self.settled_after_s: float | None = None
+        self._tuned_s = 0.0  # seconds of delivery measured so far
         #: how many times latency rose at the same concurrency and a lower limit delivered as much
         self.slowdowns = 0
         #: mean seconds per request over the last interval, and at the settled value
@@ -231,14 +240,22 @@ class Tuner:
             if elapsed < INTERVAL_S or self._items < MIN_ITEMS:
                 return
             latency = self._served_s / self._served if self._served else None
-            interval = Interval(self._items, elapsed, latency, self._waited, self._retried())
-            if not self._pushed_back(interval):
-                if self.store:
-                    self._store_step(interval)
-                else:
-                    self._step(interval.rate)
-            self.value = self._capped(self.value)
+            self._judge(Interval(self._items, elapsed, latency, self._waited, self._retried()))
             self.pause()
+
+    def _judge(self, interval: Interval) -> None:
+        """One interval's decision, and its record for ``stats()``."""
+        before = self.value
+        if not self._pushed_back(interval):
+            if self.store:
+                self._store_step(interval)
+            else:
+                self._step(interval.rate)
+        self.value = self._capped(self.value)
+        self.steps_up += self.value > before
+        self._tuned_s += interval.seconds
+        if self.settled_after_s is None and self._phase == "steady":
+            self.settled_after_s = self._tuned_s
 
     def _retried(self) -> float:
         pressure = self._pressure
@@ -265,9 +282,7 @@ class Tuner:
             if lower and share - _noise(share, items) > SHARE_FLOOR:
                 return self._back_off(share)  # fewer requests, fewer retried: fewer still
             if share > SHARE_FLOOR:
-                # as many as before: the store's own error rate, not a limit; the backoff was
-                # for nothing, so no hold: probing up (by half) resumes soon
-                self._throttled_at, self._hold = None, 4
+                self._undo_backoff()  # as many as before: the store's own error rate, not a limit
         elif share > normal + SHARE_FLOOR + _noise(normal, items) and self.value > self.low:
             return self._back_off(share)
         # the normal share: of every request since the last backoff (a long memory, so a lucky
@@ -288,6 +303,19 @@ class Tuner:
         self._settle(max(self.low, value // 2, accepted), 0.0)
         self._hold = PROBE_EVERY  # the store asked for fewer: no quick probe up
         return True
+
+    def _undo_backoff(self) -> None:
+        """The share of retried requests did not fall with fewer requests: it is the store's own
+        error rate (a share of requests it fails whatever the rate), not a limit on the rate.
+        The backoff bought nothing: go back to where it was and grow again from there (the
+        share seen since becomes the normal one), instead of holding and probing up slowly."""
+        restored = self._throttled_at
+        self.steady_errors += 1
+        self._throttled_at = None
+        if restored is not None and restored > self.value:
+            self._phase, self._doubted = "grow", False
+            self._least_latency = None
+            self.value, self._base = restored, (restored, 0.0)  # measured afresh, then grows
 
     def _capped(self, value: int) -> int:
         high = self.high
@@ -369,6 +397,7 @@ class Tuner:
         return self.ceiling is not None and interval.rate >= (1 - GAIN) * self.ceiling
 
     def _probe(self) -> None:
+        self.probes += 1
         self._phase, self._settled = "probe", 0
         self.value = self._up(max(self.value + 1, self.value * 3 // 2))
 
