@@ -31,9 +31,12 @@ __all__ = ["PipelineStats", "Stats", "StatsChannel", "merge_stages", "note"]
 TIMING_KEYS = ("items", "busy_s", "wait_s", "blocked_s")
 #: keys that describe a configuration, not an amount: the largest value wins within one
 #: process (successive epochs), they add up across processes
-_CONFIG_KEYS = ("workers", "lanes", "inflight", "latency_ms", "request_rate")
+_CONFIG_KEYS = ("workers", "lanes", "inflight", "latency_ms", "request_rate", "settle_s")
 #: what a tuner decided, shown per process in the table's last column
-_TUNED_KEYS = ("inflight", "latency_ms", "request_rate")
+_TUNED_KEYS = ("inflight", "latency_ms", "request_rate", "settle_s")
+#: a tuner's decisions so far, counted over the life of its stage (not per epoch): within one
+#: process the latest (largest) value wins, they add up across processes
+_DECISION_KEYS = ("steps_up", "probes", "backoffs", "steady_errors", "slowdowns")
 #: at most one snapshot file write per process this often
 PUBLISH_EVERY_S = 0.5
 
@@ -54,7 +57,7 @@ def merge_stages(into: dict[str, dict[str, float]], other: Mapping[str, Mapping[
     for label, values in other.items():
         mine = into.setdefault(label, {})
         for key, value in values.items():
-            if same_process and key in _CONFIG_KEYS:
+            if same_process and (key in _CONFIG_KEYS or key in _DECISION_KEYS):
                 mine[key] = max(mine.get(key, 0), value)
             else:
                 mine[key] = mine.get(key, 0) + value

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Literal
 
-__all__ = ["AUTO", "BufferTuner", "Interval", "Tuner", "bounds", "cpu_budget", "dataloader_workers"]
+__all__ = ["AUTO", "BufferTuner", "Gate", "Interval", "Tuner", "bounds", "cpu_budget", "dataloader_workers"]
 
 AUTO = "auto"
 #: seconds (at least) per measurement interval
@@ -93,18 +93,20 @@ def cpu_budget() -> int:
 
 def bounds(kind: Kind) -> tuple[int, int]:
     """``(start, high)`` concurrency for a stage's work: ``"cpu"`` (decode, process map) is
-    bounded by the cores; ``"thread"`` (a thread map, whose function may wait on I/O) by
-    four per core; ``"io"`` (``open(read=True)``) by a request budget; ``"stream"``
-    (``open()`` handing out streams) too, but starting from two: a stream handed out leaves the
-    window, so two in flight is one object being read and the next one opened ahead, whose
-    round trip to the first byte then overlaps the reading (a tar shard is read for a long
-    time after it is opened; starting from one, every DataLoader worker read its first dozen
-    shards strictly one after another while the tuner measured its first step)."""
+    bounded by the cores; ``"thread"`` (a thread map, whose function may wait on I/O) starts
+    at the cores and is bounded by four per core; ``"io"`` (``open(read=True)``) by a request
+    budget; ``"stream"`` (``open()`` handing out streams) too, but starting from two: a stream
+    handed out leaves the window, so two in flight is one object being read and the next one
+    opened ahead, whose round trip to the first byte then overlaps the reading (a tar shard is
+    read for a long time after it is opened; starting from one, every DataLoader worker read
+    its first dozen shards strictly one after another while the tuner measured its first step)."""
     if kind in ("io", "stream"):
         high = max(4, IO_HIGH // dataloader_workers())
         return (min(4, high) if kind == "io" else 2), high
     cores = cpu_budget()
-    return 1, (cores if kind == "cpu" else 4 * cores)
+    # a thread map starts at the cores: a function that releases the GIL (an image decode, a
+    # numpy op) is best there or above, and one that does not loses little at two
+    return (1, cores) if kind == "cpu" else (cores, 4 * cores)
 
 
 class Interval:
@@ -475,6 +477,32 @@ def _noise(share: float, items: int) -> float:
     and again over a run: a rarer false alarm than two), for a share of at least SHARE_FLOOR."""
     share = min(max(share, SHARE_FLOOR), 1.0)
     return 3.0 * math.sqrt(share * (1.0 - share) / max(1, items))
+
+
+class Gate:
+    """At most ``tuner.value`` calls run at once, whatever the pool's size: a tuned thread map
+    keeps twice that many items in flight (as ``map(workers=N)`` keeps ``2 * N``), so a thread
+    that finishes picks up the next item at once instead of idling until the consumer takes
+    the oldest result; the extra items wait here, not on a core. The limit may move at any
+    time: a waiting thread looks again at the next release, or after 50 ms."""
+
+    def __init__(self, tuner: Tuner) -> None:
+        self.tuner = tuner
+        self._cond = threading.Condition()
+        self._running = 0
+
+    def call(self, fn: Callable[[object], object], item: object) -> object:
+        cond = self._cond
+        with cond:
+            while self._running >= self.tuner.value:
+                cond.wait(0.05)
+            self._running += 1
+        try:
+            return fn(item)
+        finally:
+            with cond:
+                self._running -= 1
+                cond.notify()
 
 
 class BufferTuner:

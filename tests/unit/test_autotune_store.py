@@ -14,20 +14,12 @@ from pipeflow.executor import autotune
 from pipeflow.executor.autotune import Tuner
 from pipeflow.executor.budget import RateBudget, check_rate, process_share
 
-
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
+from ._autotune_helpers import fake_clock, held
 
 
 @pytest.fixture
 def clock(monkeypatch):
-    fake = FakeClock()
-    monkeypatch.setattr(autotune, "perf_counter", fake)
-    return fake
+    return fake_clock(monkeypatch)
 
 
 class Store:
@@ -63,11 +55,6 @@ def drive(tuner, clock, store, seconds=20.0):
         tuner.delivered()
         seen.append(tuner.value)
     return seen
-
-
-def held(seen):
-    """The limit held most of the second half of a run."""
-    return Counter(seen[len(seen) // 2:]).most_common(1)[0][0]
 
 
 def first_reaching(seen, value):
@@ -128,6 +115,7 @@ def test_a_rising_share_of_throttled_requests_halves_the_limit(clock):
     seen = drive(tuner, clock, store, seconds=30.0)
     assert tuner.backoffs >= 1
     assert held(seen) <= 8, seen[-50:]
+    assert tuner.steady_errors == 0  # fewer requests, fewer refused: the backoff stands
 
 
 def test_a_steady_share_of_errors_is_not_a_request_rate_limit(clock):
@@ -139,6 +127,29 @@ def test_a_steady_share_of_errors_is_not_a_request_rate_limit(clock):
     seen = drive(tuner, clock, store, seconds=30.0)
     assert held(seen) >= 32, seen[-50:]
     assert tuner.backoffs <= 3
+
+
+def test_a_backoff_that_lowers_no_share_is_undone_at_once(clock):
+    # the first sign of 503s makes the tuner back off; one judgement at the lower limit (about
+    # SHARE_ITEMS requests) shows the same share, and the tuner goes back to the limit it left
+    # and grows from there, instead of holding and probing up by half
+    store = Store(latency=0.01, demand=3000.0, retried=lambda n: 0.1)
+    tuner = Tuner(1, 64, 4, store=True)
+    tuner.watch(lambda: store.retries)
+    trace, end = [], clock.now + 10.0
+    while clock.now < end:
+        dt, latency, waited = store.step(tuner.value)
+        clock.now += dt
+        tuner.served(latency)
+        tuner.waited(waited)
+        tuner.delivered()
+        trace.append((tuner.value, tuner.backoffs, tuner.steady_errors))
+    first_backoff = next(i for i, t in enumerate(trace) if t[1])
+    left_at = trace[first_backoff - 1][0]
+    undone = next(i for i, t in enumerate(trace) if t[2])
+    assert undone - first_backoff <= 3 * autotune.SHARE_ITEMS, (first_backoff, undone)
+    assert trace[undone][0] >= left_at, trace[first_backoff - 1:undone + 1]
+    assert held([v for v, _, _ in trace]) >= 32
 
 
 def test_a_ceiling_stops_growth_where_the_budget_is_reached(clock):
