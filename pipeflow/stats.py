@@ -25,7 +25,7 @@ from typing import Any
 
 from ._fs import pid_alive
 
-__all__ = ["PipelineStats", "Stats", "StatsChannel", "merge_stages", "note"]
+__all__ = ["PipelineStats", "Stats", "StatsChannel", "merge_stages", "note", "take_turn"]
 
 #: timing keys every stage reports
 TIMING_KEYS = ("items", "busy_s", "wait_s", "blocked_s")
@@ -49,6 +49,20 @@ def note(counter: str, n: float = 1) -> None:
     target = getattr(_sink, "target", None)
     if target is not None:
         target[0].incr(target[1], counter, n)
+
+
+def take_turn(delay: float) -> None:
+    """Before a retry that will wait ``delay`` seconds (its backoff): when the stage whose work
+    runs on this thread paces its requests (a request-rate budget, see :meth:`Stats.counting`),
+    wait further until the retry's turn under that budget, so that a retry counts against the
+    budget like any request; the extra wait is counted as ``rate_wait_s``. A no-op elsewhere."""
+    target = getattr(_sink, "target", None)
+    if target is None or target[2] is None:
+        return
+    stats, stage, pace = target
+    extra = pace(delay)
+    if extra > 0.0:
+        stats.incr(stage, "rate_wait_s", extra)
 
 
 def merge_stages(into: dict[str, dict[str, float]], other: Mapping[str, Mapping[str, float]],
@@ -94,9 +108,11 @@ class Stats:
         with self._lock:
             return self._counts.get((stage, counter), 0)
 
-    def counting(self, stage: str) -> _Counting:
-        """A context in which :func:`note` counts into ``stage`` (on this thread)."""
-        return _Counting(self, stage)
+    def counting(self, stage: str, pace: Callable[[float], float] | None = None) -> _Counting:
+        """A context in which :func:`note` counts into ``stage`` (on this thread), and
+        :func:`take_turn` calls ``pace(delay)``: it waits for a retry's turn beyond its backoff
+        of ``delay`` seconds, returning the seconds it waited."""
+        return _Counting(self, stage, pace)
 
     def attach(self, key: int, measure: Callable[[], dict[str, dict[str, float]]]) -> None:
         """A running graph: ``measure()`` (a bound method, held weakly so the graph can still
@@ -154,8 +170,8 @@ def _publish_loop(ref: weakref.ref[Stats]) -> None:
 class _Counting:
     __slots__ = ("previous", "target")
 
-    def __init__(self, stats: Stats, stage: str) -> None:
-        self.target = (stats, stage)
+    def __init__(self, stats: Stats, stage: str, pace: Callable[[float], float] | None) -> None:
+        self.target = (stats, stage, pace)
         self.previous: Any = None
 
     def __enter__(self) -> None:

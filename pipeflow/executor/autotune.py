@@ -61,6 +61,8 @@ FLAT = 1.3
 HEADROOM = 1.25
 #: a share of retried requests up to this much above the normal one is not a push-back
 SHARE_FLOOR = 0.02
+#: a backoff lowers the limit by this share at least (the share refused, if more; a half at most)
+BACKOFF_STEP = 0.25
 #: requests (at least) over which a share of retried requests is judged
 SHARE_ITEMS = 40
 #: ... or fewer, once this many of them, and half, were retried
@@ -201,6 +203,9 @@ class Tuner:
         self._hold = 4  # settled intervals before a waiting consumer makes it probe up
         self._throttled_at: int | None = None  # the limit at the last push-back
         self._seen_items, self._seen_retried = 0, 0.0  # since the share was last judged
+        self._seen_s = 0.0
+        self._trigger_rate = 0.0  # items/s delivered while the share that caused it was judged
+        self._trigger_items = 0  # ... and the requests it was judged over
         self._least_latency: float | None = None  # the lowest interval latency since settling
         self._normal_items, self._normal_retried = 0, 0.0  # since the last backoff
         self.pause()
@@ -268,25 +273,27 @@ class Tuner:
         return new
 
     def _pushed_back(self, interval: Interval) -> bool:
-        """Lower the limit and hold it (probing up again only after PROBE_EVERY quiet
+        """Halve the limit and hold it (probing up again only after PROBE_EVERY quiet
         intervals) when the share of retried requests rose beyond the normal one, beyond the
         noise of a share: it is judged over SHARE_ITEMS requests at least (sooner when
-        SHARE_RETRIES of them were retried)."""
+        SHARE_RETRIES of them were retried). The next judgement, at half the requests, tells
+        a store limiting the request rate from one failing a share of requests whatever the
+        rate: see :meth:`_judge_backoff`."""
         self._seen_items += interval.items
         self._seen_retried += interval.retried
-        items, retried = self._seen_items, self._seen_retried
-        if items < SHARE_ITEMS and (retried < SHARE_RETRIES or retried < 0.5 * items):
-            return False
-        self._seen_items, self._seen_retried = 0, 0.0
+        self._seen_s += interval.seconds
+        items, retried, rate = self._seen_items, self._seen_retried, self._seen_items / self._seen_s
         share, normal = retried / items, self._share
-        if normal is None:  # the first judgement after a backoff: what does this level see?
-            lower = share < self._trigger - _noise(self._trigger, items)
-            if lower and share - _noise(share, items) > SHARE_FLOOR:
-                return self._back_off(share)  # fewer requests, fewer retried: fewer still
-            if share > SHARE_FLOOR:
-                self._undo_backoff()  # as many as before: the store's own error rate, not a limit
-        elif share > normal + SHARE_FLOOR + _noise(normal, items) and self.value > self.low:
-            return self._back_off(share)
+        # the judgement after a backoff compares rates too: it waits for SHARE_ITEMS requests
+        early = normal is not None and retried >= SHARE_RETRIES and retried >= 0.5 * items
+        if items < SHARE_ITEMS and not early:
+            return False
+        self._seen_items, self._seen_retried, self._seen_s = 0, 0.0, 0.0
+        if normal is None:  # the first judgement after a backoff
+            if self._judge_backoff(share, items, rate):
+                return self._back_off(share, rate, items)
+        elif _rose(share, items, normal, self._normal_items) and self.value > self.low:
+            return self._back_off(share, rate, items)
         # the normal share: of every request since the last backoff (a long memory, so a lucky
         # stretch does not make the usual share look like a push-back)
         self._normal_items += items
@@ -294,22 +301,42 @@ class Tuner:
         self._share = self._normal_retried / self._normal_items
         return False
 
-    def _back_off(self, share: float) -> bool:
-        """Down to what the store accepted (Little's law: the requests in flight that carried
-        the share it did not refuse), by a half at most."""
+    def _judge_backoff(self, share: float, items: int, rate: float) -> bool:
+        """At half the requests in flight since the last backoff, what the store says: True to
+        back off again. A store that limits the request rate refuses fewer of fewer requests,
+        or (when the rate sent stays above its limit) accepts as many per second as before; a
+        store that fails a share of requests whatever the rate fails as large a share of
+        fewer, and delivers fewer: that backoff bought nothing and is undone."""
+        lower = _rose(self._trigger, self._trigger_items, share, items)
+        if lower:  # rate-driven: back off again while a share beyond the floor is refused
+            return _rose(share, items, 0.0, 0)  # still more refused than the floor
+        # fewer delivered: at least half the cut in requests shows in the rate (a store's
+        # limit, shared with other processes, moves it too, but by less)
+        pushed = self._throttled_at or self.value
+        cut = 1.0 - self.value / pushed
+        if share > SHARE_FLOOR and rate < (1.0 - max(GAIN, cut / 2)) * self._trigger_rate:
+            self._undo_backoff()
+        return False
+
+    def _back_off(self, share: float, rate: float, items: int) -> bool:
+        """Down to what the store accepted (the limit times the share not refused), by a
+        quarter at least and a half at most: a step deep enough that the next judgement can
+        tell a store limiting the rate from its own steady errors by the rate delivered (see
+        :meth:`_judge_backoff`), shallow enough that a store limiting the rate is not left far
+        below its limit."""
         self.backoffs += 1
-        self._share, self._trigger = None, share
+        self._share, self._trigger, self._trigger_rate, self._trigger_items = None, share, rate, items
         self._normal_items, self._normal_retried = 0, 0.0
         self._throttled_at = value = self.value
-        accepted = min(value - 1, math.floor(value * (1.0 - share)))
-        self._settle(max(self.low, value // 2, accepted), 0.0)
+        step = max(1, math.ceil(value * max(share, BACKOFF_STEP)))
+        self._settle(max(self.low, value // 2, value - step), 0.0)
         self._hold = PROBE_EVERY  # the store asked for fewer: no quick probe up
         return True
 
     def _undo_backoff(self) -> None:
-        """The share of retried requests did not fall with fewer requests: it is the store's own
-        error rate (a share of requests it fails whatever the rate), not a limit on the rate.
-        The backoff bought nothing: go back to where it was and grow again from there (the
+        """The share of retried requests did not fall with fewer requests, and fewer were
+        delivered: it is the store's own error rate (a share of requests it fails whatever the
+        rate), not a limit on the rate. Go back to where it was and grow again from there (the
         share seen since becomes the normal one), instead of holding and probing up slowly."""
         restored = self._throttled_at
         self.steady_errors += 1
@@ -472,11 +499,17 @@ class Tuner:
         return self._phase == "steady"
 
 
-def _noise(share: float, items: int) -> float:
-    """Three standard deviations of a share measured over ``items`` requests (judged again
-    and again over a run: a rarer false alarm than two), for a share of at least SHARE_FLOOR."""
-    share = min(max(share, SHARE_FLOOR), 1.0)
-    return 3.0 * math.sqrt(share * (1.0 - share) / max(1, items))
+def _rose(share: float, items: int, before: float, before_items: int) -> bool:
+    """A share of retried requests measured over ``items`` requests is higher than ``before``
+    (measured over ``before_items``; 0: taken as known) by more than SHARE_FLOOR plus three
+    standard deviations of the difference (judged again and again over a run: a rarer false
+    alarm than two), for a pooled share of at least SHARE_FLOOR. Both shares' noise counts: a
+    normal share learnt over a few dozen requests is as uncertain as the new one."""
+    total = items + before_items
+    pooled = (share * items + before * before_items) / max(1, total)
+    pooled = min(max(pooled, SHARE_FLOOR), 1.0)
+    spread = 1.0 / max(1, items) + (1.0 / before_items if before_items else 0.0)
+    return share - before > SHARE_FLOOR + 3.0 * math.sqrt(pooled * (1.0 - pooled) * spread)
 
 
 class Gate:

@@ -184,6 +184,26 @@ def test_budget_paces_calls_to_its_rate():
     assert budget.reserve() == 0.0 and budget.reserve() == pytest.approx(0.1)
 
 
+def test_a_retry_takes_its_turn_under_the_budget_beyond_its_backoff():
+    from pipeflow.stats import Stats, take_turn
+
+    now = [0.0]
+    budget = RateBudget(10.0, clock=lambda: now[0])
+    waited = []
+    budget._closed.wait = lambda seconds: waited.append(seconds)  # record, do not sleep
+    assert [budget.reserve() for _ in range(3)] == [0.0, pytest.approx(0.1), pytest.approx(0.2)]
+    # the next slot begins at 0.3 s; a retry backing off 0.05 s waits 0.25 s more for it
+    assert budget.retry_turn(0.05) == pytest.approx(0.25)
+    # a backoff longer than the queue: its slot begins when the backoff ends, no extra wait
+    assert budget.retry_turn(2.0) == 0.0 and budget.reserve() == pytest.approx(2.1)
+    stats = Stats()
+    with stats.counting("open", budget.retry_turn):
+        take_turn(0.0)  # what a backend's retry does: its turn comes 0.1 s after the last slot
+    take_turn(0.0)  # outside a stage's request: nothing to pace, nothing counted
+    assert stats.count("open", "rate_wait_s") == pytest.approx(2.2)
+    assert waited == [pytest.approx(0.25), pytest.approx(2.2)]
+
+
 def test_budget_close_wakes_waiting_threads():
     budget = RateBudget(0.01)  # one call per 100 s
     budget.acquire()
