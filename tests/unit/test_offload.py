@@ -58,3 +58,38 @@ def test_options_are_frozen():
     options = OffloadOptions(workers=2)
     with pytest.raises(AttributeError):
         options.workers = 3  # type: ignore[misc]
+
+
+def test_a_share_worker_sends_its_stages_numbers_with_the_first_item_and_the_end_not_every_item():
+    from pipeflow.offload import ShareWorker
+
+    prefix = pf.from_items(range(12)).batch(3).node
+    worker = ShareWorker(prefix, (0, 1, 0, 1))
+    worker.begin(0, None)
+    pulls = [worker.pull() for _ in range(5)]  # 4 batches, then the end of the share
+    assert [p[0] for p in pulls] == [False] * 4 + [True]
+    assert pulls[0][3] is not None and pulls[0][3]["batch"]["items"] == 1
+    assert all(p[3] is None for p in pulls[1:4])  # within PUBLISH_EVERY_S: nothing extra
+    final = pulls[4][3]
+    assert final is not None and final["batch"]["items"] == 4 and final["from_items"]["items"] == 12
+    worker.close()
+
+
+def test_stats_names_the_stages_under_offload_as_running_on_the_cluster():
+    from pipeflow.graph import CLUSTER_MARK, stage_names
+
+    names = stage_names(_pipe(workers=2).node)
+    assert names["batch"].endswith(CLUSTER_MARK) and names["shuffle"].endswith(CLUSTER_MARK)
+    assert not names["prefetch"].endswith(CLUSTER_MARK) and not names["offload"].endswith(CLUSTER_MARK)
+
+
+def test_a_cluster_stage_as_the_bottleneck_is_advised_more_cluster_workers():
+    from pipeflow.stats import PipelineStats
+
+    stats = PipelineStats({"map": {"items": 30, "busy_s": 4.0, "wait_s": 0, "blocked_s": 0,
+                                   "lanes": 2, "workers": 0, "actors": 2},
+                           "offload": {"items": 30, "busy_s": 0.0, "wait_s": 2.0, "blocked_s": 0.1,
+                                       "lanes": 1}},
+                          names={"map": "map(decode) [cluster]"})
+    assert stats.bottleneck == "map"
+    assert "offload(workers=4), now 2" in stats.advice and "map(decode) [cluster]" in stats.advice
