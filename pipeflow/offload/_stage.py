@@ -40,6 +40,7 @@ from ..stats import merge_stages
 from ._cluster import connect
 from ._options import OffloadOptions
 from ._pool import kill_actors, park, take
+from ._tensors import unpack
 from ._worker import ShareWorker
 
 __all__ = ["RayOffloader"]
@@ -127,7 +128,7 @@ class RayOffloader(Stage[Any]):
                 self._ended[a] = True
                 continue
             self._queues[a].append(self._actors[a].pull.remote())
-            return item
+            return unpack(item)
         raise StopIteration
 
     def get_state(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from ..graph import Node
 from ..iterator import PipelineIterator
 from ..run_context import RunContext
 from ..stats import PUBLISH_EVERY_S, Stats
+from ._tensors import pack
 
 __all__ = ["ShareWorker"]
 
@@ -72,7 +73,8 @@ class ShareWorker:
             item = next(it)
         except StopIteration:
             return True, None, it.state_dict(), self.numbers()
-        return False, item, it.state_dict(), self._numbers_due()
+        # torch tensors cross the object store as numpy views, without a copy (offload/_tensors.py)
+        return False, pack(item), it.state_dict(), self._numbers_due()
 
     def numbers(self) -> dict[str, dict[str, float]]:
         """The statistics of this run of the share, by stage label."""

@@ -4,6 +4,8 @@ tests/reliability/test_offload_ray.py)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pytest
 
 import pipeflow as pf
@@ -93,3 +95,44 @@ def test_a_cluster_stage_as_the_bottleneck_is_advised_more_cluster_workers():
                           names={"map": "map(decode) [cluster]"})
     assert stats.bottleneck == "map"
     assert "offload(workers=4), now 2" in stats.advice and "map(decode) [cluster]" in stats.advice
+
+
+class Pair(NamedTuple):
+    image: object
+    label: int
+
+
+def test_tensors_cross_as_out_of_band_buffers_and_come_back_equal():
+    import pickle
+
+    import torch
+
+    from pipeflow.offload._tensors import Packed, pack, unpack
+
+    pair = Pair
+    tensors = [torch.arange(24, dtype=torch.uint8).reshape(2, 3, 4), torch.randn(3, 5),
+               torch.randn(4).to(torch.bfloat16), torch.tensor([True, False]), torch.tensor(7),
+               torch.zeros(0, 3)]
+    item = {"x": tensors, "p": pair(tensors[1], 3), "t": (tensors[0], "key")}
+    packed = pack(item)
+    assert isinstance(packed, Packed)
+    buffers: list[pickle.PickleBuffer] = []  # what Ray stores out of band: read in place
+    data = pickle.dumps(packed, protocol=5, buffer_callback=buffers.append)
+    assert len(buffers) == len(tensors) + 2 and len(data) < 2000  # every tensor's bytes out of band
+    back = unpack(pickle.loads(data, buffers=buffers))
+    for got, want in zip(back["x"], tensors):
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+    assert isinstance(back["p"], pair) and torch.equal(back["p"].image, tensors[1]) and back["p"].label == 3
+    assert back["t"][1] == "key" and torch.equal(back["t"][0], tensors[0])
+
+
+def test_tensors_that_cannot_be_read_in_place_and_items_without_tensors_are_left_alone():
+    import torch
+
+    from pipeflow.offload._tensors import pack, unpack
+
+    strided = torch.arange(12.0).reshape(3, 4).t()  # not contiguous: Ray pickles it
+    grad = torch.ones(2, requires_grad=True)
+    assert pack([strided, grad])[0] is strided  # nothing packed: the item itself
+    plain = {"a": [1, 2], "b": "text"}
+    assert pack(plain) is plain and unpack(plain) is plain
