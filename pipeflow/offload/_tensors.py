@@ -7,8 +7,12 @@ with ``RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1``). So an actor sends each CPU tenso
 a numpy view of its bytes (:func:`pack`), and the training process wraps that view in a tensor
 again (:func:`unpack`): the same dtype, shape and values, read from the object store.
 
-Only dense, contiguous CPU tensors that need no gradient travel this way; any other tensor
-(on a GPU, a view with strides, one in an autograd graph) is left to Ray's pickling. Tensors are
+Only dense, contiguous CPU tensors of at least :data:`MIN_BYTES` that need no gradient travel
+this way; any other tensor (on a GPU, a view with strides, one in an autograd graph) is left to
+Ray's pickling. The size bound keeps the views in Ray's shared-memory store, which is mapped
+writable, so an in-place operation on a received tensor is safe: a result smaller than Ray's
+inline limit (100 KiB) travels inside a message as an immutable ``bytes``, and a tensor over
+it would write into that (small tensors cost little to copy anyway). Tensors are
 found in the item and, recursively, in its dicts, lists and tuples (named tuples too); an item
 is walked only when torch is loaded in the actor, and unpacked only when something was packed.
 """
@@ -19,10 +23,13 @@ import sys
 import warnings
 from typing import Any
 
-__all__ = ["Packed", "pack", "unpack"]
+__all__ = ["MIN_BYTES", "Packed", "pack", "unpack"]
 
 #: how deep into nested containers tensors are looked for
 _DEPTH = 8
+#: the smallest tensor sent as a view: at Ray's inline limit (``max_direct_call_object_size``,
+#: 100 KiB), so an item with a view is always put in the shared-memory store
+MIN_BYTES = 100 << 10
 
 
 class _TensorBytes:
@@ -55,9 +62,9 @@ def pack(item: Any) -> Any:
     torch = sys.modules.get("torch")
     if torch is None:
         return item
-    found = [False]
+    found: dict[int, Any] = {}  # a tensor that appears twice is sent once (and comes back once)
     out = _walk(item, lambda t: _to_bytes(torch, t, found), torch.Tensor, _DEPTH)
-    return Packed(out) if found[0] else item
+    return Packed(out) if found else item
 
 
 def unpack(item: Any) -> Any:
@@ -66,7 +73,8 @@ def unpack(item: Any) -> Any:
         return item
     import torch
 
-    return _walk(item.item, lambda b: _from_bytes(torch, b), _TensorBytes, _DEPTH)
+    made: dict[int, Any] = {}
+    return _walk(item.item, lambda b: _from_bytes(torch, b, made), _TensorBytes, _DEPTH)
 
 
 def _walk(value: Any, convert: Any, kind: type, depth: int) -> Any:
@@ -84,19 +92,25 @@ def _walk(value: Any, convert: Any, kind: type, depth: int) -> Any:
     return value
 
 
-def _to_bytes(torch: Any, tensor: Any, found: list[bool]) -> Any:
+def _to_bytes(torch: Any, tensor: Any, found: dict[int, Any]) -> Any:
     if (tensor.device.type != "cpu" or tensor.requires_grad or tensor.layout != torch.strided
-            or not tensor.is_contiguous() or type(tensor) is not torch.Tensor):
+            or not tensor.is_contiguous() or type(tensor) is not torch.Tensor
+            or tensor.numel() * tensor.element_size() < MIN_BYTES):
         return tensor  # Ray pickles it (copies), as it would without pipeflow
-    found[0] = True
-    flat = tensor.reshape(-1).view(torch.uint8)
-    return _TensorBytes(flat.numpy(), str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
+    if id(tensor) not in found:
+        flat = tensor.reshape(-1).view(torch.uint8)
+        found[id(tensor)] = (tensor, _TensorBytes(flat.numpy(), str(tensor.dtype).removeprefix("torch."),
+                                                  tuple(tensor.shape)))
+    return found[id(tensor)][1]
 
 
-def _from_bytes(torch: Any, data: _TensorBytes) -> Any:
+def _from_bytes(torch: Any, data: _TensorBytes, made: dict[int, Any]) -> Any:
+    if id(data) in made:
+        return made[id(data)][1]
     with warnings.catch_warnings():
-        # the buffer is the object store's, shared with no other reader: torch's notice that
-        # it cannot mark a tensor read-only does not apply
+        # the buffer is the shared-memory store's (mapped writable), read by no other process:
+        # torch's notice that it cannot mark a tensor read-only does not apply
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         raw = torch.from_numpy(data.array)
-    return raw.view(getattr(torch, data.dtype)).reshape(data.shape)
+    made[id(data)] = (data, raw.view(getattr(torch, data.dtype)).reshape(data.shape))
+    return made[id(data)][1]

@@ -110,20 +110,22 @@ def test_tensors_cross_as_out_of_band_buffers_and_come_back_equal():
     from pipeflow.offload._tensors import Packed, pack, unpack
 
     pair = Pair
-    tensors = [torch.arange(24, dtype=torch.uint8).reshape(2, 3, 4), torch.randn(3, 5),
-               torch.randn(4).to(torch.bfloat16), torch.tensor([True, False]), torch.tensor(7),
-               torch.zeros(0, 3)]
+    big = 1 << 17  # elements: every tensor here is at least MIN_BYTES
+    tensors = [torch.arange(big * 24, dtype=torch.uint8).reshape(big, 3, 8), torch.randn(big, 5),
+               torch.randn(big).to(torch.bfloat16), torch.rand(big) > 0.5,
+               torch.randint(0, 9, (big,), dtype=torch.int64)]
     item = {"x": tensors, "p": pair(tensors[1], 3), "t": (tensors[0], "key")}
     packed = pack(item)
     assert isinstance(packed, Packed)
     buffers: list[pickle.PickleBuffer] = []  # what Ray stores out of band: read in place
     data = pickle.dumps(packed, protocol=5, buffer_callback=buffers.append)
-    assert len(buffers) == len(tensors) + 2 and len(data) < 2000  # every tensor's bytes out of band
+    assert len(buffers) == len(tensors) and len(data) < 2000  # each tensor's bytes out of band, once
     back = unpack(pickle.loads(data, buffers=buffers))
     for got, want in zip(back["x"], tensors):
         assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
     assert isinstance(back["p"], pair) and torch.equal(back["p"].image, tensors[1]) and back["p"].label == 3
     assert back["t"][1] == "key" and torch.equal(back["t"][0], tensors[0])
+    assert back["t"][0] is back["x"][0]  # one tensor twice in the item: one tensor again
 
 
 def test_tensors_that_cannot_be_read_in_place_and_items_without_tensors_are_left_alone():
@@ -131,8 +133,9 @@ def test_tensors_that_cannot_be_read_in_place_and_items_without_tensors_are_left
 
     from pipeflow.offload._tensors import pack, unpack
 
-    strided = torch.arange(12.0).reshape(3, 4).t()  # not contiguous: Ray pickles it
-    grad = torch.ones(2, requires_grad=True)
-    assert pack([strided, grad])[0] is strided  # nothing packed: the item itself
+    strided = torch.rand(512, 512).t()  # not contiguous: Ray pickles it
+    grad = torch.ones(1 << 16, requires_grad=True)
+    small = torch.zeros(10)  # under Ray's inline limit: copied, as it would travel in a message
+    assert pack([strided, grad, small])[0] is strided  # nothing packed: the item itself
     plain = {"a": [1, 2], "b": "text"}
     assert pack(plain) is plain and unpack(plain) is plain
