@@ -32,6 +32,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
+torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow
 
@@ -86,6 +87,17 @@ def _tag(batch):
     return {"pid": os.getpid(), "items": batch}
 
 
+#: a batch of 8 float64 values repeated this often is 256 KiB: over Ray's inline limit, so it
+#: travels as a view of the shared-memory store
+TENSOR_REPEAT = 4096
+
+
+def _with_tensor(batch):
+    import torch
+
+    return {**_tag(batch), "x": torch.tensor(batch, dtype=torch.float64).repeat(TENSOR_REPEAT)}
+
+
 def _slow_tag(batch):
     time.sleep(0.02)  # so a kill lands while items are in flight
     return _tag(batch)
@@ -136,9 +148,14 @@ def test_two_workers_deliver_the_prefix_exactly_once_in_its_global_order(cluster
     assert len(pids) == 2 and os.getpid() not in pids  # two cluster workers, not this process
     assert {b["pid"] for b in second} == pids  # kept warm between epochs
     FIGURES["offload items checked"] += 2 * N
+    # torch tensors arrive as tensors (read in place from the object store, and writable);
     # the idle workers end with the description they ran
-    prefix = pf.from_items(range(N)).batch(BATCH).map(_tag)
+    prefix = pf.from_items(range(N)).batch(BATCH).map(_with_tensor)
     once = list(prefix.offload(workers=1))
+    for b in once:
+        want = torch.tensor(b["items"], dtype=torch.float64).repeat(TENSOR_REPEAT)
+        assert isinstance(b["x"], torch.Tensor) and torch.equal(b["x"], want)
+        b["x"].add_(1)  # an in-place step on a received batch
     pids = {b["pid"] for b in once}
     del prefix, once
     gc.collect()
@@ -248,7 +265,7 @@ def test_closing_mid_epoch_ends_every_cluster_worker(cluster):
 
 
 def test_a_cluster_without_room_is_an_error_not_a_hang(cluster):
-    pipe = PREFIX.offload(workers=2, cpus=64, start_timeout=2)
+    pipe = PREFIX.offload(workers=2, cpus=64, start_timeout=1)
     # the error, not a wait: a hang would end at the test's timeout instead
     with pytest.raises(ClusterError, match="did not start"):
         list(pipe)
@@ -325,7 +342,7 @@ def test_torchrun_ranks_on_a_two_node_cluster_share_exactly_and_resume_across_ra
         cluster["cluster"].remove_node(node)
     ranks = suite(results, "offload")
     # global step k is rank 0's k-th batch and rank 1's: the prefix's k-th batch of 8 in one process
-    local = [sorted(b) for b in pf.from_items(range(96)).shuffle(16, seed=3).batch(8)]
+    local = [sorted(b) for b in pf.from_items(range(96)).shuffle(16, seed=5).batch(8)]
     steps = [sorted(a + b) for a, b in zip(ranks[0]["batches"], ranks[1]["batches"])]
     assert steps == local
     _census_of([x for r in ranks for b in r["batches"] for x in b], 96)
@@ -335,11 +352,14 @@ def test_torchrun_ranks_on_a_two_node_cluster_share_exactly_and_resume_across_ra
     # 1 rank x 2 cluster workers saved, 2 ranks x 1 cluster worker resumed: exactly once
     rest = [x for r in suite(results, "resume") for b in r["rest"] for x in b]
     _census_of([x for b in seen_one for x in b] + rest, 96)
-    # 2 ranks x 2 cluster workers saved at the same step, 1 rank x 3 cluster workers resumed
+    # 2 ranks x 2 cluster workers saved at the same step (by the workers the first epoch kept
+    # warm), 1 rank x 3 cluster workers resumed
     saved = suite(results, "save")
+    assert [set(r["pids"]) for r in saved] == pids
     merged_two = json.loads(json.dumps(pf.merge_states([r["state"] for r in saved])))
     resumed = _elastic_prefix().offload(workers=3, cpus=0.5).resume_from(merged_two)
-    rest = [x for b in resumed for x in b["items"]]
+    got = list(resumed)
+    rest = [x for b in got for x in b["items"]]
     _census_of([x for r in saved for b in r["seen"] for x in b] + rest, 96)
     FIGURES["offload items checked"] += 3 * 96
 

@@ -4,11 +4,12 @@ trains on its share with ``Pipeline.loader()``. Writes what every rank received 
 
 Suites:
 
-* ``offload``: one epoch, two cluster workers per rank, no ``shard_by_rank()`` (the source is
-  read by assignment): global step *k* of both ranks is the prefix's *k*-th batch.
-* ``save``: each rank takes ``SAVE_AT`` batches of an elastic prefix (``shard_by_rank()``, two
-  cluster workers per rank) and returns them with its loader's ``state_dict()``: the test merges
-  the two states and resumes them on one rank.
+* ``offload``: one epoch, two cluster workers per rank (the source is read by assignment):
+  global step *k* of both ranks is the prefix's *k*-th batch.
+* ``save``: each rank takes ``SAVE_AT`` batches of the same prefix (its ``shard_by_rank()``
+  makes a state resumable at any number of ranks; the cluster workers the first epoch kept
+  serve it) and returns them with its loader's ``state_dict()``: the test merges the two states
+  and resumes them on one rank.
 * ``resume``: each rank resumes the merged state in ``MERGED`` (saved by one rank with two cluster
   workers) with one cluster worker per rank, and returns what it received.
 
@@ -34,26 +35,30 @@ def tag(batch):
 
 
 def elastic_prefix() -> pf.Pipeline:
-    """The prefix the elastic suites save and resume (the test builds the same one)."""
+    """The prefix every suite offloads (the test builds the same one)."""
     return pf.from_items(range(N)).shuffle(16, seed=5).shard_by_rank().batch(UNIT).map(tag)
 
 
+#: one description for the first two suites: the cluster workers of an epoch that ended
+#: normally wait for the next pipeline over it (a new one is a new process importing torch)
+PREFIX = elastic_prefix()
+
+
 def suite_offload(address: str) -> dict[str, object]:
-    prefix = pf.from_items(range(N)).shuffle(16, seed=3).batch(UNIT).map(tag)
-    loader = prefix.offload(workers=2, cpus=0.5, address=address).loader(batch_size=None, collate=False)
+    loader = PREFIX.offload(workers=2, cpus=0.5, address=address).loader(batch_size=None, collate=False)
     got = [{"pid": b["pid"], "items": list(b["items"])} for b in loader]
     return {"batches": [b["items"] for b in got], "pids": sorted({b["pid"] for b in got}),
             "trainer_pid": os.getpid()}
 
 
 def suite_save(address: str) -> dict[str, object]:
-    loader = elastic_prefix().offload(workers=2, cpus=0.5, address=address).loader(
-        batch_size=None, collate=False)
+    loader = PREFIX.offload(workers=2, cpus=0.5, address=address).loader(batch_size=None, collate=False)
     it = iter(loader)
-    seen = [list(next(it)["items"]) for _ in range(SAVE_AT)]
+    got = [next(it) for _ in range(SAVE_AT)]
     state = loader.state_dict()
-    del it  # closing mid-epoch ends this rank's cluster workers
-    return {"seen": seen, "state": state}
+    loader.close()  # closing mid-epoch ends this rank's cluster workers
+    return {"seen": [list(b["items"]) for b in got], "pids": sorted({b["pid"] for b in got}),
+            "state": state}
 
 
 def suite_resume(address: str, merged_path: str) -> dict[str, object]:
