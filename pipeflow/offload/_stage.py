@@ -228,8 +228,10 @@ class RayOffloader(Stage[Any]):
             f"{exc}", address=self.options.address or "")
 
     def _replace(self, a: int, exc: BaseException) -> None:
-        merge_stages(self._numbers_lost, self._numbers[a])  # what the dead actor did still counts
-        self._numbers[a] = {}
+        # what the dead actor did still counts; a new dict, as stats() may read the old one
+        # from another thread meanwhile
+        lost = {label: dict(values) for label, values in self._numbers_lost.items()}
+        self._numbers_lost, self._numbers[a] = merge_stages(lost, self._numbers[a]), {}
         self._replaced[a] += 1
         self._restarts_total += 1
         self._kill(a)
