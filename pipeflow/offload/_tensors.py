@@ -13,8 +13,9 @@ Ray's pickling. The size bound keeps the views in Ray's shared-memory store, whi
 writable, so an in-place operation on a received tensor is safe: a result smaller than Ray's
 inline limit (100 KiB) travels inside a message as an immutable ``bytes``, and a tensor over
 it would write into that (small tensors cost little to copy anyway). Tensors are
-found in the item and, recursively, in its dicts, lists and tuples (named tuples too); an item
-is walked only when torch is loaded in the actor, and unpacked only when something was packed.
+found in the item and, recursively, in its dicts, lists and tuples (named tuples too; up to 8
+levels deep, lists and tuples of up to 4096 entries); an item is walked only when torch is
+loaded in the actor, and unpacked only when something was packed.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from typing import Any
 
 __all__ = ["MIN_BYTES", "Packed", "pack", "unpack"]
 
-#: how deep into nested containers tensors are looked for
+#: how deep into nested containers tensors are looked for, and in how long a list or tuple
+#: (a batch is a few dozen samples; a list of a million numbers is not walked, item by item)
 _DEPTH = 8
+_WIDTH = 4096
 #: the smallest tensor sent as a view: at Ray's inline limit (``max_direct_call_object_size``,
 #: 100 KiB), so an item with a view is always put in the shared-memory store
 MIN_BYTES = 100 << 10
@@ -80,7 +83,7 @@ def unpack(item: Any) -> Any:
 def _walk(value: Any, convert: Any, kind: type, depth: int) -> Any:
     if isinstance(value, kind):
         return convert(value)
-    if depth == 0:
+    if depth == 0 or (isinstance(value, (list, tuple)) and len(value) > _WIDTH):
         return value
     if type(value) is dict:
         return {k: _walk(v, convert, kind, depth - 1) for k, v in value.items()}
