@@ -10,8 +10,8 @@ Suites:
   makes a state resumable at any number of ranks; the cluster workers the first epoch kept
   serve it) and returns them with its loader's ``state_dict()``: the test merges the two states
   and resumes them on one rank.
-* ``resume``: each rank resumes the merged state in ``MERGED`` (saved by one rank with two cluster
-  workers) with one cluster worker per rank, and returns what it received.
+* ``resume``: each rank resumes the merged state in ``MERGED`` (saved by one rank with one
+  cluster worker) with two cluster workers per rank, and returns what it received.
 
 Usage: torchrun --nproc_per_node=2 ... torchrun_offload.py OUT_DIR RAY_ADDRESS MERGED
 """
@@ -64,7 +64,7 @@ def suite_save(address: str) -> dict[str, object]:
 def suite_resume(address: str, merged_path: str) -> dict[str, object]:
     with open(merged_path, encoding="utf-8") as fh:
         merged = json.load(fh)
-    loader = elastic_prefix().offload(workers=1, cpus=0.5, address=address).loader(
+    loader = elastic_prefix().offload(workers=2, cpus=0.5, address=address).loader(
         batch_size=None, collate=False).resume_from(merged)
     return {"rest": [list(b["items"]) for b in loader]}
 
