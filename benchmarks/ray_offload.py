@@ -165,7 +165,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
-    with tempfile.TemporaryDirectory(prefix="pipeflow-bench-ray-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="pipeflow-bench-ray-", dir="/tmp") as tmp:
+        # Ray's session files (logs, sockets) go with the run, not to /tmp/ray, unless the user
+        # chose a place (a socket path must fit in 107 bytes: hence /tmp, not a deeper TMPDIR)
+        os.environ.setdefault("RAY_TMPDIR", tmp)
         paths = write_shards(Path(tmp), args.samples)
         os.sched_setaffinity(0, cluster)  # Ray's processes inherit the cluster's cores
         ray.init(num_cpus=len(cluster), include_dashboard=False, object_store_memory=200 << 20,
