@@ -186,12 +186,6 @@ def test_a_worker_killed_mid_epoch_loses_and_duplicates_nothing(cluster):
     FIGURES["offload workers killed"] += 1
 
 
-def test_a_worker_that_keeps_dying_fails_the_epoch_with_a_typed_error(cluster):
-    pipe = PREFIX.offload(workers=2, restarts=0)
-    with pytest.raises(WorkerCrashedError, match="died 1 times"):
-        _kill_midway(pipe, kill_after=2)
-
-
 def _saved_midway(pipe, stop_after: int):
     it = iter(pipe)
     seen = [next(it)["items"] for _ in range(stop_after)]
@@ -214,6 +208,20 @@ def test_resume_is_exact_also_after_the_whole_cluster_restarted(cluster):
     rest = [b["items"] for b in it]
     _census(seen + rest)
     assert seen + rest == _local_batches()
+
+
+def test_closing_mid_epoch_ends_every_cluster_worker(cluster):
+    it = iter(PREFIX.offload(workers=2))
+    pids = {next(it)["pid"] for _ in range(4)}
+    assert len(pids) == 2
+    it.close()
+    assert _gone_soon(pids) == set()
+
+
+def test_a_worker_that_keeps_dying_fails_the_epoch_with_a_typed_error(cluster):
+    pipe = PREFIX.offload(workers=1, restarts=0)  # one worker: one start-up
+    with pytest.raises(WorkerCrashedError, match="died 1 times"):
+        _kill_midway(pipe, kill_after=2)
 
 
 def _fails_at_17(batch):
@@ -254,14 +262,6 @@ def _gone_soon(pids: set[int], seconds: float = 15.0) -> set[int]:
     while time.monotonic() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.2)
     return {p for p in pids if _alive(p)}
-
-
-def test_closing_mid_epoch_ends_every_cluster_worker(cluster):
-    it = iter(PREFIX.offload(workers=2))
-    pids = {next(it)["pid"] for _ in range(4)}
-    assert len(pids) == 2
-    it.close()
-    assert _gone_soon(pids) == set()
 
 
 def test_a_cluster_without_room_is_an_error_not_a_hang(cluster):
