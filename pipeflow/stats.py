@@ -31,7 +31,8 @@ __all__ = ["PipelineStats", "Stats", "StatsChannel", "merge_stages", "note", "ta
 TIMING_KEYS = ("items", "busy_s", "wait_s", "blocked_s")
 #: keys that describe a configuration, not an amount: the largest value wins within one
 #: process (successive epochs), they add up across processes
-_CONFIG_KEYS = ("workers", "lanes", "inflight", "latency_ms", "request_rate", "settle_s")
+#: (``actors``: the cluster workers whose numbers a stage under ``offload()`` sums)
+_CONFIG_KEYS = ("workers", "lanes", "inflight", "latency_ms", "request_rate", "actors", "settle_s")
 #: what a tuner decided, shown per process in the table's last column
 _TUNED_KEYS = ("inflight", "latency_ms", "request_rate", "settle_s")
 #: a tuner's decisions so far, counted over the life of its stage (not per epoch): within one
@@ -412,6 +413,8 @@ class PipelineStats(Mapping[str, dict[str, float]]):
     def _advice(self, key: str) -> str:
         values, kind, label = self._stages[key], _kind(key), self.name(key)
         workers = int(round(values.get("workers", 0) / self.processes))
+        if values.get("actors"):
+            return self._cluster_advice(label, kind, int(round(values["actors"] / self.processes)))
         if values.get("rate_wait_s", 0.0) > 0.5 * values.get("busy_s", 0.0) and kind in _IO_KINDS:
             rate = values.get("request_rate", 0.0)
             return (f"the request-rate budget paces {label}: its requests waited "
@@ -437,6 +440,15 @@ class PipelineStats(Mapping[str, dict[str, float]]):
                     f"backend's part/buffer size) or more DataLoader workers to read shards in parallel")
         return (f"{label} runs in the loader's thread: more DataLoader workers, or move its "
                 f"work into a map(workers=N)")
+
+    @staticmethod
+    def _cluster_advice(label: str, kind: str, actors: int) -> str:
+        # a stage on the cluster: the training process cannot help it, the cluster can
+        inside = (f", or more workers inside each ({kind}(workers=N) with offload(cpus=N))"
+                  if kind in _IO_KINDS + _CPU_KINDS else "")
+        return (f"{label} runs on the cluster and limits the pipeline: more cluster workers per "
+                f"rank (offload(workers={max(2, 2 * actors)}), now {actors}) if the cluster has "
+                f"free CPUs{inside}")
 
     @staticmethod
     def _tuned_advice(label: str, kind: str, workers: int, inflight: int) -> str:
