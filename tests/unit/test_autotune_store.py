@@ -152,6 +152,19 @@ def test_a_backoff_that_lowers_no_share_is_undone_at_once(clock):
     assert held([v for v, _, _ in trace]) >= 32
 
 
+def test_a_backoff_that_delivers_as_much_stands_though_the_share_is_the_same(clock):
+    # a store at its request rate at every limit: 100 accepted per second, 30% refused; fewer
+    # requests meet the same share but deliver as much, so the backoff stands (undoing it
+    # would only send more requests to be refused)
+    store = Store(latency=0.01, capacity=100.0, retried=lambda n: 0.3)
+    tuner = Tuner(1, 64, 4, store=True)
+    tuner.watch(lambda: store.retries)
+    seen = drive(tuner, clock, store, seconds=30.0)
+    assert tuner.backoffs >= 1
+    assert tuner.steady_errors == 0
+    assert held(seen) <= 16, seen[-50:]
+
+
 def test_a_ceiling_stops_growth_where_the_budget_is_reached(clock):
     tuner = Tuner(1, 64, 4, store=True)
     tuner.ceiling = 300.0  # a request-rate budget: 300/s at 20 ms needs 6 in flight
