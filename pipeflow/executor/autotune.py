@@ -21,8 +21,13 @@ A tuner of requests to a store (``store=True``: ``open``) also reads what the st
   step down to what carries the measured throughput at the old latency, and keep the lower
   value only if it delivers as much (a longer round trip, which needs more in flight, does not).
 * throttling: a rising share of retried requests (503 SlowDown, throttling codes, 5xx, resets)
-  halves the limit; a share that does not fall with fewer requests is the store's own error
-  rate, not a request-rate limit, and becomes the new normal.
+  lowers the limit (by a quarter to a half); the next judgement, at the lower limit, keeps the
+  backoff when fewer requests are refused less or deliver as much (a store limiting the request
+  rate), and undoes it when they meet as large a share and deliver less (a store failing a
+  share of requests whatever the rate: its own error rate, the new normal).
+
+A thread map's tuner sets the calls running at once (a :class:`Gate`), with twice as many items
+in flight, as ``map(workers=N)`` keeps ``2 * N``.
 
 Throughput is measured where items leave the window, so a pipeline limited by its consumer
 or its source sees no gain from more concurrency and the tuner stays low.
