@@ -186,7 +186,7 @@ class Tuner:
         #: limit was halved
         self.backoffs = 0
         #: how many times a backoff was undone: the share of retried requests did not fall with
-        #: fewer requests (the store's own error rate, not a limit on the rate)
+        #: fewer requests, which delivered less (the store's own error rate, not a rate limit)
         self.steady_errors = 0
         #: how many times the limit went up, and how many of those were probes of a settled limit
         self.steps_up = 0
@@ -278,10 +278,10 @@ class Tuner:
         return new
 
     def _pushed_back(self, interval: Interval) -> bool:
-        """Halve the limit and hold it (probing up again only after PROBE_EVERY quiet
+        """Lower the limit and hold it (probing up again only after PROBE_EVERY quiet
         intervals) when the share of retried requests rose beyond the normal one, beyond the
         noise of a share: it is judged over SHARE_ITEMS requests at least (sooner when
-        SHARE_RETRIES of them were retried). The next judgement, at half the requests, tells
+        SHARE_RETRIES of them were retried). The next judgement, at the lower limit, tells
         a store limiting the request rate from one failing a share of requests whatever the
         rate: see :meth:`_judge_backoff`."""
         self._seen_items += interval.items
@@ -307,7 +307,7 @@ class Tuner:
         return False
 
     def _judge_backoff(self, share: float, items: int, rate: float) -> bool:
-        """At half the requests in flight since the last backoff, what the store says: True to
+        """At the lower limit since the last backoff, what the store says: True to
         back off again. A store that limits the request rate refuses fewer of fewer requests,
         or (when the rate sent stays above its limit) accepts as many per second as before; a
         store that fails a share of requests whatever the rate fails as large a share of
