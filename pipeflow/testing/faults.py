@@ -244,7 +244,7 @@ class BackendFaults:
     # ---- the cases, each through a proxy of its own --------------------------------------------
     @pytest.fixture(scope="class")
     @classmethod
-    def cases(cls, fault_data: dict[str, bytes], s3: Any) -> dict[str, Future[Any]]:
+    def fault_cases(cls, fault_data: dict[str, bytes], s3: Any) -> dict[str, Future[Any]]:
         """Every case but the DataLoader one, started side by side; ``{name: future}``."""
         suite = cls()
         runs: dict[str, Callable[[], Any]] = {
@@ -276,22 +276,22 @@ class BackendFaults:
         return dict(stats["faults"])
 
     # ---- outages -------------------------------------------------------------------------------
-    def test_outage_longer_than_sdk_retries(self, cases: dict[str, Future[Any]]) -> None:
-        assert_met_outage(cases["outage"].result())
+    def test_outage_longer_than_sdk_retries(self, fault_cases: dict[str, Future[Any]]) -> None:
+        assert_met_outage(fault_cases["outage"].result())
 
-    def test_503_storm(self, cases: dict[str, Future[Any]]) -> None:
-        assert cases["storm"].result() > 0
+    def test_503_storm(self, fault_cases: dict[str, Future[Any]]) -> None:
+        assert fault_cases["storm"].result() > 0
 
     # ---- cut bodies ----------------------------------------------------------------------------
     @pytest.mark.parametrize("action", _CUTS)
-    def test_body_cut_mid_object(self, cases: dict[str, Future[Any]], action: Action) -> None:
-        faults = cases[action].result()
+    def test_body_cut_mid_object(self, fault_cases: dict[str, Future[Any]], action: Action) -> None:
+        faults = fault_cases[action].result()
         assert faults.get(action, 0) > 0, faults
 
     # ---- stalls --------------------------------------------------------------------------------
     @pytest.mark.parametrize("action", _STALLS)
-    def test_stall(self, cases: dict[str, Future[Any]], action: Action) -> None:
-        faults = cases[action].result()
+    def test_stall(self, fault_cases: dict[str, Future[Any]], action: Action) -> None:
+        faults = fault_cases[action].result()
         assert faults.get(action, 0) > 0, faults
 
     # ---- DataLoader workers --------------------------------------------------------------------
