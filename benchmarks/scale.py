@@ -267,12 +267,14 @@ def part_cuts(sizes: list[int], repeats: int) -> list[dict[str, Any]]:
 
 
 def part_listing(sizes: list[int], moto_sizes: list[int], page_ms: float, repeats: int,
-                 ) -> list[dict[str, Any]]:
+                 shapes: tuple[str, ...] = ("numbered",)) -> list[dict[str, Any]]:
     rows = []
-    for n in sizes:
-        keys = [f"s3://b/{k}" for k in numbered(n)]
-        store = ModelStore(keys, page_ms)
-        rows += _listing_rows(f"model {page_ms:g} ms/page", store, "s3://b/data/", n, repeats)
+    for shape in shapes:
+        for n in sizes:
+            store = ModelStore([f"s3://b/{k}" for k in shaped_keys(shape, n)], page_ms)
+            for row in _listing_rows(f"model {page_ms:g} ms/page", store, "s3://b/data/", n,
+                                     repeats):
+                rows.append({"shape": shape, **row})
     for n in moto_sizes:
         from pipeflow.backends.registry import get_backend
 
@@ -396,6 +398,8 @@ def main() -> int:
     ap.add_argument("--listing-sizes", type=int, nargs="*", default=[100_000, 1_000_000])
     ap.add_argument("--moto-listing-sizes", type=int, nargs="*", default=[20_000])
     ap.add_argument("--page-ms", type=float, default=30.0)
+    ap.add_argument("--listing-shapes", nargs="+", default=["numbered"],
+                    choices=["numbered", "numbered, gaps", "hashed", "nested"])
     ap.add_argument("--s3rver-listing-sizes", type=int, nargs="*", default=[])
     ap.add_argument("--s3rver-delay-ms", type=float, default=20.0)
     ap.add_argument("--pages-per-cut", type=int, default=PAGES_PER_CUT)
@@ -411,7 +415,7 @@ def main() -> int:
             result["lists"] = part_lists(args.list_objects, args.repeats)
         if "listing" in args.parts:
             result["listing"] = part_listing(args.listing_sizes, args.moto_listing_sizes,
-                                             args.page_ms, args.repeats)
+                                             args.page_ms, args.repeats, tuple(args.listing_shapes))
             result["listing"] += part_s3rver_listing(args.s3rver_listing_sizes,
                                                      args.s3rver_delay_ms, args.repeats)
         if "cuts" in args.parts:
