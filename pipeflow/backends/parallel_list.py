@@ -12,14 +12,24 @@ Cost: a range of ``n`` keys takes at most ``floor(n / 1000) + 1`` requests (one 
 one), so a cut costs at most one request over ``ceil(N / 1000)``: the short last page of the
 range it shortens, or a probe past the end of the keys. Cuts are paid for out of a budget of one
 request per ``pages_per_cut`` (100) pages of keys found so far: a cut is made only when the
-ranges that may still cost one (:meth:`_Parallel._may_cost`) fit in it, so a listing costs at
-most 1% over a serial chain, whatever the estimates get wrong, and one under 10^5 keys is a
-single chain. (The exception: numbers found without a gap, then gaps; the ranges cut on page
-boundaries and open when the first gap shows may cost one request each, one a thread at most.)
-Where the first page's keys are consecutive numbers in a fixed width
+ranges that may still cost one (:meth:`_Parallel._may_cost`) fit in it, so a listing under 10^5
+keys is a single chain. (The exception: numbers found without a gap, then gaps; the ranges cut
+on page boundaries and open when the first gap shows may cost one request each, one a thread at
+most.) Where the first page's keys are consecutive numbers in a fixed width
 (``train/0000000.jpg``, ``train/0000001.jpg``...), cuts fall on what would be page boundaries,
-and a range that ends on its last key costs nothing. Memory is the listing itself. Backends
-without ``pages_from_any_key`` list as one serial chain
+and a range that ends on its last key costs nothing.
+
+Other keys (hashes, keys in directories) are spread by a guess. When the keys found pay for a
+first cut, the characters seen at each position of a sample of them give the key space (hex
+digits, digits, ``c`` then three digits then ``/``...), and how densely the keys found fill it
+gives a guess of how many there are. That cut tests the guess: it starts a chain near the end of
+the key space, whose first page is a page of the listing whatever it finds. A full page there
+trusts the guess, which then pays, once, for cuts that give every thread a chain of an equal
+share: as many as three quarters of the guess pays for, ``concurrency - 1`` at most. Later cuts
+are paid by the keys found. So the listing stays within 1% whenever the keys continue as spread
+as the first ones; keys that stop following the guess after its probe (a dense start and a block
+where the probe lands, nothing between) cost at most ``concurrency - 1`` requests over it.
+Memory is the listing itself. Backends without ``pages_from_any_key`` list as one serial chain
 (:meth:`~pipeflow.backends.base.Backend.list`).
 """
 
@@ -371,6 +381,8 @@ class _Parallel:
         self.predicted = 0.0
         self.allowance = 0  # cuts the trusted guess may pay for before the keys found do
         self.spending = False  # the allowance is still to be spent on one cut
+        self.ceiling: str | None = None  # no key is past it (a probe found none there)
+        self.wasted = 0  # requests of probes that found nothing, no longer in self.ranges
         self.probe: _Range | None = None
         self.end: str | None = None  # the highest key the guess expects (trusted only)
         self.futures: list[Future[None]] = []
@@ -444,7 +456,7 @@ class _Parallel:
         costs = [self._cost(r, page, first=i == 0) for i, r in enumerate(ranges)]
         if len(ranges) > 1 and costs[-1] and not ranges[-2].done:
             costs[-2] = 0
-        return sum(costs)
+        return sum(costs) + self.wasted
 
     def _cost(self, r: _Range, page: int, *, first: bool) -> int:
         if r.done:
@@ -469,6 +481,7 @@ class _Parallel:
         for parts_wanted in range(1 + threads, 1, -1):
             bounds, aligned = self.cutter.cuts(page, rng.high or self.end, self.min_keys,
                                                parts_wanted)
+            bounds = [b for b in bounds if self.ceiling is None or b < self.ceiling]
             if not bounds:
                 return
             plan = self._planned(rng, page, bounds, aligned)
@@ -520,6 +533,8 @@ class _Parallel:
         for, ``concurrency - 1`` at most; from then on, cuts are paid by the keys found."""
         if not (more and len(page) == len(self.first)):
             self.guess = "refuted"
+            if not page:
+                self._unprobe()
             return
         self.guess, self.end = "trusted", self.url + self.cutter.top
         self.cutter.trust(self.predicted)
@@ -527,6 +542,17 @@ class _Parallel:
         earned = self.kept // self.keys_per_request
         self.allowance = min(int(sure) // self.keys_per_request, earned + self.concurrency - 1)
         self.spending = True
+
+    def _unprobe(self) -> None:
+        """The probe found no key: there are none past its start, so the range before it is
+        the last one again, cut as an open-ended range is (where the listing so far would end
+        if doubled), never at or past the probe's start. The probe's request stays counted."""
+        assert self.probe is not None
+        at = self.ranges.index(self.probe)
+        self.ranges[at - 1].high = None
+        self.ceiling = self.probe.low
+        del self.ranges[at]
+        self.wasted += 1
 
     def _planned(self, rng: _Range, page: list[ObjectInfo], bounds: list[str],
                  aligned: bool) -> list[_Range]:
