@@ -175,7 +175,8 @@ class _Cutter:
         A bounded range is cut into ``parts`` equal parts; the density of keys is the page's
         (its keys over the span from its first key to its last). The open-ended last range is
         cut where the listing so far would end if doubled: the end of the key space is unknown,
-        and a cut past it costs a request that finds nothing.
+        and a cut past it costs a request that finds nothing (with a trusted guess of the key
+        count, the caller passes the highest key the guess expects as ``high``).
         """
         exact = self._numbered_cuts(page, high, min_keys, parts)
         if exact is not None:
@@ -514,7 +515,6 @@ class _Parallel:
         step = max(1, len(found) // 2000)
         sample = [i.url[len(self.url):] for i in found[::step]] + [found[-1].url[len(self.url):]]
         cutter = _Cutter(sample, self.url, page_len=len(self.first))
-        # three standard deviations below the estimate (keys counted in a span: about Poisson)
         estimate = cutter.estimate(self.highest, self.kept)
         cut = cutter.toward_end(page[-1].url, 1 - 1 / self.concurrency)
         if cut is None or estimate < 2 * self.kept:
