@@ -30,11 +30,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
+from urllib.request import getproxies, proxy_bypass
 
 from .._checks import is_int
 from ..errors import ConfigError, EndpointUnreachableError, PipeflowError, RetryExhaustedError
-from ..stats import note
+from ..stats import note, take_turn
 
 __all__ = [
     "TRANSIENT_CODES",
@@ -359,9 +360,12 @@ def retried_pages(open_pages: Callable[[], Iterable[T]],
 
 
 def note_retry(delay: float) -> None:
-    """Count a retry and the seconds waited before it, for the stage whose request this is."""
+    """Count a retry and the seconds waited before it, for the stage whose request this is; when
+    that stage has a request-rate budget, wait (beyond the backoff of ``delay`` the caller
+    sleeps next) for the retry's turn under it: a retry is a request to the store too."""
     note("retries")
     note("retry_wait_s", delay)
+    take_turn(delay)
 
 
 # ---- the first-contact rule ------------------------------------------------------------------
@@ -389,7 +393,7 @@ def refused(endpoint: str, timeout: float = _PROBE_TIMEOUT) -> OSError | None:
     resolve; None when something accepts it, or when the attempt only timed out or the network
     is unreachable (no proof of a wrong endpoint) or ``endpoint`` is no ``http(s)://`` URL."""
     parts = urlsplit(endpoint)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if parts.scheme not in ("http", "https") or not parts.hostname or _through_proxy(parts):
         return None
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -399,6 +403,14 @@ def refused(endpoint: str, timeout: float = _PROBE_TIMEOUT) -> OSError | None:
     except (OSError, ValueError):
         return None
     return None
+
+
+def _through_proxy(parts: SplitResult) -> bool:
+    """Whether the environment sends requests to this endpoint through a proxy (``HTTPS_PROXY``,
+    ``HTTP_PROXY``, not bypassed by ``NO_PROXY``), as botocore and aiohttp do: then a direct
+    connection that is refused, or a name that does not resolve here, proves nothing about the
+    endpoint (only the proxy can reach it), and the probe must not call it unreachable."""
+    return parts.scheme in getproxies() and not proxy_bypass(parts.hostname or "")
 
 
 def check_first_contact(timer: RetryTimer, exc: BaseException, delay: float, *,
