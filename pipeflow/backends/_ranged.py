@@ -1,12 +1,16 @@
-"""A body read as consecutive ranged requests of a fixed size, with bounded memory.
+"""A body read as consecutive ranged requests of a bounded size, with bounded memory.
 
 Some clients (the AWS CRT of s3torchconnector) download a whole response as fast as the
 network allows, whatever the reader consumes: one GET of a 1 GB object holds up to 1 GB in
 the client. :class:`RangedBody` bounds that by asking for the object one range at a time
-(``[lo, lo + range_size)``) and requesting the next range only once the reader has reached the
-current one, so at most two ranges are ever requested and not yet delivered: one being read,
-one arriving. From the second range on, the next request starts as soon as the reader reaches the
-start of the range arriving, so consecutive requests overlap (one round trip per object is
+and requesting the next range only once the reader has reached the current one, so at most two
+ranges are ever requested and not yet delivered: one being read, one arriving. The first range
+is ``range_size`` bytes and each next one doubles, up to ``max_range_size``: a small object still
+costs one short GET, while a long sequential read gets large requests that a client such as the
+CRT splits into several parts in flight at once (fixed 8 MiB ranges kept a single part in
+flight per stream, the CRT's whole-object GET many). From the second range on, the next request
+starts as soon as the reader reaches the start of the range arriving, so consecutive requests
+overlap (one round trip per object is
 waited for, not one per range); the first range never starts a second request, so an object
 that fits in one range costs one GET. That bound is :attr:`RangedBody.peak_buffered`,
 measured, not assumed.
@@ -45,9 +49,10 @@ class _Requests:
     without ``close()`` is still collected (and its finaliser stops the pump)."""
 
     def __init__(self, fetch: Callable[[int, int], Iterable[bytes]], start: int, end: int | None,
-                 range_size: int, is_past_end: Callable[[BaseException], bool],
+                 sizes: tuple[int, int], is_past_end: Callable[[BaseException], bool],
                  check: Callable[[], None] | None = None, check_first: bool = False) -> None:
-        self.fetch, self.start, self.end, self.size = fetch, start, end, range_size
+        self.fetch, self.start, self.end = fetch, start, end
+        self.size, self.max_size = sizes  # the next range's size, and the largest
         self.is_past_end = is_past_end
         self.check = check
         self.check_first = check_first
@@ -59,31 +64,38 @@ class _Requests:
     def _bounds(self, lo: int) -> int:
         return lo + self.size if self.end is None else min(lo + self.size, self.end)
 
+    def _grow(self) -> None:
+        """Called once a range is requested: the next one is twice as large, up to the cap."""
+        self.size = min(2 * self.size, self.max_size)
+
     def _check(self, lo: int) -> None:
         """The version check before the range at ``lo`` (none before the body's first one
         unless ``check_first``: a stream resumed mid-object checks at once)."""
         if self.check is not None and (lo > self.start or self.check_first):
             self.check()
 
-    def request(self, lo: int) -> tuple[Iterable[bytes], int]:
+    def request(self, lo: int, after: int) -> tuple[Iterable[bytes], int]:
+        """Request the range at ``lo`` once the reader has reached ``after``, the start of the
+        range before it (never more than two ranges ahead of the reader)."""
         self._check(lo)
         hi = self._bounds(lo)
         with self.cond:
-            # never more than two ranges ahead of the reader: wait until it reaches `lo - size`
-            self.cond.wait_for(lambda: self.stop or self.pos >= lo - self.size)
+            self.cond.wait_for(lambda: self.stop or self.pos >= after)
             if self.stop:
                 raise _Stopped
             self.peak = max(self.peak, hi - self.pos)
+        self._grow()
         return iter(self.fetch(lo, hi)), hi
 
-    def try_request(self, lo: int) -> tuple[Iterable[bytes], int] | None:
-        """Start the request of the range at ``lo`` now if the bound allows it, else None."""
+    def try_request(self, lo: int, after: int) -> tuple[Iterable[bytes], int] | None:
+        """Start the request of the range at ``lo`` now if the reader has reached ``after``."""
         hi = self._bounds(lo)
         with self.cond:
-            if self.stop or self.pos < lo - self.size:
+            if self.stop or self.pos < after:
                 return None
             self.peak = max(self.peak, hi - self.pos)
         self._check(lo)
+        self._grow()
         return iter(self.fetch(lo, hi)), hi
 
     def run(self, pump: Pump) -> None:
@@ -101,7 +113,7 @@ class _Requests:
         chunks: Iterable[bytes] | None = None
         ahead: tuple[Iterable[bytes], int] | None = None
         try:
-            chunks, hi = self.request(lo)
+            chunks, hi = self.request(lo, lo)
             while True:
                 got = 0
                 # From the second range on, the next range's request starts while this one
@@ -114,14 +126,14 @@ class _Requests:
                         return
                     got += len(chunk)
                     if overlap and ahead is None:
-                        ahead = self.try_request(hi)
+                        ahead = self.try_request(hi, lo)
                 if got < hi - lo or (self.end is not None and hi >= self.end):
                     break  # a short range is the last one (a request started past it is dropped)
-                lo = hi
+                lo, before = hi, lo
                 if ahead is not None:
                     (chunks, hi), ahead = ahead, None
                 else:
-                    chunks, hi = self.request(lo)
+                    chunks, hi = self.request(lo, before)
             if lo > self.start or self.check_first:
                 self._check(lo)  # the last range came from the version checked before it
         finally:
@@ -137,7 +149,9 @@ class RangedBody(io.RawIOBase):
             iterable of its body chunks (the request may fail lazily, on the first chunk).
         start: first byte.
         end: one past the last byte, or None for the end of the object.
-        range_size: bytes per request.
+        range_size: bytes of the first request; each next one doubles, up to ``max_range_size``.
+        max_range_size: the largest request (None: ``range_size``, every range the same);
+            the stream never holds more than twice this.
         read_timeout: seconds to wait for the next chunk (None: forever).
         is_past_end: whether a failed request means "this range starts at the end".
         on_request_error: maps the failure of a request that delivered nothing of the body
@@ -149,14 +163,15 @@ class RangedBody(io.RawIOBase):
     """
 
     def __init__(self, fetch: Callable[[int, int], Iterable[bytes]], *, start: int, end: int | None,
-                 range_size: int, read_timeout: float | None,
+                 range_size: int, max_range_size: int | None = None, read_timeout: float | None,
                  is_past_end: Callable[[BaseException], bool],
                  on_request_error: Callable[[BaseException], BaseException] | None = None,
                  check: Callable[[], None] | None = None, check_first: bool = False) -> None:
         super().__init__()
         self._timeout = read_timeout
         self._on_request_error = on_request_error
-        self._requests = _Requests(fetch, start, end, range_size, is_past_end, check, check_first)
+        sizes = (range_size, max(range_size, max_range_size or range_size))
+        self._requests = _Requests(fetch, start, end, sizes, is_past_end, check, check_first)
         self._buf = memoryview(b"")
         self._done = False
         self._arrived = False  # a chunk of the body has reached the reader
