@@ -27,11 +27,15 @@ two ranges fails the read instead of splicing two versions together.
 
 The end of the object needs no HEAD request: a range that comes back shorter than asked is
 the last one, and a range that starts exactly at the end is refused by the server (HTTP 416),
-which ``is_past_end`` recognises.
+which ``is_past_end`` recognises. When a version check reports the object's size, ranges stop
+at it instead, and a range that comes back short of it was cut off (a client that splits a range
+into parts was seen to end a range reaching past the object early, without an error): that is an
+:class:`http.client.IncompleteRead`, transient, and the caller resumes at the byte reached.
 """
 
 from __future__ import annotations
 
+import http.client
 import io
 import queue
 import threading
@@ -50,7 +54,7 @@ class _Requests:
 
     def __init__(self, fetch: Callable[[int, int], Iterable[bytes]], start: int, end: int | None,
                  sizes: tuple[int, int], is_past_end: Callable[[BaseException], bool],
-                 check: Callable[[], None] | None = None, check_first: bool = False) -> None:
+                 check: Callable[[], int | None] | None = None, check_first: bool = False) -> None:
         self.fetch, self.start, self.end = fetch, start, end
         self.size, self.max_size = sizes  # the next range's size, and the largest
         self.is_past_end = is_past_end
@@ -70,33 +74,50 @@ class _Requests:
 
     def _check(self, lo: int) -> None:
         """The version check before the range at ``lo`` (none before the body's first one
-        unless ``check_first``: a stream resumed mid-object checks at once)."""
+        unless ``check_first``: a stream resumed mid-object checks at once). A check that
+        reports the object's size ends the body there: no range reaches past the object, and a
+        range that comes back short of it was cut off."""
         if self.check is not None and (lo > self.start or self.check_first):
-            self.check()
+            size = self.check()
+            if size is not None and (self.end is None or size < self.end):
+                self.end = size
+
+    def _send(self, lo: int) -> tuple[Iterable[bytes], int]:
+        """The request of the range at ``lo`` (nothing when ``lo`` is at the known end)."""
+        if self.end is not None and lo >= self.end:
+            return iter(()), lo
+        hi = self._bounds(lo)
+        with self.cond:
+            self.peak = max(self.peak, hi - self.pos)
+        self._grow()
+        return iter(self.fetch(lo, hi)), hi
 
     def request(self, lo: int, after: int) -> tuple[Iterable[bytes], int]:
         """Request the range at ``lo`` once the reader has reached ``after``, the start of the
         range before it (never more than two ranges ahead of the reader)."""
         self._check(lo)
-        hi = self._bounds(lo)
         with self.cond:
             self.cond.wait_for(lambda: self.stop or self.pos >= after)
             if self.stop:
                 raise _Stopped
-            self.peak = max(self.peak, hi - self.pos)
-        self._grow()
-        return iter(self.fetch(lo, hi)), hi
+        return self._send(lo)
 
     def try_request(self, lo: int, after: int) -> tuple[Iterable[bytes], int] | None:
         """Start the request of the range at ``lo`` now if the reader has reached ``after``."""
-        hi = self._bounds(lo)
         with self.cond:
             if self.stop or self.pos < after:
                 return None
-            self.peak = max(self.peak, hi - self.pos)
         self._check(lo)
-        self._grow()
-        return iter(self.fetch(lo, hi)), hi
+        return self._send(lo)
+
+    def _ended(self, lo: int, hi: int, got: int) -> bool:
+        """Whether the range ``[lo, hi)`` that delivered ``got`` bytes was the last one: it
+        reached the known end, or (the size unknown) came back short. Short of a known end,
+        the response was cut off: a transient error, so the caller resumes at the byte reached.
+        """
+        if self.end is not None and got < hi - lo:
+            raise http.client.IncompleteRead(b"", hi - lo - got)
+        return got < hi - lo or (self.end is not None and hi >= self.end)
 
     def run(self, pump: Pump) -> None:
         """The pump's producer: every range's chunks, in order, until the end or a stop."""
@@ -127,8 +148,8 @@ class _Requests:
                     got += len(chunk)
                     if overlap and ahead is None:
                         ahead = self.try_request(hi, lo)
-                if got < hi - lo or (self.end is not None and hi >= self.end):
-                    break  # a short range is the last one (a request started past it is dropped)
+                if self._ended(lo, hi, got):
+                    break  # (a request started past the last range is dropped)
                 lo, before = hi, lo
                 if ahead is not None:
                     (chunks, hi), ahead = ahead, None
@@ -158,7 +179,8 @@ class RangedBody(io.RawIOBase):
             (the first range) to the error to raise; later failures are raised unchanged for
             the caller to resume.
         check: called (on the request thread) before each range after the first and once
-            after the last one of a body of several; raises when the object has changed.
+            after the last one of a body of several; raises when the object has changed, and
+            returns the object's size (or None when unknown), which bounds the later ranges.
         check_first: run ``check`` before the first range too (a body resuming a read).
     """
 
@@ -166,7 +188,7 @@ class RangedBody(io.RawIOBase):
                  range_size: int, max_range_size: int | None = None, read_timeout: float | None,
                  is_past_end: Callable[[BaseException], bool],
                  on_request_error: Callable[[BaseException], BaseException] | None = None,
-                 check: Callable[[], None] | None = None, check_first: bool = False) -> None:
+                 check: Callable[[], int | None] | None = None, check_first: bool = False) -> None:
         super().__init__()
         self._timeout = read_timeout
         self._on_request_error = on_request_error

@@ -391,7 +391,8 @@ class S3TorchConnectorBackend(Backend):
 
 class _Version:
     """The ETag of the object a stream reads, fixed by the first check: the CRT's GET stream
-    carries none, so a HEAD before each range after the first (and after the last) compares."""
+    carries none, so a HEAD before each range after the first (and after the last) compares.
+    The same HEAD gives the object's size, so no later range reaches past the object."""
 
     def __init__(self, head: Callable[[], Any], url: str, backend: str) -> None:
         self._head = head
@@ -399,14 +400,17 @@ class _Version:
         self._backend = backend
         self.etag: str | None = None
 
-    def check(self) -> None:
-        etag = _etag(self._head().etag)
+    def check(self) -> int | None:
+        """Raises when the object changed since the first check; returns its size."""
+        head = self._head()
+        etag = _etag(head.etag)
         if self.etag is None:
             self.etag = etag
         elif etag != self.etag:
             raise ObjectChangedError(f"the object changed while it was read (ETag {self.etag} became "
                                      f"{etag}): read it again", url=self._url, backend=self._backend,
                                      op="read")
+        return int(head.size) if is_int(head.size) else None
 
 
 def _etag(value: Any) -> str | None:

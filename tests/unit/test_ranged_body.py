@@ -149,3 +149,39 @@ def test_a_cap_below_the_first_range_keeps_the_ranges_fixed():
     with _body(server, max_range_size=W // 2) as body:
         assert _read_slowly(body) == data
     assert {hi - lo for lo, hi in server.requests} == {W}
+
+
+def test_a_size_from_the_check_ends_the_ranges_at_the_object():
+    data = bytes((i * 3) % 251 for i in range(5 * W + 100))
+    server = Server(data)
+    checks = []
+
+    def check():
+        checks.append(1)
+        return len(data)
+
+    with _body(server, max_range_size=2 * W, check=check) as body:
+        assert _read_slowly(body) == data
+    # W, then 2W ranges clipped at the object's end: no probe past it
+    assert server.requests == [(0, W), (W, 3 * W), (3 * W, 5 * W), (5 * W, 5 * W + 100)]
+    assert len(checks) == 4  # before each range after the first, once after the last
+
+
+def test_a_range_cut_short_of_a_known_size_is_a_transient_incomplete_read():
+    import http.client
+
+    data = bytes(6 * W)
+
+    class Cutting(Server):
+        def fetch(self, lo, hi):  # the third range stops half-way, without an error
+            return super().fetch(lo, hi if lo != 3 * W else lo + W // 2)
+
+    server = Cutting(data)
+    body = _body(server, max_range_size=2 * W, check=lambda: len(data))
+    got = b""
+    with pytest.raises(http.client.IncompleteRead):
+        while chunk := body.read(16 << 10):
+            got += chunk
+    body.close()
+    # every byte before the cut was delivered, in order: a resume starts there
+    assert got == data[:3 * W + W // 2]
