@@ -30,7 +30,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
+from urllib.request import getproxies, proxy_bypass
 
 from .._checks import is_int
 from ..errors import ConfigError, EndpointUnreachableError, PipeflowError, RetryExhaustedError
@@ -389,7 +390,7 @@ def refused(endpoint: str, timeout: float = _PROBE_TIMEOUT) -> OSError | None:
     resolve; None when something accepts it, or when the attempt only timed out or the network
     is unreachable (no proof of a wrong endpoint) or ``endpoint`` is no ``http(s)://`` URL."""
     parts = urlsplit(endpoint)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if parts.scheme not in ("http", "https") or not parts.hostname or _through_proxy(parts):
         return None
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -399,6 +400,14 @@ def refused(endpoint: str, timeout: float = _PROBE_TIMEOUT) -> OSError | None:
     except (OSError, ValueError):
         return None
     return None
+
+
+def _through_proxy(parts: SplitResult) -> bool:
+    """Whether the environment sends requests to this endpoint through a proxy (``HTTPS_PROXY``,
+    ``HTTP_PROXY``, not bypassed by ``NO_PROXY``), as botocore and aiohttp do: then a direct
+    connection that is refused, or a name that does not resolve here, proves nothing about the
+    endpoint (only the proxy can reach it), and the probe must not call it unreachable."""
+    return parts.scheme in getproxies() and not proxy_bypass(parts.hostname or "")
 
 
 def check_first_contact(timer: RetryTimer, exc: BaseException, delay: float, *,

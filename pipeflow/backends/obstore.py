@@ -270,10 +270,11 @@ class ObstoreBackend(Backend):
 
         loc = parse_s3_url(url, backend=self.name, op="list")
         # object_store lists whole path segments ("data/sam" means "data/sam/"): list the
-        # enclosing segment and keep the keys that start with the prefix
+        # enclosing segment from just before the prefix and stop at the first key past it, so
+        # a prefix costs its own keys' pages, not its whole directory's
         parent = loc.key.rpartition("/")[0]
         store = self._store(loc.bucket)
-        last: list[str] = []  # the last key seen: a failed listing restarts after it
+        last: list[str] = [_just_before(loc.key)] if loc.key and not loc.key.endswith("/") else []
 
         def open_pages() -> Any:
             return obstore.list(store, parent or None, offset=last[-1] if last else None,
@@ -282,9 +283,11 @@ class ObstoreBackend(Backend):
         for batch in retried_pages(open_pages, lambda page: self._call(page, loc, url, "list")):
             # S3 returns keys in UTF-8 byte order, which is code point order: already sorted
             for meta in batch:
-                last[:] = [meta["path"]]
+                last[:] = [meta["path"]]  # a failed listing restarts after it
                 if meta["path"].startswith(loc.key):
                     yield _object_info(loc.bucket, meta)
+                elif meta["path"] > loc.key:
+                    return
 
     def list_before_fork(self, url: str) -> Iterator[ObjectInfo]:
         if _runtime_pid == os.getpid():
@@ -506,6 +509,18 @@ class _ReadAhead:
         """Stop pulling and drop what was pulled; the thread ends when its current pull returns
         (object_store's read timeout bounds that), dropping the response."""
         self._pump.stop(join=1.0)
+
+
+def _just_before(prefix: str) -> str:
+    """A key that sorts before every key starting with ``prefix`` and after as many others as
+    can be told: "data/sam" -> "data/sal" + U+10FFFF, the greatest code point (and the greatest
+    UTF-8 sequence, S3's order). A listing that starts after it (exclusive) starts at the prefix."""
+    before = ord(prefix[-1]) - 1
+    if before < 0:
+        return prefix[:-1]
+    if 0xD800 <= before <= 0xDFFF:  # surrogates are no characters of a key
+        before = 0xD7FF
+    return prefix[:-1] + chr(before) + "\U0010ffff"
 
 
 def _object_info(bucket: str, meta: Any, url: str | None = None) -> ObjectInfo:

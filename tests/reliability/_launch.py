@@ -25,12 +25,18 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _torchrun_cmd(script: str, out_dir: Path, nproc: int, *args: str) -> list[str]:
+    """The launch line on a free loopback port. The agent's log directory goes into ``out_dir``:
+    by default it makes a ``torchelastic_*`` directory in the system's temp dir and leaves it."""
+    return [str(TORCHRUN), f"--nproc_per_node={nproc}", "--nnodes=1", "--master-addr=127.0.0.1",
+            f"--master-port={free_port()}", f"--log-dir={out_dir / 'torchelastic'}", str(HERE / script),
+            str(out_dir), *args]
+
+
 def torchrun(script: str, out_dir: Path, *args: str, nproc: int = 2, timeout: float = 180.0,
              env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run ``script`` under torchrun on a free loopback port; return its results.json."""
-    port = free_port()
-    cmd = [str(TORCHRUN), f"--nproc_per_node={nproc}", "--nnodes=1", "--master-addr=127.0.0.1",
-           f"--master-port={port}", str(HERE / script), str(out_dir), *args]
+    cmd = _torchrun_cmd(script, out_dir, nproc, *args)
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(env), capture_output=True, text=True, timeout=timeout)
     results = out_dir / "results.json"
     if proc.returncode != 0 or not results.exists():
@@ -48,15 +54,6 @@ def _failed_suites(results: Path) -> str:
               for name, parts in json.loads(results.read_text()).items() if isinstance(parts, list)
               for rank, part in enumerate(parts) if isinstance(part, dict) and part.get("ok") is False]
     return "".join(failed) or " (every suite succeeded on every rank)"
-
-
-def torchrun_raw(script: str, out_dir: Path, *args: str, nproc: int = 2, timeout: float = 120.0,
-                 env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``script`` under torchrun and return the finished process (for failure tests)."""
-    port = free_port()
-    cmd = [str(TORCHRUN), f"--nproc_per_node={nproc}", "--nnodes=1", "--master-addr=127.0.0.1",
-           f"--master-port={port}", str(HERE / script), str(out_dir), *args]
-    return subprocess.run(cmd, cwd=ROOT, env=_env(env), capture_output=True, text=True, timeout=timeout)
 
 
 def python(script: str, *args: str, timeout: float = 120.0,

@@ -466,6 +466,25 @@ def test_await_first_contact_probes_with_connections_until_the_deadline() -> Non
     assert clock.sleeps == []
 
 
+def test_an_endpoint_behind_a_proxy_is_never_called_unreachable_from_a_direct_probe(monkeypatch) -> None:
+    """Behind HTTP(S)_PROXY a direct connection proves nothing (the proxy may be the only way
+    there): no probe, the SDK's own errors decide; NO_PROXY brings the probe back."""
+    from pipeflow.backends._retry import await_first_contact, refused
+
+    endpoint = _closed_endpoint()
+    for var in ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    assert isinstance(refused(endpoint), ConnectionRefusedError)
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    assert refused(endpoint) is None
+    assert isinstance(refused(endpoint.replace("http://", "https://")), ConnectionRefusedError)
+    clock = _Clock()
+    await_first_contact(RetryPolicy(), endpoint=endpoint, sleep=clock.sleep, clock=clock)
+    assert clock.sleeps == []
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    assert isinstance(refused(endpoint), ConnectionRefusedError)
+
+
 def test_first_contact_none_gives_a_refusing_endpoint_the_whole_budget() -> None:
     clock = _Clock()
     with pytest.raises(RetryExhaustedError):
