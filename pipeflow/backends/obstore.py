@@ -49,7 +49,7 @@ from pipeflow._pump import Pump
 from pipeflow.backends._resumable import ResumableStream
 from pipeflow.backends._retry import is_transient, mark_answered, retried_pages, retry_call
 from pipeflow.backends._s3config import S3Options
-from pipeflow.backends.base import Backend, S3Location, parse_s3_url
+from pipeflow.backends.base import Backend, S3Location, parse_s3_object_url, parse_s3_url
 from pipeflow.errors import (
     AccessDeniedError,
     ConfigError,
@@ -248,7 +248,7 @@ class ObstoreBackend(Backend):
 
         import obstore
 
-        loc = parse_s3_url(url, backend=self.name, op="upload")
+        loc = parse_s3_object_url(url, backend=self.name, op="upload")
 
         def put() -> None:
             # no HEAD probe as for reads (the object is not expected to exist yet): a missing
@@ -299,7 +299,7 @@ class ObstoreBackend(Backend):
     def info(self, url: str) -> ObjectInfo:
         import obstore
 
-        loc = parse_s3_url(url, backend=self.name, op="info")
+        loc = parse_s3_object_url(url, backend=self.name, op="info")
         meta = self._call(lambda: obstore.head(self._store(loc.bucket), loc.key), loc, url, "info")
         return _object_info(loc.bucket, meta, url)
 
@@ -342,7 +342,7 @@ class ObstoreBackend(Backend):
         return start >= int(size)
 
     def _stream(self, url: str, start: int, end: int | None) -> IO[bytes]:
-        loc = parse_s3_url(url, backend=self.name, op="open")
+        loc = parse_s3_object_url(url, backend=self.name, op="open")
         if end is not None and end <= start:
             self.info(url)
             return io.BytesIO(b"")
