@@ -39,7 +39,7 @@ from typing import IO, Any
 import numpy as np
 
 from .._fs import atomic_write
-from ..errors import ConfigError, ObjectNotFoundError
+from ..errors import ConfigError, InvalidURLError, ObjectNotFoundError
 
 __all__ = [
     "LAYOUTS",
@@ -207,13 +207,15 @@ def s3_client(*, single_try: bool = False, **kwargs: Any) -> Any:
 
 
 def split_s3_url(url: str) -> tuple[str, str]:
-    """``"s3://bucket/a/b"`` -> ``("bucket", "a/b")``."""
-    if not url.startswith("s3://"):
-        raise ConfigError(f"not an s3:// URL: {url!r}")
-    bucket, _, prefix = url[5:].partition("/")
-    if not bucket:
-        raise ConfigError(f"no bucket in {url!r}")
-    return bucket, prefix.strip("/")
+    """``"s3://bucket/a/b"`` -> ``("bucket", "a/b")``; an invalid bucket name is refused here,
+    before anything is generated (S3 would call it a bucket that does not exist)."""
+    from ..backends.base import bucket_name_problem, parse_s3_url
+
+    loc = parse_s3_url(url, op="make-data")
+    problem = bucket_name_problem(loc.bucket)
+    if problem:
+        raise InvalidURLError(problem, url=url, op="make-data")
+    return loc.bucket, loc.key.strip("/")
 
 
 class _S3Sink(_Sink):
@@ -291,13 +293,16 @@ class _S3Sink(_Sink):
 
 
 def _open_sink(url: str, *, create_bucket: bool) -> _Sink:
-    if url.startswith("s3://"):
+    """The sink for ``url``; ``s3:/bucket/x`` (one slash) is refused as the typo it is, never
+    written as the local directory ``./s3:/bucket/x``."""
+    from ..backends.base import local_path, scheme_of
+
+    scheme = scheme_of(url)
+    if scheme == "s3":
         return _S3Sink(url, create_bucket=create_bucket)
-    if url.startswith("file://"):
-        url = url[len("file://"):]
-    if "://" in url:
+    if scheme not in ("", "file"):
         raise ConfigError(f"make-data writes to a local directory or an s3:// URL, not {url!r}")
-    return _LocalSink(url)
+    return _LocalSink(local_path(url, op="make-data"))
 
 
 # ---- progress -----------------------------------------------------------------------------------
