@@ -19,7 +19,7 @@ from typing import IO, Any, TypeVar
 
 from pipeflow.backends._resumable import ResumableStream
 from pipeflow.backends._retry import retry_call
-from pipeflow.backends._s3config import S3Options, is_invalid_range, translate_s3_error
+from pipeflow.backends._s3config import S3Options, is_invalid_range, on_s3_endpoint, translate_s3_error
 from pipeflow.backends.base import Backend, malformed_scheme, scheme_of
 from pipeflow.errors import (
     BackendError,
@@ -113,6 +113,10 @@ class FsspecBackend(Backend):
             if malformed is not None:  # "s3:/b/k" is a typo, not a relative local path
                 raise malformed
             protocol = "file"
+        meant = on_s3_endpoint(url) if protocol in ("http", "https") else None
+        if meant is not None:
+            raise InvalidURLError(f"this URL is on the S3 endpoint: name it {meant!r} (the "
+                                  "endpoint comes from AWS_ENDPOINT_URL)", url=url, backend=self.name)
         cache = self._client()
         fs = cache.get(protocol)
         if fs is None:
