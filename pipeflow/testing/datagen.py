@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import numpy as np
 
@@ -218,6 +218,16 @@ def split_s3_url(url: str) -> tuple[str, str]:
     return loc.bucket, loc.key.strip("/")
 
 
+def _raise_typed(exc: Exception, url: str) -> NoReturn:
+    """Raise the pipeflow error for a boto3 failure (by its code or type), or ``exc`` itself."""
+    from ..backends._s3config import translate_s3_error
+
+    typed = translate_s3_error(exc, url=url, backend="boto3", op="head_bucket")
+    if typed is exc:
+        raise exc
+    raise typed from exc
+
+
 class _S3Sink(_Sink):
     """Uploads with a few threads; at most ``2 * threads`` objects are held in memory."""
 
@@ -233,7 +243,7 @@ class _S3Sink(_Sink):
         """Check the bucket before generating anything. Under the retry policy, so an endpoint
         that has never answered (nothing listens, a typo) is reported within seconds, and one
         that answers but fails gets the usual budget."""
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         from ..backends._retry import RetryPolicy, retry_call
         from ..errors import EndpointUnreachableError
@@ -251,12 +261,14 @@ class _S3Sink(_Sink):
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             if code not in ("404", "NoSuchBucket", "NotFound"):
-                raise
+                _raise_typed(exc, url)
             if not create:
                 # checked before generating anything, so a typo costs nothing
                 raise ObjectNotFoundError(f"the bucket {self.bucket!r} does not exist",
                                           url=url, backend="boto3", op="head_bucket") from None
             self.client.create_bucket(Bucket=self.bucket)
+        except BotoCoreError as exc:  # no credentials, a profile that does not exist, ...
+            _raise_typed(exc, url)
         finally:
             probe.close()
 

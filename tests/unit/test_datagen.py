@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from pipeflow.cli import main
-from pipeflow.errors import ConfigError, InvalidURLError
+from pipeflow.errors import AccessDeniedError, ConfigError, InvalidURLError
 from pipeflow.formats.example import decode_example
 from pipeflow.formats.tfrecord import iter_tfrecords
 from pipeflow.testing.datagen import LAYOUTS, generate, iter_samples, sample_fields, sample_key
@@ -93,6 +93,19 @@ def test_s3_target(s3, s3_bucket):
     assert keys == sorted(f"jpeg/{n}" for n in result.objects)
     body = client.get_object(Bucket=s3_bucket, Key="jpeg/000001.jpg")["Body"].read()
     assert body == sample_fields("jpeg", 1, image_size=8)["jpg"]
+
+
+def test_s3_target_without_credentials_is_access_denied(s3, s3_bucket, tmp_path, monkeypatch, capsys):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    boto3 = pytest.importorskip("boto3")
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)   # its credentials were found before
+    with pytest.raises(AccessDeniedError, match="no usable credentials"):
+        generate("jpeg", f"s3://{s3_bucket}/jpeg", count=1, image_size=8)
+    assert main(["make-data", "jpeg", f"s3://{s3_bucket}/jpeg", "--count", "1", "--quiet"]) == 2
+    assert "no usable credentials" in capsys.readouterr().err
 
 
 def test_invalid_options(tmp_path):
