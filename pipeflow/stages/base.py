@@ -365,6 +365,12 @@ class Stage(Generic[T]):
         items, busy, wait and blocked seconds, lanes); a stage may add its own."""
         return self._meter.measure(self)
 
+    def measure_elsewhere(self) -> dict[str, dict[str, float]]:
+        """The numbers of the stages this stage runs in other processes, by label, for
+        ``stats()`` (``offload()``: its input stages on the cluster); none for a stage whose
+        inputs run here (they measure themselves)."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         """The current position; cheap before the first item, and kept after ``close()``."""
         if self._needs_reset:
