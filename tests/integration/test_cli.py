@@ -124,7 +124,7 @@ def test_make_data_to_an_unreachable_endpoint_is_one_line():
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_EC2_METADATA_DISABLED": "true"}
     # no retry settings: an endpoint that never answered is reported within seconds anyway
-    out = pipeflow("make-data", "jpeg", "s3://b/x", "--count", "1", "--quiet", env=env)
+    out = pipeflow("make-data", "jpeg", "s3://bucket/x", "--count", "1", "--quiet", env=env)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "cannot reach the S3 endpoint" in out.stderr
 
