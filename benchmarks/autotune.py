@@ -13,7 +13,10 @@ inline by default, since running a user's function on threads is not safe for ev
   workers;
 * S4: a JPEG decode in ``map`` over data in memory, on threads and on processes;
 * S1 throttled: S1 at T=20 ms with the proxy answering a share of GETs with ``503 SlowDown``
-  (retried by the backend), the case where a tuner that halves on every retry stays low.
+  whatever the rate (retried by the backend), the case where a tuner that halves on every
+  retry stays low;
+* S1 rate-limited: S1 at T=20 ms with the proxy answering GETs beyond a rate with ``503
+  SlowDown``, as a store limiting a prefix's request rate: more in flight only adds refusals.
 
 Every case runs in a fresh process (:mod:`benchmarks.harness`) for the same time on one long
 pass, so a tuner's climb is paid inside the measurement. With ``--repeats`` the whole grid
@@ -73,10 +76,13 @@ class _Reported:
                 stats = self.pipe.stats()
                 # per process: DataLoader workers' numbers are summed in stats()
                 n = stats.processes
-                chosen = {label: {k: round(stats[label][k] / n, 1) for k in ("workers", "inflight")
-                                  if k in stats[label]}
+                chosen = {label: {k: round(stats[label][k] / n, 1) for k in _REPORTED if k in stats[label]}
                           for label in stats if "inflight" in stats[label]}
                 Path(self.report).write_text(json.dumps(chosen))
+
+
+#: what the auto row reports per stage (per process): its choice, and the store's push-backs
+_REPORTED = ("workers", "inflight", "backoffs", "steady_errors")
 
 
 def _loaded(pipe: pf.Pipeline, workers: int, report: str | None) -> _Reported:
@@ -151,6 +157,9 @@ def _auto_label(grid: Grid) -> str:
 
 #: the share of GETs the throttling proxy answers with 503 SlowDown
 THROTTLED = 0.1
+#: GETs per second the rate-limiting proxy lets through (for the whole job: two DataLoader
+#: workers); beyond, 503 SlowDown. Below what S1 at T=20 ms reaches unthrottled
+RATE_LIMIT = 100.0
 
 
 def _s1_rows(quick: bool) -> dict[str, dict[str, Any]]:
@@ -163,7 +172,7 @@ def _s1_rows(quick: bool) -> dict[str, dict[str, Any]]:
 
 
 def _grids(quick: bool, s1: dict[str, Any], s2: dict[str, Any], proxies: dict[float, Any],
-           throttled: Any) -> list[Grid]:
+           throttled: Any, limited: Any) -> list[Grid]:
     grids = []
     rows: dict[str, dict[str, Any]]
     for t, proxy in proxies.items():
@@ -171,6 +180,8 @@ def _grids(quick: bool, s1: dict[str, Any], s2: dict[str, Any], proxies: dict[fl
         grids.append(Grid(group, "make_s1", s1, _s1_rows(quick), proxy))
     grids.append(Grid(f"S1 throttled: 503 SlowDown on {THROTTLED:.0%} of GETs, T=20 ms", "make_s1", s1,
                       _s1_rows(quick), throttled))
+    grids.append(Grid(f"S1 rate-limited: 503 SlowDown above {RATE_LIMIT:g} GETs/s, T=20 ms", "make_s1", s1,
+                      _s1_rows(quick), limited))
     rows = {}
     for d in (0, 1, 2) if quick else (0, 1, 2, 4):
         for p in (2, 64) if not quick or d == 1 else (2,):
@@ -227,7 +238,10 @@ def run(quick: bool, repeats: int, log: Callable[[str], None] = print, only: str
         proxies = {t: stack.enter_context(ProxyProcess(endpoint, delay_ms=t)) for t in (0.0, 20.0)}
         throttled = stack.enter_context(ProxyProcess(endpoint, delay_ms=20.0,
                                                      faults=Faults(error_rate=THROTTLED, seed=1)))
-        grids = [g for g in _grids(quick, s1, s2, proxies, throttled) if only.lower() in g.group.lower()]
+        limited = stack.enter_context(ProxyProcess(endpoint, delay_ms=20.0,
+                                                   faults=Faults(rate_limit=RATE_LIMIT)))
+        grids = [g for g in _grids(quick, s1, s2, proxies, throttled, limited)
+                 if only.lower() in g.group.lower()]
         for r in range(repeats):
             log(f"== repeat {r + 1} of {repeats}")
             for grid in grids:
@@ -241,7 +255,13 @@ def run(quick: bool, repeats: int, log: Callable[[str], None] = print, only: str
 
 # ---- the table -----------------------------------------------------------------------------
 def _chosen(stages: dict[str, Any]) -> str:
-    return ", ".join(f"{label} {v.get('workers', '-'):g}/{v['inflight']:g}" for label, v in stages.items())
+    def one(label: str, v: dict[str, Any]) -> str:
+        pushed = [f"{v[k]:g} {name}" for k, name in (("backoffs", "backoffs"), ("steady_errors", "undone"))
+                  if v.get(k)]
+        note = f" ({', '.join(pushed)})" if pushed else ""
+        return f"{label} {v.get('workers', '-'):g}/{v['inflight']:g}{note}"
+
+    return ", ".join(one(label, v) for label, v in stages.items())
 
 
 def table(result: dict[str, Any]) -> str:

@@ -16,7 +16,11 @@ Each is measured with an empty training step and with ``--step-ms`` of CPU work 
 the training process: the host-side part of a real step, which competes with a local pipeline
 for the training process's core and overlaps an offloaded one.
 
+It measures the transport for a torch tensor too: as Ray pickles it (the bytes copied into the
+object and out of it) and as ``offload()`` sends it (a numpy view of its bytes, read in place).
+
 Usage: python -m benchmarks.ray_offload [--samples 768] [--repeats 3] [--step-ms 40] [--out FILE.json]
+                                        [--transport-only]
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from typing import Any
 import numpy as np
 
 import pipeflow as pf
+from pipeflow.offload._tensors import pack, unpack
 
 from .photos import jpeg
 from .scenarios import machine
@@ -94,31 +99,50 @@ def epoch_rate(pipe: pf.Pipeline, count: int, step_s: float = 0.0) -> float:
 
 
 class _Producer:
-    """An actor that returns the same batch-sized array on every call (no compute)."""
+    """An actor that returns the same batch-sized payload on every call (no compute): a numpy
+    array, a torch tensor as Ray pickles it, or a torch tensor as offload() sends it."""
 
     def __init__(self, n: int) -> None:
         self.batch = np.ones(n, dtype=np.uint8)
 
-    def make(self) -> np.ndarray:
-        return self.batch
+    def make(self, kind: str) -> Any:
+        if kind == "numpy":
+            return self.batch
+        import torch
+
+        tensor = torch.from_numpy(self.batch)
+        return tensor if kind == "torch, Ray's pickling" else pack(tensor)
 
 
-def transport(ray: Any, nbytes: int, repeats: int, rounds: int = 30) -> list[float]:
-    """Seconds per batch-sized array returned by an actor and got here, one at a time (the
-    median of ``rounds`` calls, ``repeats`` times)."""
+#: the payloads the transport is measured with
+PAYLOADS = ("numpy", "torch, Ray's pickling", "torch, offload()")
+
+
+def transport(ray: Any, nbytes: int, repeats: int, rounds: int = 30,
+              kind: str = "numpy") -> list[float]:
+    """Seconds per batch-sized payload returned by an actor and got here (and for offload()'s
+    tensors, wrapped as a tensor again), one at a time (the median of ``rounds`` calls,
+    ``repeats`` times)."""
     # no CPU reserved: the offloaded pipeline's idle actors may hold the cluster's CPUs
     actor = ray.remote(num_cpus=0)(_Producer).remote(nbytes)
-    ray.get(actor.make.remote())
+    ray.get(actor.make.remote(kind))
     out = []
     for _ in range(repeats):
         calls = []
         for _ in range(rounds):
             started = time.perf_counter()
-            ray.get(actor.make.remote())
+            got = unpack(ray.get(actor.make.remote(kind)))
+            _ = got[-1] + 0  # read from it
             calls.append(time.perf_counter() - started)
         out.append(statistics.median(calls))
     ray.kill(actor)
     return out
+
+
+def transports(ray: Any, nbytes: int, repeats: int) -> dict[str, float]:
+    """The median seconds per batch of each payload kind."""
+    return {kind: round(statistics.median(transport(ray, nbytes, repeats, kind=kind)), 5)
+            for kind in PAYLOADS}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -128,6 +152,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--step-ms", type=float, default=40.0,
                         help="CPU milliseconds of a simulated training step per batch (also 0)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--transport-only", action="store_true",
+                        help="only the bytes and seconds per batch through the object store, "
+                             "for each payload kind (numpy, torch)")
     args = parser.parse_args(argv)
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
@@ -138,14 +165,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     import ray
 
-    with tempfile.TemporaryDirectory(prefix="pipeflow-bench-ray-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="pipeflow-bench-ray-", dir="/tmp") as tmp:
+        # Ray's session files (logs, sockets) go with the run, not to /tmp/ray, unless the user
+        # chose a place (a socket path must fit in 107 bytes: hence /tmp, not a deeper TMPDIR)
+        os.environ.setdefault("RAY_TMPDIR", tmp)
         paths = write_shards(Path(tmp), args.samples)
         os.sched_setaffinity(0, cluster)  # Ray's processes inherit the cluster's cores
         ray.init(num_cpus=len(cluster), include_dashboard=False, object_store_memory=200 << 20,
                  log_to_driver=False)
         os.sched_setaffinity(0, trainer)
         try:
-            result = _measure(ray, paths, args.samples, args.repeats, len(cluster), (0.0, args.step_ms))
+            if args.transport_only:
+                nbytes = BATCH * 224 * 224 * 3
+                result = {"batch_bytes": nbytes, "repeats": args.repeats,
+                          "transport_s_per_batch_by_payload": transports(ray, nbytes, args.repeats)}
+            else:
+                result = _measure(ray, paths, args.samples, args.repeats, len(cluster),
+                                  (0.0, args.step_ms))
         finally:
             ray.shutdown()
     result.update(machine=machine(), load_before=os.getloadavg(),
@@ -171,6 +207,7 @@ def _measure(ray: Any, paths: list[str], count: int, repeats: int, cluster_cores
                       file=sys.stderr, flush=True)
     nbytes = BATCH * 224 * 224 * 3
     per_batch = transport(ray, nbytes, repeats)
+    by_payload = transports(ray, nbytes, repeats)
     medians = {name: round(statistics.median(rates), 1) for name, rates in runs.items()}
     compute = BATCH / medians["local, step 0 ms"]
     return {
@@ -181,6 +218,7 @@ def _measure(ray: Any, paths: list[str], count: int, repeats: int, cluster_cores
                     for step in steps},
         "batch_bytes": nbytes,
         "transport_s_per_batch": round(statistics.median(per_batch), 5),
+        "transport_s_per_batch_by_payload": by_payload,
         "compute_s_per_batch": round(compute, 4),
         "transport_share_of_compute": round(statistics.median(per_batch) / compute, 3),
     }

@@ -27,7 +27,7 @@ from .stages.assigned import AssignedSource, ShuffledSource
 from .stages.base import Stage
 from .stages.shard import Sharder
 
-__all__ = ["Node", "build", "check_options", "checks_options", "draw", "find_sharder",
+__all__ = ["CLUSTER_MARK", "Node", "build", "check_options", "checks_options", "draw", "find_sharder",
            "fingerprint", "format_value", "has_sharder", "is_secret", "known_total", "make_label",
            "order_notes", "plan", "short_labels", "stage_names", "validate", "walk"]
 
@@ -70,6 +70,10 @@ def short_labels(node: Node) -> dict[int, str]:
     return labels
 
 
+#: what the name of a stage that runs on the cluster (under ``offload()``) ends with
+CLUSTER_MARK = " [cluster]"
+
+
 def stage_names(node: Node) -> dict[str, str]:
     """What each stage is, by short label, for the stats table and the verdict: the label and
     the function the stage applies (``map#2(decode_fn)``), or the label alone. A label says
@@ -77,16 +81,18 @@ def stage_names(node: Node) -> dict[str, str]:
     labels = short_labels(node)
     names: dict[str, str] = {}
 
-    def visit(current: Node) -> None:
+    def visit(current: Node, where: str) -> None:
         label = labels[id(current)]
         if label in names:
             return
         fn = next((a for a in current.args if callable(a) and not isinstance(a, type)), None)
-        names[label] = f"{label}({format_value(fn)})" if fn is not None else label
+        names[label] = (f"{label}({format_value(fn)})" if fn is not None else label) + where
+        # the stages a stage runs elsewhere (offload(): on the cluster) say so
+        below = CLUSTER_MARK if current.stage.runs_inputs_elsewhere else where
         for inp in current.inputs:
-            visit(inp)
+            visit(inp, below)
 
-    visit(node)
+    visit(node, "")
     return names
 
 

@@ -138,8 +138,13 @@ class PipelineIterator:
             log.warning("pipeflow: epoch %d ended with skipped items: %s", self._ctx.epoch, shown)
 
     def measure(self) -> dict[str, dict[str, float]]:
-        """Every stage's numbers (see :meth:`Stage.measure`), sources first."""
-        return {stage.name: stage.measure() for stage in self._stages}
+        """Every stage's numbers (see :meth:`Stage.measure`), sources first; the stages a stage
+        runs elsewhere (:meth:`Stage.measure_elsewhere`) come before it."""
+        out: dict[str, dict[str, float]] = {}
+        for stage in self._stages:
+            out.update(stage.measure_elsewhere())
+            out[stage.name] = stage.measure()
+        return out
 
     def _shard(self) -> list[int]:
         ctx = self._ctx

@@ -25,15 +25,19 @@ from typing import Any
 
 from ._fs import pid_alive
 
-__all__ = ["PipelineStats", "Stats", "StatsChannel", "merge_stages", "note"]
+__all__ = ["PipelineStats", "Stats", "StatsChannel", "merge_stages", "note", "take_turn"]
 
 #: timing keys every stage reports
 TIMING_KEYS = ("items", "busy_s", "wait_s", "blocked_s")
 #: keys that describe a configuration, not an amount: the largest value wins within one
 #: process (successive epochs), they add up across processes
-_CONFIG_KEYS = ("workers", "lanes", "inflight", "latency_ms", "request_rate")
+#: (``actors``: the cluster workers whose numbers a stage under ``offload()`` sums)
+_CONFIG_KEYS = ("workers", "lanes", "inflight", "latency_ms", "request_rate", "actors", "settle_s")
 #: what a tuner decided, shown per process in the table's last column
-_TUNED_KEYS = ("inflight", "latency_ms", "request_rate")
+_TUNED_KEYS = ("inflight", "latency_ms", "request_rate", "settle_s")
+#: a tuner's decisions so far, counted over the life of its stage (not per epoch): within one
+#: process the latest (largest) value wins, they add up across processes
+_DECISION_KEYS = ("steps_up", "probes", "backoffs", "steady_errors", "slowdowns")
 #: at most one snapshot file write per process this often
 PUBLISH_EVERY_S = 0.5
 
@@ -48,13 +52,27 @@ def note(counter: str, n: float = 1) -> None:
         target[0].incr(target[1], counter, n)
 
 
+def take_turn(delay: float) -> None:
+    """Before a retry that will wait ``delay`` seconds (its backoff): when the stage whose work
+    runs on this thread paces its requests (a request-rate budget, see :meth:`Stats.counting`),
+    wait further until the retry's turn under that budget, so that a retry counts against the
+    budget like any request; the extra wait is counted as ``rate_wait_s``. A no-op elsewhere."""
+    target = getattr(_sink, "target", None)
+    if target is None or target[2] is None:
+        return
+    stats, stage, pace = target
+    extra = pace(delay)
+    if extra > 0.0:
+        stats.incr(stage, "rate_wait_s", extra)
+
+
 def merge_stages(into: dict[str, dict[str, float]], other: Mapping[str, Mapping[str, float]],
                  *, same_process: bool = False) -> dict[str, dict[str, float]]:
     """Add ``other``'s per-stage numbers to ``into`` (stage order: first seen first)."""
     for label, values in other.items():
         mine = into.setdefault(label, {})
         for key, value in values.items():
-            if same_process and key in _CONFIG_KEYS:
+            if same_process and (key in _CONFIG_KEYS or key in _DECISION_KEYS):
                 mine[key] = max(mine.get(key, 0), value)
             else:
                 mine[key] = mine.get(key, 0) + value
@@ -91,9 +109,11 @@ class Stats:
         with self._lock:
             return self._counts.get((stage, counter), 0)
 
-    def counting(self, stage: str) -> _Counting:
-        """A context in which :func:`note` counts into ``stage`` (on this thread)."""
-        return _Counting(self, stage)
+    def counting(self, stage: str, pace: Callable[[float], float] | None = None) -> _Counting:
+        """A context in which :func:`note` counts into ``stage`` (on this thread), and
+        :func:`take_turn` calls ``pace(delay)``: it waits for a retry's turn beyond its backoff
+        of ``delay`` seconds, returning the seconds it waited."""
+        return _Counting(self, stage, pace)
 
     def attach(self, key: int, measure: Callable[[], dict[str, dict[str, float]]]) -> None:
         """A running graph: ``measure()`` (a bound method, held weakly so the graph can still
@@ -151,8 +171,8 @@ def _publish_loop(ref: weakref.ref[Stats]) -> None:
 class _Counting:
     __slots__ = ("previous", "target")
 
-    def __init__(self, stats: Stats, stage: str) -> None:
-        self.target = (stats, stage)
+    def __init__(self, stats: Stats, stage: str, pace: Callable[[float], float] | None) -> None:
+        self.target = (stats, stage, pace)
         self.previous: Any = None
 
     def __enter__(self) -> None:
@@ -393,6 +413,8 @@ class PipelineStats(Mapping[str, dict[str, float]]):
     def _advice(self, key: str) -> str:
         values, kind, label = self._stages[key], _kind(key), self.name(key)
         workers = int(round(values.get("workers", 0) / self.processes))
+        if values.get("actors"):
+            return self._cluster_advice(label, kind, int(round(values["actors"] / self.processes)))
         if values.get("rate_wait_s", 0.0) > 0.5 * values.get("busy_s", 0.0) and kind in _IO_KINDS:
             rate = values.get("request_rate", 0.0)
             return (f"the request-rate budget paces {label}: its requests waited "
@@ -418,6 +440,15 @@ class PipelineStats(Mapping[str, dict[str, float]]):
                     f"backend's part/buffer size) or more DataLoader workers to read shards in parallel")
         return (f"{label} runs in the loader's thread: more DataLoader workers, or move its "
                 f"work into a map(workers=N)")
+
+    @staticmethod
+    def _cluster_advice(label: str, kind: str, actors: int) -> str:
+        # a stage on the cluster: the training process cannot help it, the cluster can
+        inside = (f", or more workers inside each ({kind}(workers=N) with offload(cpus=N))"
+                  if kind in _IO_KINDS + _CPU_KINDS else "")
+        return (f"{label} runs on the cluster and limits the pipeline: more cluster workers per "
+                f"rank (offload(workers={max(2, 2 * actors)}), now {actors}) if the cluster has "
+                f"free CPUs{inside}")
 
     @staticmethod
     def _tuned_advice(label: str, kind: str, workers: int, inflight: int) -> str:

@@ -35,7 +35,7 @@ from urllib.request import getproxies, proxy_bypass
 
 from .._checks import is_int
 from ..errors import ConfigError, EndpointUnreachableError, PipeflowError, RetryExhaustedError
-from ..stats import note
+from ..stats import note, take_turn
 
 __all__ = [
     "TRANSIENT_CODES",
@@ -360,9 +360,12 @@ def retried_pages(open_pages: Callable[[], Iterable[T]],
 
 
 def note_retry(delay: float) -> None:
-    """Count a retry and the seconds waited before it, for the stage whose request this is."""
+    """Count a retry and the seconds waited before it, for the stage whose request this is; when
+    that stage has a request-rate budget, wait (beyond the backoff of ``delay`` the caller
+    sleeps next) for the retry's turn under it: a retry is a request to the store too."""
     note("retries")
     note("retry_wait_s", delay)
+    take_turn(delay)
 
 
 # ---- the first-contact rule ------------------------------------------------------------------

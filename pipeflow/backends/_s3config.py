@@ -63,6 +63,21 @@ def resolve_endpoint(explicit: str | None = None) -> str | None:
     return None
 
 
+def on_s3_endpoint(url: str) -> str | None:
+    """The ``s3://bucket/key`` an ``http(s)://`` URL on the configured S3 endpoint names
+    (path-style: ``http://127.0.0.1:9000/bucket/key``), or None for any other URL.
+
+    Pasting the endpoint into the data URL is a common first mistake: read over plain HTTP,
+    the store answers an unsigned GET with 403 and a listing with a page that holds no links.
+    """
+    endpoint = resolve_endpoint()
+    if not endpoint or not url.lower().startswith(("http://", "https://")):
+        return None
+    if url[:len(endpoint)].lower() != endpoint.lower() or url[len(endpoint):len(endpoint) + 1] != "/":
+        return None
+    return "s3://" + url[len(endpoint) + 1:]
+
+
 def resolve_region(explicit: str | None = None) -> str:
     """The region to sign requests for (profile regions are left to SDKs that read profiles)."""
     for value in (explicit, os.environ.get("AWS_REGION"), os.environ.get("AWS_DEFAULT_REGION")):
@@ -257,6 +272,9 @@ def translate_s3_error(exc: BaseException, *, url: str, backend: str, op: str) -
             return ConfigError(f"AWS profile not found ({backend}, {url})")
         if isinstance(exc, bexc.BotoCoreError):
             return BackendError(f"{type(exc).__name__}", url=url, backend=backend, op=op)
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None and isinstance(exc, aiohttp.ClientResponseError):  # fsspec's http://
+        return error_for_status(exc.status, "", url=url, backend=backend, op=op)
     stx = sys.modules.get("s3transfer.exceptions")
     if stx is not None and isinstance(exc, stx.RetriesExceededError):
         # boto3's managed transfers (download_fileobj, iopath) retry downloads on their own

@@ -65,7 +65,7 @@ from pipeflow.backends._retry import (
     retry_call,
 )
 from pipeflow.backends._s3config import S3Options, error_for_status
-from pipeflow.backends.base import Backend, S3Location, parse_s3_url
+from pipeflow.backends.base import Backend, S3Location, parse_s3_object_url, parse_s3_url
 from pipeflow.errors import (
     AccessDeniedError,
     BackendError,
@@ -311,7 +311,7 @@ class S3TorchConnectorBackend(Backend):
                     yield _object_info(loc.bucket, obj)
 
     def info(self, url: str) -> ObjectInfo:
-        loc = parse_s3_url(url, backend=self.name, op="info")
+        loc = parse_s3_object_url(url, backend=self.name, op="info")
         head = self._call(lambda: self._client().head_object(loc.bucket, loc.key), loc, url, "info")
         return ObjectInfo(url=url, size=int(head.size), etag=_etag(head.etag),
                           mtime=float(head.last_modified))
@@ -356,7 +356,7 @@ class S3TorchConnectorBackend(Backend):
         return self._call(first, loc, url, "open")
 
     def _stream(self, url: str, start: int, end: int | None) -> IO[bytes]:
-        loc = parse_s3_url(url, backend=self.name, op="open")
+        loc = parse_s3_object_url(url, backend=self.name, op="open")
         if end is not None and end <= start:
             self.info(url)
             return io.BytesIO(b"")

@@ -21,8 +21,13 @@ A tuner of requests to a store (``store=True``: ``open``) also reads what the st
   step down to what carries the measured throughput at the old latency, and keep the lower
   value only if it delivers as much (a longer round trip, which needs more in flight, does not).
 * throttling: a rising share of retried requests (503 SlowDown, throttling codes, 5xx, resets)
-  halves the limit; a share that does not fall with fewer requests is the store's own error
-  rate, not a request-rate limit, and becomes the new normal.
+  lowers the limit (by a quarter to a half); the next judgement, at the lower limit, keeps the
+  backoff when fewer requests are refused less or deliver as much (a store limiting the request
+  rate), and undoes it when they meet as large a share and deliver less (a store failing a
+  share of requests whatever the rate: its own error rate, the new normal).
+
+A thread map's tuner sets the calls running at once (a :class:`Gate`), with twice as many items
+in flight, as ``map(workers=N)`` keeps ``2 * N``.
 
 Throughput is measured where items leave the window, so a pipeline limited by its consumer
 or its source sees no gain from more concurrency and the tuner stays low.
@@ -38,7 +43,7 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Literal
 
-__all__ = ["AUTO", "BufferTuner", "Interval", "Tuner", "bounds", "cpu_budget", "dataloader_workers"]
+__all__ = ["AUTO", "BufferTuner", "Gate", "Interval", "Tuner", "bounds", "cpu_budget", "dataloader_workers"]
 
 AUTO = "auto"
 #: seconds (at least) per measurement interval
@@ -61,6 +66,8 @@ FLAT = 1.3
 HEADROOM = 1.25
 #: a share of retried requests up to this much above the normal one is not a push-back
 SHARE_FLOOR = 0.02
+#: a backoff lowers the limit by this share at least (the share refused, if more; a half at most)
+BACKOFF_STEP = 0.25
 #: requests (at least) over which a share of retried requests is judged
 SHARE_ITEMS = 40
 #: ... or fewer, once this many of them, and half, were retried
@@ -93,18 +100,20 @@ def cpu_budget() -> int:
 
 def bounds(kind: Kind) -> tuple[int, int]:
     """``(start, high)`` concurrency for a stage's work: ``"cpu"`` (decode, process map) is
-    bounded by the cores; ``"thread"`` (a thread map, whose function may wait on I/O) by
-    four per core; ``"io"`` (``open(read=True)``) by a request budget; ``"stream"``
-    (``open()`` handing out streams) too, but starting from two: a stream handed out leaves the
-    window, so two in flight is one object being read and the next one opened ahead, whose
-    round trip to the first byte then overlaps the reading (a tar shard is read for a long
-    time after it is opened; starting from one, every DataLoader worker read its first dozen
-    shards strictly one after another while the tuner measured its first step)."""
+    bounded by the cores; ``"thread"`` (a thread map, whose function may wait on I/O) starts
+    at the cores and is bounded by four per core; ``"io"`` (``open(read=True)``) by a request
+    budget; ``"stream"`` (``open()`` handing out streams) too, but starting from two: a stream
+    handed out leaves the window, so two in flight is one object being read and the next one
+    opened ahead, whose round trip to the first byte then overlaps the reading (a tar shard is
+    read for a long time after it is opened; starting from one, every DataLoader worker read
+    its first dozen shards strictly one after another while the tuner measured its first step)."""
     if kind in ("io", "stream"):
         high = max(4, IO_HIGH // dataloader_workers())
         return (min(4, high) if kind == "io" else 2), high
     cores = cpu_budget()
-    return 1, (cores if kind == "cpu" else 4 * cores)
+    # a thread map starts at the cores: a function that releases the GIL (an image decode, a
+    # numpy op) is best there or above, and one that does not loses little at two
+    return (1, cores) if kind == "cpu" else (cores, 4 * cores)
 
 
 class Interval:
@@ -176,6 +185,15 @@ class Tuner:
         #: how many times the store pushed back (a rising share of retried requests) and the
         #: limit was halved
         self.backoffs = 0
+        #: how many times a backoff was undone: the share of retried requests did not fall with
+        #: fewer requests, which delivered less (the store's own error rate, not a rate limit)
+        self.steady_errors = 0
+        #: how many times the limit went up, and how many of those were probes of a settled limit
+        self.steps_up = 0
+        self.probes = 0
+        #: seconds from the first item to the first settled value (None: still climbing)
+        self.settled_after_s: float | None = None
+        self._tuned_s = 0.0  # seconds of delivery measured so far
         #: how many times latency rose at the same concurrency and a lower limit delivered as much
         self.slowdowns = 0
         #: mean seconds per request over the last interval, and at the settled value
@@ -190,6 +208,9 @@ class Tuner:
         self._hold = 4  # settled intervals before a waiting consumer makes it probe up
         self._throttled_at: int | None = None  # the limit at the last push-back
         self._seen_items, self._seen_retried = 0, 0.0  # since the share was last judged
+        self._seen_s = 0.0
+        self._trigger_rate = 0.0  # items/s delivered while the share that caused it was judged
+        self._trigger_items = 0  # ... and the requests it was judged over
         self._least_latency: float | None = None  # the lowest interval latency since settling
         self._normal_items, self._normal_retried = 0, 0.0  # since the last backoff
         self.pause()
@@ -231,14 +252,22 @@ class Tuner:
             if elapsed < INTERVAL_S or self._items < MIN_ITEMS:
                 return
             latency = self._served_s / self._served if self._served else None
-            interval = Interval(self._items, elapsed, latency, self._waited, self._retried())
-            if not self._pushed_back(interval):
-                if self.store:
-                    self._store_step(interval)
-                else:
-                    self._step(interval.rate)
-            self.value = self._capped(self.value)
+            self._judge(Interval(self._items, elapsed, latency, self._waited, self._retried()))
             self.pause()
+
+    def _judge(self, interval: Interval) -> None:
+        """One interval's decision, and its record for ``stats()``."""
+        before = self.value
+        if not self._pushed_back(interval):
+            if self.store:
+                self._store_step(interval)
+            else:
+                self._step(interval.rate)
+        self.value = self._capped(self.value)
+        self.steps_up += self.value > before
+        self._tuned_s += interval.seconds
+        if self.settled_after_s is None and self._phase == "steady":
+            self.settled_after_s = self._tuned_s
 
     def _retried(self) -> float:
         pressure = self._pressure
@@ -252,24 +281,24 @@ class Tuner:
         """Lower the limit and hold it (probing up again only after PROBE_EVERY quiet
         intervals) when the share of retried requests rose beyond the normal one, beyond the
         noise of a share: it is judged over SHARE_ITEMS requests at least (sooner when
-        SHARE_RETRIES of them were retried)."""
+        SHARE_RETRIES of them were retried). The next judgement, at the lower limit, tells
+        a store limiting the request rate from one failing a share of requests whatever the
+        rate: see :meth:`_judge_backoff`."""
         self._seen_items += interval.items
         self._seen_retried += interval.retried
-        items, retried = self._seen_items, self._seen_retried
-        if items < SHARE_ITEMS and (retried < SHARE_RETRIES or retried < 0.5 * items):
-            return False
-        self._seen_items, self._seen_retried = 0, 0.0
+        self._seen_s += interval.seconds
+        items, retried, rate = self._seen_items, self._seen_retried, self._seen_items / self._seen_s
         share, normal = retried / items, self._share
-        if normal is None:  # the first judgement after a backoff: what does this level see?
-            lower = share < self._trigger - _noise(self._trigger, items)
-            if lower and share - _noise(share, items) > SHARE_FLOOR:
-                return self._back_off(share)  # fewer requests, fewer retried: fewer still
-            if share > SHARE_FLOOR:
-                # as many as before: the store's own error rate, not a limit; the backoff was
-                # for nothing, so no hold: probing up (by half) resumes soon
-                self._throttled_at, self._hold = None, 4
-        elif share > normal + SHARE_FLOOR + _noise(normal, items) and self.value > self.low:
-            return self._back_off(share)
+        # the judgement after a backoff compares rates too: it waits for SHARE_ITEMS requests
+        early = normal is not None and retried >= SHARE_RETRIES and retried >= 0.5 * items
+        if items < SHARE_ITEMS and not early:
+            return False
+        self._seen_items, self._seen_retried, self._seen_s = 0, 0.0, 0.0
+        if normal is None:  # the first judgement after a backoff
+            if self._judge_backoff(share, items, rate):
+                return self._back_off(share, rate, items)
+        elif _rose(share, items, normal, self._normal_items) and self.value > self.low:
+            return self._back_off(share, rate, items)
         # the normal share: of every request since the last backoff (a long memory, so a lucky
         # stretch does not make the usual share look like a push-back)
         self._normal_items += items
@@ -277,17 +306,50 @@ class Tuner:
         self._share = self._normal_retried / self._normal_items
         return False
 
-    def _back_off(self, share: float) -> bool:
-        """Down to what the store accepted (Little's law: the requests in flight that carried
-        the share it did not refuse), by a half at most."""
+    def _judge_backoff(self, share: float, items: int, rate: float) -> bool:
+        """At the lower limit since the last backoff, what the store says: True to
+        back off again. A store that limits the request rate refuses fewer of fewer requests,
+        or (when the rate sent stays above its limit) accepts as many per second as before; a
+        store that fails a share of requests whatever the rate fails as large a share of
+        fewer, and delivers fewer: that backoff bought nothing and is undone."""
+        lower = _rose(self._trigger, self._trigger_items, share, items)
+        if lower:  # rate-driven: back off again while a share beyond the floor is refused
+            return _rose(share, items, 0.0, 0)  # still more refused than the floor
+        # fewer delivered: at least half the cut in requests shows in the rate (a store's
+        # limit, shared with other processes, moves it too, but by less)
+        pushed = self._throttled_at or self.value
+        cut = 1.0 - self.value / pushed
+        if share > SHARE_FLOOR and rate < (1.0 - max(GAIN, cut / 2)) * self._trigger_rate:
+            self._undo_backoff()
+        return False
+
+    def _back_off(self, share: float, rate: float, items: int) -> bool:
+        """Down to what the store accepted (the limit times the share not refused), by a
+        quarter at least and a half at most: a step deep enough that the next judgement can
+        tell a store limiting the rate from its own steady errors by the rate delivered (see
+        :meth:`_judge_backoff`), shallow enough that a store limiting the rate is not left far
+        below its limit."""
         self.backoffs += 1
-        self._share, self._trigger = None, share
+        self._share, self._trigger, self._trigger_rate, self._trigger_items = None, share, rate, items
         self._normal_items, self._normal_retried = 0, 0.0
         self._throttled_at = value = self.value
-        accepted = min(value - 1, math.floor(value * (1.0 - share)))
-        self._settle(max(self.low, value // 2, accepted), 0.0)
+        step = max(1, math.ceil(value * max(share, BACKOFF_STEP)))
+        self._settle(max(self.low, value // 2, value - step), 0.0)
         self._hold = PROBE_EVERY  # the store asked for fewer: no quick probe up
         return True
+
+    def _undo_backoff(self) -> None:
+        """The share of retried requests did not fall with fewer requests, and fewer were
+        delivered: it is the store's own error rate (a share of requests it fails whatever the
+        rate), not a limit on the rate. Go back to where it was and grow again from there (the
+        share seen since becomes the normal one), instead of holding and probing up slowly."""
+        restored = self._throttled_at
+        self.steady_errors += 1
+        self._throttled_at = None
+        if restored is not None and restored > self.value:
+            self._phase, self._doubted = "grow", False
+            self._least_latency = None
+            self.value, self._base = restored, (restored, 0.0)  # measured afresh, then grows
 
     def _capped(self, value: int) -> int:
         high = self.high
@@ -369,6 +431,7 @@ class Tuner:
         return self.ceiling is not None and interval.rate >= (1 - GAIN) * self.ceiling
 
     def _probe(self) -> None:
+        self.probes += 1
         self._phase, self._settled = "probe", 0
         self.value = self._up(max(self.value + 1, self.value * 3 // 2))
 
@@ -441,11 +504,43 @@ class Tuner:
         return self._phase == "steady"
 
 
-def _noise(share: float, items: int) -> float:
-    """Three standard deviations of a share measured over ``items`` requests (judged again
-    and again over a run: a rarer false alarm than two), for a share of at least SHARE_FLOOR."""
-    share = min(max(share, SHARE_FLOOR), 1.0)
-    return 3.0 * math.sqrt(share * (1.0 - share) / max(1, items))
+def _rose(share: float, items: int, before: float, before_items: int) -> bool:
+    """A share of retried requests measured over ``items`` requests is higher than ``before``
+    (measured over ``before_items``; 0: taken as known) by more than SHARE_FLOOR plus three
+    standard deviations of the difference (judged again and again over a run: a rarer false
+    alarm than two), for a pooled share of at least SHARE_FLOOR. Both shares' noise counts: a
+    normal share learnt over a few dozen requests is as uncertain as the new one."""
+    total = items + before_items
+    pooled = (share * items + before * before_items) / max(1, total)
+    pooled = min(max(pooled, SHARE_FLOOR), 1.0)
+    spread = 1.0 / max(1, items) + (1.0 / before_items if before_items else 0.0)
+    return share - before > SHARE_FLOOR + 3.0 * math.sqrt(pooled * (1.0 - pooled) * spread)
+
+
+class Gate:
+    """At most ``tuner.value`` calls run at once, whatever the pool's size: a tuned thread map
+    keeps twice that many items in flight (as ``map(workers=N)`` keeps ``2 * N``), so a thread
+    that finishes picks up the next item at once instead of idling until the consumer takes
+    the oldest result; the extra items wait here, not on a core. The limit may move at any
+    time: a waiting thread looks again at the next release, or after 50 ms."""
+
+    def __init__(self, tuner: Tuner) -> None:
+        self.tuner = tuner
+        self._cond = threading.Condition()
+        self._running = 0
+
+    def call(self, fn: Callable[[object], object], item: object) -> object:
+        cond = self._cond
+        with cond:
+            while self._running >= self.tuner.value:
+                cond.wait(0.05)
+            self._running += 1
+        try:
+            return fn(item)
+        finally:
+            with cond:
+                self._running -= 1
+                cond.notify()
 
 
 class BufferTuner:

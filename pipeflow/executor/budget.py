@@ -54,12 +54,13 @@ class RateBudget:
         #: seconds callers spent waiting for their slot
         self.waited_s = 0.0
 
-    def reserve(self) -> float:
-        """Take the next slot; the seconds to wait until it begins."""
+    def reserve(self, after: float = 0.0) -> float:
+        """Take the next slot that begins ``after`` seconds from now or later; the seconds to
+        wait until it begins."""
         with self._lock:
             now = self._clock()
             interval = 1.0 / self.rate
-            slot = max(self._next, now - (self.burst - 1.0) * interval)
+            slot = max(self._next, now + after - (self.burst - 1.0) * interval)
             self._next = slot + interval
             wait = max(0.0, slot - now)
             self.waited_s += wait
@@ -71,6 +72,15 @@ class RateBudget:
         if wait > 0.0:
             self._closed.wait(wait)
         return wait
+
+    def retry_turn(self, backoff: float) -> float:
+        """Wait for a retry's slot, which the caller's backoff of ``backoff`` seconds (slept
+        next) does not cover; the seconds waited here."""
+        extra = self.reserve(after=backoff) - backoff
+        if extra > 0.0:
+            self._closed.wait(extra)
+            return extra
+        return 0.0
 
     def close(self) -> None:
         self._closed.set()

@@ -33,7 +33,7 @@ from .._meter import TaskMeter
 from ..errors import WorkerCrashedError
 from ..items import describe_item
 from ._bootstrap import crashed_error
-from .autotune import Tuner
+from .autotune import Gate, Tuner
 from .pool import WorkerPool, lease_pool, return_pool
 
 __all__ = ["Source", "Task", "Window", "WindowOptions", "default_limit"]
@@ -70,6 +70,8 @@ class WindowOptions:
         on_discard: called with the future of every task dropped undelivered whose work could
             not be cancelled (when it completes), to release what its result holds.
         size_of: ``result -> bytes`` of a delivered result, for a tuner's memory budget.
+        gated: with a tuner and thread workers, the tuner's value is the calls running at once
+            (a :class:`~pipeflow.executor.autotune.Gate`) and twice as many are in flight.
     """
 
     workers: int = 0
@@ -81,6 +83,7 @@ class WindowOptions:
     inline: Callable[[Any], tuple[bool, Any]] | None = None
     on_discard: Callable[[Future[Any]], None] | None = None
     size_of: Callable[[Any], int] | None = None
+    gated: bool = False
 
     def __post_init__(self) -> None:
         check_int(self.workers, "window workers", low=0)
@@ -140,6 +143,7 @@ class Window:
         self.in_order = options.in_order
         self._limit = (options.limit or default_limit(workers, method)) if workers else 1
         self.tuner = tuner
+        self.gate = Gate(tuner) if tuner is not None and options.gated and method == "thread" else None
         self.size_of = options.size_of
         #: items per process task: two tasks per worker fill the window, each carrying as many
         #: items as that leaves room for (1 with the default window; a deeper ``max_inflight``
@@ -168,7 +172,17 @@ class Window:
     def limit(self) -> int:
         """Items submitted but not yet delivered, at most (the tuner's value when tuned)."""
         tuner = self.tuner
-        return tuner.value if tuner is not None and self.workers else self._limit
+        if tuner is None or not self.workers:
+            return self._limit
+        return 2 * tuner.value if self.gate is not None else tuner.value
+
+    @property
+    def running(self) -> int:
+        """Calls of ``fn`` that may run at once: the workers, or fewer when tuned."""
+        tuner = self.tuner
+        if tuner is None or not self.workers:
+            return self.workers
+        return min(self.workers, tuner.value if self.gate is not None else self.limit)
 
     # ---- lifecycle ------------------------------------------------------------------------
     def restart(self, skip: Iterable[int] = ()) -> None:
@@ -329,6 +343,8 @@ class Window:
                 fn = self.meter.thread_task(self.fn)
                 if self.tuner is not None and self.tuner.store:  # it sizes from latency
                     fn = functools.partial(_timed_call, fn, self.tuner)
+                if self.gate is not None:  # waits for its turn outside the measured call
+                    fn = functools.partial(self.gate.call, fn)
                 return self._pool.submit(fn, item)
             future = self._pool.submit(self.fn, item)
             future.add_done_callback(self.meter.process_task())

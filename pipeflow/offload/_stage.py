@@ -18,6 +18,12 @@ outstanding calls are dropped and a new actor starts its share from the state th
 last item this process received from it, so the prefix recomputes exactly the items that were
 lost. ``restarts`` bounds how often one share may be replaced in an epoch.
 
+Statistics: each actor sends the numbers its stages measured now and then with an item (and
+with the end of its share); :meth:`RayOffloader.measure_elsewhere` sums them over the actors,
+so ``stats()`` in the training process shows the stages that ran on the cluster (an actor that
+died counts what it reported before, so work done twice is counted twice). The offload stage's
+own time in ``next()`` is waiting for the cluster: it counts as ``wait_s``, not ``busy_s``.
+
 State: the turn (which actor the next item comes from), which shares ended, and per share the
 prefix's state after its last received item: O(workers) small states, never data.
 """
@@ -30,9 +36,11 @@ from typing import Any
 
 from ..errors import ClusterError, ConfigError, WorkerCrashedError
 from ..stages.base import Stage
+from ..stats import merge_stages
 from ._cluster import connect
 from ._options import OffloadOptions
 from ._pool import kill_actors, park, take
+from ._tensors import unpack
 from ._worker import ShareWorker
 
 __all__ = ["RayOffloader"]
@@ -69,6 +77,9 @@ class RayOffloader(Stage[Any]):
         self._turn = 0
         self._replaced = [0] * options.workers
         self._restarts_total = 0
+        #: per actor, the numbers of its current run; and those of the actors that died
+        self._numbers: list[dict[str, dict[str, float]]] = []
+        self._numbers_lost: dict[str, dict[str, float]] = {}
 
     @staticmethod
     def explain_note(args: tuple[Any, ...], kwargs: Any) -> str | None:
@@ -94,6 +105,7 @@ class RayOffloader(Stage[Any]):
         self._actors = idle if idle is not None else [None] * workers
         self._queues = [deque() for _ in range(workers)]
         self._starting = [False] * workers
+        self._numbers, self._numbers_lost = [{} for _ in range(workers)], {}
         for a in range(workers):
             if not self._ended[a]:
                 self._launch(a)
@@ -108,13 +120,15 @@ class RayOffloader(Stage[Any]):
             got = self._receive(a)
             if got is None:  # the actor died; its replacement recomputes from the last state
                 continue
-            done, item, self._shares[a] = got
+            done, item, self._shares[a], numbers = got
+            if numbers is not None:
+                self._numbers[a] = numbers
             self._turn = (a + 1) % workers
             if done:  # the actor stays: it may serve the next epoch (see offload/_pool.py)
                 self._ended[a] = True
                 continue
             self._queues[a].append(self._actors[a].pull.remote())
-            return item
+            return unpack(item)
         raise StopIteration
 
     def get_state(self) -> dict[str, Any]:
@@ -139,8 +153,22 @@ class RayOffloader(Stage[Any]):
 
     def measure(self) -> dict[str, float]:
         numbers = super().measure()
+        # the time in next() is waiting for the cluster's items, not work of this process
+        numbers["wait_s"] = numbers.get("wait_s", 0.0) + numbers.get("busy_s", 0.0)
+        numbers["busy_s"] = 0.0
         numbers["restarts"] = self._restarts_total
         return numbers
+
+    def measure_elsewhere(self) -> dict[str, dict[str, float]]:
+        """The prefix's stages as the actors measured them, summed over this rank's actors
+        (``lanes`` and ``workers`` add up, as over DataLoader workers); ``actors`` marks them
+        as stages on the cluster."""
+        out = merge_stages({}, self._numbers_lost)
+        for numbers in self._numbers:
+            merge_stages(out, numbers)
+        for values in out.values():
+            values["actors"] = self.options.workers
+        return out
 
     # ---- the actors -------------------------------------------------------------------------
     def _launch(self, a: int) -> None:
@@ -158,7 +186,7 @@ class RayOffloader(Stage[Any]):
         self._queues[a] = deque([begun] + [actor.pull.remote() for _ in range(options.inflight)])
         self._starting[a] = True
 
-    def _receive(self, a: int) -> tuple[bool, Any, dict[str, Any]] | None:
+    def _receive(self, a: int) -> tuple[bool, Any, dict[str, Any], Any] | None:
         """The next result of actor ``a``, or None when it died (and was replaced)."""
         ray = self._ray
         errors = ray.exceptions
@@ -200,6 +228,10 @@ class RayOffloader(Stage[Any]):
             f"{exc}", address=self.options.address or "")
 
     def _replace(self, a: int, exc: BaseException) -> None:
+        # what the dead actor did still counts; a new dict, as stats() may read the old one
+        # from another thread meanwhile
+        lost = {label: dict(values) for label, values in self._numbers_lost.items()}
+        self._numbers_lost, self._numbers[a] = merge_stages(lost, self._numbers[a]), {}
         self._replaced[a] += 1
         self._restarts_total += 1
         self._kill(a)

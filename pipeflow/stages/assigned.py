@@ -26,6 +26,7 @@ from typing import Any, Protocol, cast
 from .._checks import check_int
 from .._rng import derive_seed
 from ..assign import Order, Split, permute
+from ..errors import ConfigError
 from .base import SOURCES_KEY, Stage
 from .shard import warn_if_some_shards_idle
 
@@ -152,6 +153,12 @@ class AssignedSource(Stage[Any]):
 
     # ---- contract ---------------------------------------------------------------------------
     def start(self, state: dict[str, Any] | None) -> None:
+        if state and int(state.get("items", len(self._items))) != len(self._items):
+            raise ConfigError(
+                f"{self.name}: this state was saved over {state['items']} items and the source now "
+                f"has {len(self._items)}: the data changed since the state was saved (the order "
+                "and the shares are functions of the item count); resume with the data it was "
+                "saved on, or start the epoch anew")
         self._round = int(state["round"]) if state else self._round + 1
         self._k = int(state["index"]) if state else 0
         # batch(n) may change between save and load: the rest of the epoch keeps the split the
@@ -185,7 +192,8 @@ class AssignedSource(Stage[Any]):
         return self._items.at(self._order[p])
 
     def get_state(self) -> dict[str, Any]:
-        state = {"round": self._round, "index": self._k, "unit": self._unit}
+        state = {"round": self._round, "index": self._k, "unit": self._unit,
+                 "items": len(self._items)}
         if self._places is not None:
             state["resumed_epoch"] = self.context.epoch
         return {**state, SOURCES_KEY: [self.source.state_dict()]}

@@ -284,8 +284,28 @@ class Stage(Generic[T]):
         self._needs_reset = False
         self._closed = False
         self._resume_state = None
-        self.start(state or None)
+        if not state:
+            self.start(None)
+        else:
+            self._resume_from(state)
         self._meter.started(self)
+
+    def _resume_from(self, state: dict[str, Any]) -> None:
+        try:
+            self.start(state)
+        except BaseException as exc:
+            # a start from a state that failed half-way leaves the stage half-rebuilt: keep the
+            # state it was asked to resume, so a retry (or a checkpoint taken now) starts from
+            # it again instead of from the half-built position
+            self._resume_state = dict(state)
+            self._needs_reset = True
+            if isinstance(exc, StopIteration):
+                raise ConfigError(
+                    f"{self.name}: its source ended while it rebuilt the position of a saved state "
+                    "(the items that state needs are no longer there): the data changed since the "
+                    "state was saved; resume with the data it was saved on, or start the epoch "
+                    "anew") from None
+            raise
 
     def close(self) -> None:
         """Release resources held by this stage and its sources. Idempotent.
@@ -344,6 +364,12 @@ class Stage(Generic[T]):
         """This stage's numbers for ``stats()`` (:meth:`~pipeflow._meter.StageMeter.measure`:
         items, busy, wait and blocked seconds, lanes); a stage may add its own."""
         return self._meter.measure(self)
+
+    def measure_elsewhere(self) -> dict[str, dict[str, float]]:
+        """The numbers of the stages this stage runs in other processes, by label, for
+        ``stats()`` (``offload()``: its input stages on the cluster); none for a stage whose
+        inputs run here (they measure themselves)."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         """The current position; cheap before the first item, and kept after ``close()``."""

@@ -85,7 +85,15 @@ class WindowedOptions:
         assert is_int(workers) and (limit is None or is_int(limit))  # "auto" resolved above
         return WindowOptions(workers=workers, method=self.method, in_order=self.in_order, limit=limit,
                              name=name, start_method=self.start_method, inline=self.inline,
-                             on_discard=self.on_discard, size_of=self.size_of), tuner
+                             on_discard=self.on_discard, size_of=self.size_of,
+                             gated=self._gated), tuner
+
+    @property
+    def _gated(self) -> bool:
+        """A thread map tuned whole (``workers="auto"``, no explicit bound on items in flight):
+        its tuner sets the calls running at once, with twice as many items in flight."""
+        kind = self.kind or ("thread" if self.method == "thread" else "cpu")
+        return kind == "thread" and self.workers == AUTO and not is_int(self.max_inflight)
 
     def _tune(self) -> tuple[int, Tuner]:
         """The pool's size and the tuner that moves the limit below it."""
@@ -95,6 +103,8 @@ class WindowedOptions:
             start, high = bounds(kind)
             if is_int(max_inflight):  # an explicit bound on items in flight caps everything
                 size, tuner = min(high, max_inflight), Tuner(1, max_inflight, min(start, max_inflight))
+            elif self._gated:  # the value is the calls running at once, on a pool that size
+                size, tuner = high, Tuner(1, high, start)
             else:
                 # results delivered in order hold their slot until delivered, so the limit may
                 # go past the pool's size
@@ -109,13 +119,16 @@ class WindowedOptions:
 
 
 def _decisions(tuner: Tuner) -> dict[str, float]:
-    """What a tuner decided, for ``stats()``: its push-backs, and for requests to a store the
-    latency it sizes from (milliseconds, the last interval's mean and the settled value's)."""
-    numbers: dict[str, float] = {}
-    if tuner.backoffs:
-        numbers["backoffs"] = tuner.backoffs
-    if tuner.slowdowns:
-        numbers["slowdowns"] = tuner.slowdowns
+    """What a tuner decided, for ``stats()``: how it climbed (steps up, probes of a settled
+    limit, seconds of delivery until it first settled), its push-backs and the ones it undid,
+    and for requests to a store the latency it sizes from (milliseconds, the last interval's
+    mean)."""
+    numbers: dict[str, float] = {"steps_up": tuner.steps_up}
+    if tuner.settled_after_s is not None:
+        numbers["settle_s"] = round(tuner.settled_after_s, 3)
+    for key in ("probes", "backoffs", "steady_errors", "slowdowns"):
+        if getattr(tuner, key):
+            numbers[key] = getattr(tuner, key)
     if tuner.latency_s is not None:
         numbers["latency_ms"] = round(1000.0 * tuner.latency_s, 3)
     return numbers
@@ -189,7 +202,7 @@ class WindowedStage(Stage[Any]):
         window = self._window
         workers = window.workers if window is not None else 0
         if window is not None and window.tuner is not None and workers:
-            workers = min(workers, window.limit)  # the pool's threads beyond the limit stay idle
+            workers = window.running  # the pool's threads beyond the tuned limit stay idle
             numbers["inflight"] = window.limit
             numbers.update(_decisions(window.tuner))
         numbers["workers"] = workers

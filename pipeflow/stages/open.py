@@ -70,7 +70,8 @@ class OpenFn:
         stats, label = counts
         if waited:
             stats.incr(label, "rate_wait_s", waited)
-        with stats.counting(label):  # retries inside the backend are counted for this stage
+        pace = budget.retry_turn if budget is not None else None
+        with stats.counting(label, pace):  # the backend's retries count here, and take turns
             result = self._open(be, url)
         stats.incr(label, "requests")
         if isinstance(result, Record):

@@ -87,8 +87,8 @@ class SampleShuffler(Stage[Any]):
         found: dict[int, list[Any]] = {}
         for seq in range(int(state["base"]), int(state["pulled"])):
             items = self._pull_sample(seq)
-            if items is None:
-                break  # the source changed under us; resume with what is there
+            if items is None:  # the source ended early: the data changed since the save
+                raise StopIteration  # Stage.reset turns it into a ConfigError that says so
             if seq in wanted:
                 found[seq] = items
             else:

@@ -127,7 +127,7 @@ class Shuffler(Stage[Any]):
         found: dict[int, Any] = {}
         for seq in range(base, pulled):
             snap = self.source.state_dict() if seq in wanted else None
-            item = next(self.source)  # StopIteration here means the source changed under us
+            item = next(self.source)  # StopIteration: the data changed (Stage.reset says so)
             if seq in wanted:
                 found[seq] = item
                 self._snapshots[seq] = snap  # type: ignore[assignment]

@@ -44,6 +44,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import math
 import random
 import signal
 import socket
@@ -51,6 +52,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -87,6 +89,10 @@ class Faults:
         stall_s: length of a stall.
         methods: methods the faults apply to.
         seed: seeds the random choices (made in the order requests reach the proxy).
+        rate_limit: requests of ``methods`` per second the proxy lets through (0: no limit);
+            beyond it, it answers ``error_status`` as a store limiting a prefix's request rate
+            does: a token bucket refilled at that rate, holding a tenth of a second's worth
+            (at least one), so the share refused grows with the rate sent, not with time.
     """
 
     error_rate: float = 0.0
@@ -99,6 +105,7 @@ class Faults:
     stall_s: float = 5.0
     methods: frozenset[str] = frozenset({"GET"})
     seed: int = 0
+    rate_limit: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("error_rate", "reset_rate", "close_rate", "stall_rate", "body_stall_rate"):
@@ -109,6 +116,8 @@ class Faults:
             raise ValueError(f"Faults.error_status must be one of {sorted(_ERRORS)}, got {self.error_status}")
         if self.reset_after < 0 or self.stall_s < 0:
             raise ValueError("Faults.reset_after and Faults.stall_s must be >= 0")
+        if not 0.0 <= self.rate_limit < math.inf:
+            raise ValueError(f"Faults.rate_limit must be a finite number >= 0, got {self.rate_limit}")
         object.__setattr__(self, "methods", frozenset(m.upper() for m in self.methods))
 
     def decide(self, rng: random.Random, info: RequestInfo) -> Action | None:
@@ -126,6 +135,24 @@ class Faults:
         if self.body_stall_rate and rng.random() < self.body_stall_rate:
             return "stall_body"
         return None
+
+
+class _RateLimit:
+    """A token bucket: ``take()`` is True while requests stay within ``rate`` per second (with
+    a burst of a tenth of a second's worth); a refused request takes no token."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate, self.burst = rate, max(1.0, rate / 10.0)
+        self.tokens, self.last = self.burst, time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
 
 
 @dataclass(frozen=True)
@@ -618,6 +645,7 @@ class _ProxyCore:
         self.faults = faults
         self.hook = hook
         self.rng = random.Random(faults.seed)
+        self.limit = _RateLimit(faults.rate_limit) if faults.rate_limit else None
         self.lock = threading.Lock()
         self.requests: collections.Counter[str] = collections.Counter()
         self.fault_counts: collections.Counter[str] = collections.Counter()
@@ -664,7 +692,10 @@ class _ProxyCore:
     def decide(self, info: RequestInfo) -> Action | None:
         if self.hook is not None:
             return self.hook(info)
-        return self.faults.decide(self.rng, info)
+        faults, limit = self.faults, self.limit
+        if limit is not None and info.method in faults.methods and not limit.take():
+            return f"error{faults.error_status}"  # type: ignore[return-value]
+        return faults.decide(self.rng, info)
 
     def count_fault(self, action: str) -> None:
         with self.lock:
@@ -874,6 +905,7 @@ class DelayProxy:
 
         def apply() -> None:
             core.faults, core.hook, core.rng = faults, hook, random.Random(faults.seed)
+            core.limit = _RateLimit(faults.rate_limit) if faults.rate_limit else None
 
         if self._loop is not None and self._thread is not None:
             self._loop.call_soon_threadsafe(apply)
@@ -904,7 +936,8 @@ class ProxyProcess:
                "--port", str(self.port), "--error-rate", str(f.error_rate),
                "--error-status", str(f.error_status), "--reset-rate", str(f.reset_rate),
                "--reset-after", str(f.reset_after), "--stall-rate", str(f.stall_rate),
-               "--stall-s", str(f.stall_s), "--methods", ",".join(sorted(f.methods)), "--seed", str(f.seed)]
+               "--stall-s", str(f.stall_s), "--methods", ",".join(sorted(f.methods)), "--seed", str(f.seed),
+               "--rate-limit", str(f.rate_limit)]
         # a parent killed outright (SIGKILL) takes its proxy along, as it does its server
         self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=death_signal_hook())
         assert self._proc.stdout is not None
@@ -970,10 +1003,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stall-s", type=float, default=d.stall_s)
     p.add_argument("--methods", default="GET", help="comma-separated methods the faults apply to")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--rate-limit", type=float, default=d.rate_limit,
+                   help="requests/s let through; beyond, --error-status (0: no limit)")
     a = p.parse_args(argv)
     faults = replace(d, error_rate=a.error_rate, error_status=a.error_status, reset_rate=a.reset_rate,
                      reset_after=a.reset_after, stall_rate=a.stall_rate, stall_s=a.stall_s,
-                     methods=frozenset(m for m in a.methods.split(",") if m), seed=a.seed)
+                     methods=frozenset(m for m in a.methods.split(",") if m), seed=a.seed,
+                     rate_limit=a.rate_limit)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -11,9 +11,11 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,6 +32,7 @@ os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
+torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.slow
 
@@ -46,6 +49,7 @@ def _start() -> object:
     started = time.monotonic()
     cluster = cluster_utils.Cluster(initialize_head=True, head_node_args=dict(HEAD))
     ray.init(address=cluster.address, log_to_driver=False)
+    FIGURES["ray cluster start-ups"] += 1
     FIGURES["ray cluster start-up s"] = round(time.monotonic() - started, 1)
     return cluster
 
@@ -57,15 +61,41 @@ def _stop(cluster) -> None:
 
 @pytest.fixture(scope="module")
 def cluster():
-    cluster = _start()
-    holder = {"cluster": cluster}
-    yield holder
-    _stop(holder["cluster"])
+    # Ray's files (session logs, sockets, the address file) go to a directory of the module's
+    # own, removed at the end, not to /tmp/ray; directly in /tmp, as a socket path in it must
+    # fit in 107 bytes (the suite's own temporary directory is too deep). Every process Ray or
+    # a test starts inherits RAY_TMPDIR.
+    temp = tempfile.mkdtemp(prefix="pf-ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    saved = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = temp
+    holder: dict[str, object] = {}
+    try:
+        holder["cluster"] = _start()
+        yield holder
+    finally:
+        if "cluster" in holder:
+            _stop(holder["cluster"])
+        if saved is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = saved
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _tag(batch):
     """A batch with the pid of the process that made it (the cluster worker)."""
     return {"pid": os.getpid(), "items": batch}
+
+
+#: a batch of 8 float64 values repeated this often is 256 KiB: over Ray's inline limit, so it
+#: travels as a view of the shared-memory store
+TENSOR_REPEAT = 4096
+
+
+def _with_tensor(batch):
+    import torch
+
+    return {**_tag(batch), "x": torch.tensor(batch, dtype=torch.float64).repeat(TENSOR_REPEAT)}
 
 
 def _slow_tag(batch):
@@ -90,10 +120,26 @@ def _census(batches: list[list[int]]) -> None:
     assert sorted(items) == list(range(N))
 
 
+def _stats_cover_the_cluster(stats, *, epochs: int) -> None:
+    """stats() in the training process shows the stages that ran on the two cluster workers,
+    named as such, summed over both; the one that sleeps 20 ms a batch limits the pipeline."""
+    assert list(stats)[:4] == ["from_items", "shuffle", "batch", "map"]
+    assert stats["from_items"]["items"] == stats["shuffle"]["items"] == epochs * N
+    batches = epochs * N // BATCH
+    assert stats["batch"]["items"] == stats["map"]["items"] == stats["offload"]["items"] == batches
+    assert stats["map"]["actors"] == 2 and stats["map"]["lanes"] == 2
+    assert stats.name("map") == "map(_slow_tag) [cluster]" and stats.name("offload") == "offload"
+    assert stats["map"]["busy_s"] >= batches * 0.02 * 0.9
+    assert stats["offload"]["busy_s"] == 0 and stats["offload"]["wait_s"] > 0
+    assert stats.bottleneck == "map" and "offload(workers=4)" in stats.advice
+
+
 def test_two_workers_deliver_the_prefix_exactly_once_in_its_global_order(cluster):
     pipe = PREFIX.offload(workers=2, inflight=2)
     first = list(pipe)  # epoch 0
+    _stats_cover_the_cluster(pipe.stats(), epochs=1)
     second = list(pipe)  # epoch 1, reshuffled
+    _stats_cover_the_cluster(pipe.stats(), epochs=2)
     _census([b["items"] for b in first])
     _census([b["items"] for b in second])
     assert [b["items"] for b in first] == _local_batches()
@@ -102,9 +148,14 @@ def test_two_workers_deliver_the_prefix_exactly_once_in_its_global_order(cluster
     assert len(pids) == 2 and os.getpid() not in pids  # two cluster workers, not this process
     assert {b["pid"] for b in second} == pids  # kept warm between epochs
     FIGURES["offload items checked"] += 2 * N
+    # torch tensors arrive as tensors (read in place from the object store, and writable);
     # the idle workers end with the description they ran
-    prefix = pf.from_items(range(N)).batch(BATCH).map(_tag)
+    prefix = pf.from_items(range(N)).batch(BATCH).map(_with_tensor)
     once = list(prefix.offload(workers=1))
+    for b in once:
+        want = torch.tensor(b["items"], dtype=torch.float64).repeat(TENSOR_REPEAT)
+        assert isinstance(b["x"], torch.Tensor) and torch.equal(b["x"], want)
+        b["x"].add_(1)  # an in-place step on a received batch
     pids = {b["pid"] for b in once}
     del prefix, once
     gc.collect()
@@ -135,12 +186,6 @@ def test_a_worker_killed_mid_epoch_loses_and_duplicates_nothing(cluster):
     FIGURES["offload workers killed"] += 1
 
 
-def test_a_worker_that_keeps_dying_fails_the_epoch_with_a_typed_error(cluster):
-    pipe = PREFIX.offload(workers=2, restarts=0)
-    with pytest.raises(WorkerCrashedError, match="died 1 times"):
-        _kill_midway(pipe, kill_after=2)
-
-
 def _saved_midway(pipe, stop_after: int):
     it = iter(pipe)
     seen = [next(it)["items"] for _ in range(stop_after)]
@@ -163,6 +208,20 @@ def test_resume_is_exact_also_after_the_whole_cluster_restarted(cluster):
     rest = [b["items"] for b in it]
     _census(seen + rest)
     assert seen + rest == _local_batches()
+
+
+def test_closing_mid_epoch_ends_every_cluster_worker(cluster):
+    it = iter(PREFIX.offload(workers=2))
+    pids = {next(it)["pid"] for _ in range(4)}
+    assert len(pids) == 2
+    it.close()
+    assert _gone_soon(pids) == set()
+
+
+def test_a_worker_that_keeps_dying_fails_the_epoch_with_a_typed_error(cluster):
+    pipe = PREFIX.offload(workers=1, restarts=0)  # one worker: one start-up
+    with pytest.raises(WorkerCrashedError, match="died 1 times"):
+        _kill_midway(pipe, kill_after=2)
 
 
 def _fails_at_17(batch):
@@ -205,16 +264,8 @@ def _gone_soon(pids: set[int], seconds: float = 15.0) -> set[int]:
     return {p for p in pids if _alive(p)}
 
 
-def test_closing_mid_epoch_ends_every_cluster_worker(cluster):
-    it = iter(PREFIX.offload(workers=2))
-    pids = {next(it)["pid"] for _ in range(4)}
-    assert len(pids) == 2
-    it.close()
-    assert _gone_soon(pids) == set()
-
-
 def test_a_cluster_without_room_is_an_error_not_a_hang(cluster):
-    pipe = PREFIX.offload(workers=2, cpus=64, start_timeout=2)
+    pipe = PREFIX.offload(workers=2, cpus=64, start_timeout=1)
     # the error, not a wait: a hang would end at the test's timeout instead
     with pytest.raises(ClusterError, match="did not start"):
         list(pipe)
@@ -252,46 +303,65 @@ def test_an_unreachable_cluster_names_its_address_within_seconds_and_no_ray_name
     assert "pipeflow-data[ray]" in missing and "pipeflow[" not in missing
 
 
-def test_two_torchrun_ranks_each_receive_their_share_from_a_two_node_cluster(cluster, tmp_path):
-    from ._launch import torchrun
+def _elastic_prefix() -> pf.Pipeline:
+    """torchrun_offload.py's elastic prefix (shard_by_rank(): a state resumes at any ranks)."""
+    return pf.from_items(range(96)).shuffle(16, seed=5).shard_by_rank().batch(4).map(_tag)
 
+
+def _one_rank_saved(monkeypatch, tmp_path) -> tuple[list[list[int]], Path]:
+    """One training rank with one cluster worker, checkpointed after 7 batches: what it
+    received, and the merged state (the file the two torchrun ranks resume)."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    seen, state = _saved_midway(_elastic_prefix().offload(workers=1, cpus=0.5), 7)
+    merged = tmp_path / "merged.json"
+    merged.write_text(json.dumps(pf.merge_states([state])))
+    return seen, merged
+
+
+def _census_of(items: list[int], n: int) -> None:
+    assert len(items) == len(set(items)) == n, "an item was lost or delivered twice"
+    assert sorted(items) == list(range(n))
+
+
+def test_torchrun_ranks_on_a_two_node_cluster_share_exactly_and_resume_across_ranks(
+        cluster, tmp_path, monkeypatch):
+    from ._launch import torchrun
+    from .conftest import suite
+
+    seen_one, merged = _one_rank_saved(monkeypatch, tmp_path)
     # a second "node" (its own raylet and object store, on loopback) joins the module's cluster
     node = cluster["cluster"].add_node(num_cpus=2, node_ip_address="127.0.0.1",
                                        object_store_memory=80 << 20)
+    out = tmp_path / "out"
+    out.mkdir()
     try:
-        results = torchrun("torchrun_offload.py", tmp_path, cluster["cluster"].address, timeout=400)
+        results = torchrun("torchrun_offload.py", out, cluster["cluster"].address, str(merged),
+                           timeout=400)
     finally:
         cluster["cluster"].remove_node(node)
-    ranks = []
-    for rank, part in enumerate(results["offload"]):
-        assert part["ok"], f"rank {rank}: {part['error']}\n{part['traceback']}"
-        ranks.append(part["data"])
+    ranks = suite(results, "offload")
     # global step k is rank 0's k-th batch and rank 1's: the prefix's k-th batch of 8 in one process
-    local = [sorted(b) for b in pf.from_items(range(96)).shuffle(16, seed=3).batch(8)]
+    local = [sorted(b) for b in pf.from_items(range(96)).shuffle(16, seed=5).batch(8)]
     steps = [sorted(a + b) for a, b in zip(ranks[0]["batches"], ranks[1]["batches"])]
     assert steps == local
-    items = [x for r in ranks for b in r["batches"] for x in b]
-    assert sorted(items) == list(range(96))
+    _census_of([x for r in ranks for b in r["batches"] for x in b], 96)
     pids = [set(r["pids"]) for r in ranks]
     assert len(pids[0]) == len(pids[1]) == 2 and not pids[0] & pids[1]  # two actors of its own each
     assert not pids[0] & {r["trainer_pid"] for r in ranks}
-    FIGURES["offload items checked"] += 96
-
-
-def test_merge_states_resumes_an_offloaded_epoch_on_another_number_of_ranks(cluster, monkeypatch):
-    prefix = pf.from_items(range(N)).shuffle(32, seed=5).shard_by_rank().batch(BATCH).map(_tag)
-    seen, states = [], []
-    for rank, stop in ((0, 3), (1, 5)):  # two ranks of one moment, one after the other here
-        monkeypatch.setenv("RANK", str(rank))
-        monkeypatch.setenv("WORLD_SIZE", "2")
-        taken, state = _saved_midway(prefix.offload(workers=2, cpus=0.5), stop)
-        seen += taken
-        states.append(state)
-    merged = json.loads(json.dumps(pf.merge_states(states)))
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    rest = [b["items"] for b in prefix.offload(workers=2, cpus=0.5).resume_from(merged)]
-    _census(seen + rest)
+    # 1 rank x 1 cluster worker saved, 2 ranks x 2 cluster workers resumed: exactly once
+    rest = [x for r in suite(results, "resume") for b in r["rest"] for x in b]
+    _census_of([x for b in seen_one for x in b] + rest, 96)
+    # 2 ranks x 2 cluster workers saved at the same step (by the workers the first epoch kept
+    # warm), 1 rank x 1 cluster worker resumed
+    saved = suite(results, "save")
+    assert [set(r["pids"]) for r in saved] == pids
+    merged_two = json.loads(json.dumps(pf.merge_states([r["state"] for r in saved])))
+    resumed = _elastic_prefix().offload(workers=1, cpus=0.5).resume_from(merged_two)
+    got = list(resumed)
+    rest = [x for b in got for x in b["items"]]
+    _census_of([x for r in saved for b in r["seen"] for x in b] + rest, 96)
+    FIGURES["offload items checked"] += 3 * 96
 
 
 _TRAIN = """

@@ -14,20 +14,12 @@ from pipeflow.executor import autotune
 from pipeflow.executor.autotune import Tuner
 from pipeflow.executor.budget import RateBudget, check_rate, process_share
 
-
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
+from ._autotune_helpers import fake_clock, held
 
 
 @pytest.fixture
 def clock(monkeypatch):
-    fake = FakeClock()
-    monkeypatch.setattr(autotune, "perf_counter", fake)
-    return fake
+    return fake_clock(monkeypatch)
 
 
 class Store:
@@ -63,11 +55,6 @@ def drive(tuner, clock, store, seconds=20.0):
         tuner.delivered()
         seen.append(tuner.value)
     return seen
-
-
-def held(seen):
-    """The limit held most of the second half of a run."""
-    return Counter(seen[len(seen) // 2:]).most_common(1)[0][0]
 
 
 def first_reaching(seen, value):
@@ -128,6 +115,7 @@ def test_a_rising_share_of_throttled_requests_halves_the_limit(clock):
     seen = drive(tuner, clock, store, seconds=30.0)
     assert tuner.backoffs >= 1
     assert held(seen) <= 8, seen[-50:]
+    assert tuner.steady_errors == 0  # fewer requests, fewer refused: the backoff stands
 
 
 def test_a_steady_share_of_errors_is_not_a_request_rate_limit(clock):
@@ -139,6 +127,42 @@ def test_a_steady_share_of_errors_is_not_a_request_rate_limit(clock):
     seen = drive(tuner, clock, store, seconds=30.0)
     assert held(seen) >= 32, seen[-50:]
     assert tuner.backoffs <= 3
+
+
+def test_a_backoff_that_lowers_no_share_is_undone_at_once(clock):
+    # the first sign of 503s makes the tuner back off; one judgement at the lower limit (about
+    # SHARE_ITEMS requests) shows the same share, and the tuner goes back to the limit it left
+    # and grows from there, instead of holding and probing up by half
+    store = Store(latency=0.01, demand=3000.0, retried=lambda n: 0.1)
+    tuner = Tuner(1, 64, 4, store=True)
+    tuner.watch(lambda: store.retries)
+    trace, end = [], clock.now + 10.0
+    while clock.now < end:
+        dt, latency, waited = store.step(tuner.value)
+        clock.now += dt
+        tuner.served(latency)
+        tuner.waited(waited)
+        tuner.delivered()
+        trace.append((tuner.value, tuner.backoffs, tuner.steady_errors))
+    first_backoff = next(i for i, t in enumerate(trace) if t[1])
+    left_at = trace[first_backoff - 1][0]
+    undone = next(i for i, t in enumerate(trace) if t[2])
+    assert undone - first_backoff <= 3 * autotune.SHARE_ITEMS, (first_backoff, undone)
+    assert trace[undone][0] >= left_at, trace[first_backoff - 1:undone + 1]
+    assert held([v for v, _, _ in trace]) >= 32
+
+
+def test_a_backoff_that_delivers_as_much_stands_though_the_share_is_the_same(clock):
+    # a store at its request rate at every limit: 100 accepted per second, 30% refused; fewer
+    # requests meet the same share but deliver as much, so the backoff stands (undoing it
+    # would only send more requests to be refused)
+    store = Store(latency=0.01, capacity=100.0, retried=lambda n: 0.3)
+    tuner = Tuner(1, 64, 4, store=True)
+    tuner.watch(lambda: store.retries)
+    seen = drive(tuner, clock, store, seconds=30.0)
+    assert tuner.backoffs >= 1
+    assert tuner.steady_errors == 0
+    assert held(seen) <= 16, seen[-50:]
 
 
 def test_a_ceiling_stops_growth_where_the_budget_is_reached(clock):
@@ -171,6 +195,26 @@ def test_budget_paces_calls_to_its_rate():
     assert waits[-1] == pytest.approx(2.0)  # 21 calls at once: the last one 2 s later
     now[0] = 100.0  # idle for long: one call passes at once, no burst saved up beyond it
     assert budget.reserve() == 0.0 and budget.reserve() == pytest.approx(0.1)
+
+
+def test_a_retry_takes_its_turn_under_the_budget_beyond_its_backoff():
+    from pipeflow.stats import Stats, take_turn
+
+    now = [0.0]
+    budget = RateBudget(10.0, clock=lambda: now[0])
+    waited = []
+    budget._closed.wait = lambda seconds: waited.append(seconds)  # record, do not sleep
+    assert [budget.reserve() for _ in range(3)] == [0.0, pytest.approx(0.1), pytest.approx(0.2)]
+    # the next slot begins at 0.3 s; a retry backing off 0.05 s waits 0.25 s more for it
+    assert budget.retry_turn(0.05) == pytest.approx(0.25)
+    # a backoff longer than the queue: its slot begins when the backoff ends, no extra wait
+    assert budget.retry_turn(2.0) == 0.0 and budget.reserve() == pytest.approx(2.1)
+    stats = Stats()
+    with stats.counting("open", budget.retry_turn):
+        take_turn(0.0)  # what a backend's retry does: its turn comes 0.1 s after the last slot
+    take_turn(0.0)  # outside a stage's request: nothing to pace, nothing counted
+    assert stats.count("open", "rate_wait_s") == pytest.approx(2.2)
+    assert waited == [pytest.approx(0.25), pytest.approx(2.2)]
 
 
 def test_budget_close_wakes_waiting_threads():

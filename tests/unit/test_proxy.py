@@ -232,6 +232,26 @@ def test_error_rate_is_seeded(server):
     assert 200 in first and 503 in first
 
 
+def test_rate_limit_refuses_what_exceeds_the_rate_and_lets_the_rate_through(server):
+    # 20 GETs/s with a burst of 2: of 12 sent back to back, at most the burst plus what the rate
+    # refilled while they were sent pass; requests sent at 10/s all pass
+    url, seen = server
+    with DelayProxy(url, delay_ms=0, faults=Faults(rate_limit=20.0)) as proxy:
+        conn = _conn(proxy)
+        t0 = time.monotonic()
+        burst = [_get(conn, "/obj/1")[0] for _ in range(12)]
+        allowed = 2 + 20.0 * (time.monotonic() - t0)
+        paced = []
+        for _ in range(6):
+            time.sleep(0.1)
+            paced.append(_get(conn, "/obj/1")[0])
+        conn.close()
+        refused = proxy.stats()["faults"]["error"]
+    assert 1 <= burst.count(200) <= allowed and 503 in burst, (burst, allowed)
+    assert paced == [200] * 6
+    assert refused == burst.count(503) and seen["GET"] >= 7
+
+
 def test_reset_mid_body_after_n_bytes(server):
     url, _ = server
     with DelayProxy(url, delay_ms=0, faults=Faults(reset_rate=1.0, reset_after=4096)) as proxy:
@@ -325,6 +345,7 @@ def test_unreachable_upstream_closes_the_client():
 
 @pytest.mark.parametrize("bad", [
     {"error_rate": 1.5}, {"reset_rate": -0.1}, {"error_status": 404}, {"stall_s": -1},
+    {"rate_limit": -1.0}, {"rate_limit": float("inf")},
 ])
 def test_fault_options_are_validated(bad):
     with pytest.raises(ValueError):

@@ -124,7 +124,8 @@ def test_every_stage_state_names_its_sources_with_one_key():
     depth = 0
     while state:
         assert set(state) - {SOURCES_KEY} <= {"round", "step", "exhausted", "pulled", "base", "buffer",
-                                             "skip", "offset", "taken", "index", "unit", "seed", "size"}
+                                             "skip", "offset", "taken", "index", "unit", "seed", "size",
+                                             "items"}
         sources = state.get(SOURCES_KEY)
         state = sources[0] if sources else None
         depth += 1

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import pipeflow as pf
+from pipeflow.errors import ConfigError
 from pipeflow.formats import encode_example, write_tfrecords
 
 from ._core_helpers import as_field_url, as_sample, as_tensor, double, is_even, slow_double
@@ -353,3 +354,29 @@ def test_a_resumed_run_can_be_saved_and_resumed_again(name, first, second):
     delivered = head + middle + list(last)
     assert len(delivered) == len(full)
     assert all(map(_same, delivered, full))
+
+
+# ---- a state resumed on changed data: a clear error, never a quiet epoch of other items -------------
+CHANGED_DATA = {
+    "random-access shuffle": lambda n: pf.from_items(list(range(n))).shuffle(50, seed=1),
+    "buffer shuffle": lambda n: pf.from_items([[i] for i in range(n)]).unbatch().shuffle(50, seed=1),
+    "sample shuffle": lambda n: pf.from_items([f"s3://b/p/{i:04d}.{field}" for i in range(n // 2)
+                                               for field in ("jpg", "cls")]).shuffle(20, seed=1, by="key"),
+}
+
+
+@pytest.mark.parametrize("build", CHANGED_DATA.values(), ids=CHANGED_DATA.keys())
+def test_a_state_resumed_on_fewer_items_fails_clearly_and_keeps_its_position(build):
+    it = iter(build(100))
+    for _ in range(10):
+        next(it)
+    state = pickle.loads(pickle.dumps(it.state_dict()))
+    resumed = iter(build(30))
+    resumed.load_state_dict(state)
+    with pytest.raises(ConfigError, match="the data changed since the state was saved"):
+        next(resumed)
+    resumed.close()
+    assert resumed.state_dict()["stages"] == state["stages"]  # a checkpoint now is the saved one
+    again = iter(build(100))  # and on the data it was saved on, it resumes
+    again.load_state_dict(resumed.state_dict())
+    assert len(list(again)) == len(list(build(100))) - 10
