@@ -267,12 +267,14 @@ def part_cuts(sizes: list[int], repeats: int) -> list[dict[str, Any]]:
 
 
 def part_listing(sizes: list[int], moto_sizes: list[int], page_ms: float, repeats: int,
-                 ) -> list[dict[str, Any]]:
+                 shapes: tuple[str, ...] = ("numbered",)) -> list[dict[str, Any]]:
     rows = []
-    for n in sizes:
-        keys = [f"s3://b/{k}" for k in numbered(n)]
-        store = ModelStore(keys, page_ms)
-        rows += _listing_rows(f"model {page_ms:g} ms/page", store, "s3://b/data/", n, repeats)
+    for shape in shapes:
+        for n in sizes:
+            store = ModelStore([f"s3://b/{k}" for k in shaped_keys(shape, n)], page_ms)
+            for row in _listing_rows(f"model {page_ms:g} ms/page", store, "s3://b/data/", n,
+                                     repeats):
+                rows.append({"shape": shape, **row})
     for n in moto_sizes:
         from pipeflow.backends.registry import get_backend
 
@@ -321,17 +323,27 @@ def first_item_cpu(info: Any) -> tuple[str, float | None]:
     return info.url, None
 
 
-def memory_case(index: str, workers: int) -> dict[str, Any]:
+def memory_case(index: str, workers: int, copies: int = 1) -> dict[str, Any]:
     """One run in a fresh interpreter (so nothing from an earlier case is in its memory)."""
     code = ("import json, sys; from benchmarks.scale import _memory_run; "
-            f"print(json.dumps(_memory_run({index!r}, {workers})))")
+            f"print(json.dumps(_memory_run({index!r}, {workers}, {copies})))")
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True,
                          capture_output=True, text=True, timeout=1800).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def _memory_run(index: str, workers: int) -> dict[str, Any]:
+class _Copies:
+    """Each key ``n`` times: a small key set read for as long as a large one (picklable)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __call__(self, info: Any) -> list[Any]:
+        return [info] * self.n
+
+
+def _memory_run(index: str, workers: int, copies: int = 1) -> dict[str, Any]:
     from torch.utils.data import DataLoader
 
     import pipeflow as pf
@@ -339,7 +351,10 @@ def _memory_run(index: str, workers: int) -> dict[str, Any]:
     me = psutil.Process()
     base = _pss([me])
     started = time.perf_counter()
-    pipe = pf.list_objects("s3://b/data/", manifest=index).map(first_item_cpu).batch(64)
+    pipe = pf.list_objects("s3://b/data/", manifest=index)
+    if copies > 1:
+        pipe = pipe.map(_Copies(copies)).unbatch()
+    pipe = pipe.map(first_item_cpu).batch(64)
     loader = DataLoader(pipe, batch_size=None, num_workers=workers,
                         multiprocessing_context="fork" if workers else None)
     count, first_batch, cpus = 0, None, []
@@ -360,16 +375,22 @@ def _memory_run(index: str, workers: int) -> dict[str, Any]:
             "worker_cpu_to_first_item_s": sorted(cpus)}
 
 
-def part_memory(sizes: list[int], workers: list[int], repeats: int, tmp: str) -> list[dict[str, Any]]:
+def part_memory(sizes: list[int], workers: list[int], repeats: int, tmp: str,
+                long_baseline: bool = False) -> list[dict[str, Any]]:
+    """PSS against keys and workers. ``long_baseline``: the 10^3-key pipeline reads each key
+    ``max(sizes) / 10^3`` times, as many items as the largest run: what the DataLoader's main
+    process grows by over a long run (its queues' threads and allocator) is then in both."""
     rows = []
     for n in [1000, *sizes]:
         index = os.path.join(tmp, f"index-{n}.pfi")
         write_model_index(index, n)
+        copies = max(sizes) // n if long_baseline and n == 1000 else 1
         for w in workers:
-            runs = [memory_case(index, w) for _ in range(repeats)]
-            assert all(r["items"] == n for r in runs), runs
-            rows.append({"keys": n, "workers": w, "runs": runs, "index_mb": os.path.getsize(index) / 2**20})
-            print(f"memory: {n} keys, {w} workers: added "
+            runs = [memory_case(index, w, copies) for _ in range(repeats)]
+            assert all(r["items"] == n * copies for r in runs), runs
+            rows.append({"keys": n, "workers": w, "runs": runs, "items": n * copies,
+                         "index_mb": os.path.getsize(index) / 2**20})
+            print(f"memory: {n} keys x {copies}, {w} workers: added "
                   f"{statistics.median(r['added_mb'] for r in runs):.0f} MB, first batch "
                   f"{statistics.median(r['first_batch_s'] for r in runs):.2f} s", flush=True)
         os.unlink(index)
@@ -396,11 +417,15 @@ def main() -> int:
     ap.add_argument("--listing-sizes", type=int, nargs="*", default=[100_000, 1_000_000])
     ap.add_argument("--moto-listing-sizes", type=int, nargs="*", default=[20_000])
     ap.add_argument("--page-ms", type=float, default=30.0)
+    ap.add_argument("--listing-shapes", nargs="+", default=["numbered"],
+                    choices=["numbered", "numbered, gaps", "hashed", "nested"])
     ap.add_argument("--s3rver-listing-sizes", type=int, nargs="*", default=[])
     ap.add_argument("--s3rver-delay-ms", type=float, default=20.0)
     ap.add_argument("--pages-per-cut", type=int, default=PAGES_PER_CUT)
     ap.add_argument("--memory-sizes", type=int, nargs="+", default=[100_000, 1_000_000])
     ap.add_argument("--workers", type=int, nargs="+", default=[0, 2, 4, 8])
+    ap.add_argument("--long-baseline", action="store_true",
+                    help="the 10^3-key pipeline reads as many items as the largest size")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     result: dict[str, Any] = {"machine": machine(), "repeats": args.repeats,
@@ -411,13 +436,14 @@ def main() -> int:
             result["lists"] = part_lists(args.list_objects, args.repeats)
         if "listing" in args.parts:
             result["listing"] = part_listing(args.listing_sizes, args.moto_listing_sizes,
-                                             args.page_ms, args.repeats)
+                                             args.page_ms, args.repeats, tuple(args.listing_shapes))
             result["listing"] += part_s3rver_listing(args.s3rver_listing_sizes,
                                                      args.s3rver_delay_ms, args.repeats)
         if "cuts" in args.parts:
             result["cuts"] = part_cuts([10_000, 20_000, 100_000, 250_000, 1_000_000], args.repeats)
         if "memory" in args.parts:
-            result["memory"] = part_memory(args.memory_sizes, args.workers, args.repeats, tmp)
+            result["memory"] = part_memory(args.memory_sizes, args.workers, args.repeats, tmp,
+                                           args.long_baseline)
     result["machine"]["load_1min_at_end"] = os.getloadavg()[0]
     text = json.dumps(result, indent=1)
     if args.out:

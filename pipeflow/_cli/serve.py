@@ -16,6 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=None, help="TCP port on 127.0.0.1 (default: a free one)")
     parser.add_argument("--bucket", action="append", default=[], metavar="NAME",
                         help="create this bucket at start (repeatable)")
+    parser.add_argument("--examples", action="store_true",
+                        help="fill s3://bucket/ and s3://my-bucket/ with the small dataset the "
+                             "README's and docs' examples read, so each runs as written")
 
 
 def port_problem(port: int) -> str | None:
@@ -50,6 +53,10 @@ def run(args: argparse.Namespace) -> int:
                 print(f"export {key}={shlex.quote(value)}")
             for bucket in args.bucket:
                 print(f"# bucket: s3://{bucket}/")
+            if args.examples:
+                from ..testing.examples import put_examples
+
+                print(f"# the docs' examples read: {' '.join(put_examples(server))}")
             print("# press Ctrl-C to stop", flush=True)
             try:
                 while not stop.wait(0.5):

@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
     rate = result.uploaded / max(result.seconds, 1e-9)
     skipped = f", {result.skipped} unchanged skipped" if args.skip_unchanged else ""
-    print(f"uploaded {result.uploaded} files ({result.bytes / 1e6:.1f} MB) to {result.url} in "
+    files = "file" if result.uploaded == 1 else "files"
+    print(f"uploaded {result.uploaded} {files} ({result.bytes / 1e6:.1f} MB) to {result.url} in "
           f"{result.seconds:.1f} s ({rate:.0f} files/s){skipped}")
     return 0

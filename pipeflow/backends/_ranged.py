@@ -1,12 +1,16 @@
-"""A body read as consecutive ranged requests of a fixed size, with bounded memory.
+"""A body read as consecutive ranged requests of a bounded size, with bounded memory.
 
 Some clients (the AWS CRT of s3torchconnector) download a whole response as fast as the
 network allows, whatever the reader consumes: one GET of a 1 GB object holds up to 1 GB in
 the client. :class:`RangedBody` bounds that by asking for the object one range at a time
-(``[lo, lo + range_size)``) and requesting the next range only once the reader has reached the
-current one, so at most two ranges are ever requested and not yet delivered: one being read,
-one arriving. From the second range on, the next request starts as soon as the reader reaches the
-start of the range arriving, so consecutive requests overlap (one round trip per object is
+and requesting the next range only once the reader has reached the current one, so at most two
+ranges are ever requested and not yet delivered: one being read, one arriving. The first range
+is ``range_size`` bytes and each next one doubles, up to ``max_range_size``: a small object still
+costs one short GET, while a long sequential read gets large requests that a client such as the
+CRT splits into several parts in flight at once (fixed 8 MiB ranges kept a single part in
+flight per stream, the CRT's whole-object GET many). From the second range on, the next request
+starts as soon as the reader reaches the start of the range arriving, so consecutive requests
+overlap (one round trip per object is
 waited for, not one per range); the first range never starts a second request, so an object
 that fits in one range costs one GET. That bound is :attr:`RangedBody.peak_buffered`,
 measured, not assumed.
@@ -23,11 +27,15 @@ two ranges fails the read instead of splicing two versions together.
 
 The end of the object needs no HEAD request: a range that comes back shorter than asked is
 the last one, and a range that starts exactly at the end is refused by the server (HTTP 416),
-which ``is_past_end`` recognises.
+which ``is_past_end`` recognises. When a version check reports the object's size, ranges stop
+at it instead, and a range that comes back short of it was cut off (a client that splits a range
+into parts was seen to end a range reaching past the object early, without an error): that is an
+:class:`http.client.IncompleteRead`, transient, and the caller resumes at the byte reached.
 """
 
 from __future__ import annotations
 
+import http.client
 import io
 import queue
 import threading
@@ -45,9 +53,10 @@ class _Requests:
     without ``close()`` is still collected (and its finaliser stops the pump)."""
 
     def __init__(self, fetch: Callable[[int, int], Iterable[bytes]], start: int, end: int | None,
-                 range_size: int, is_past_end: Callable[[BaseException], bool],
-                 check: Callable[[], None] | None = None, check_first: bool = False) -> None:
-        self.fetch, self.start, self.end, self.size = fetch, start, end, range_size
+                 sizes: tuple[int, int], is_past_end: Callable[[BaseException], bool],
+                 check: Callable[[], int | None] | None = None, check_first: bool = False) -> None:
+        self.fetch, self.start, self.end = fetch, start, end
+        self.size, self.max_size = sizes  # the next range's size, and the largest
         self.is_past_end = is_past_end
         self.check = check
         self.check_first = check_first
@@ -59,32 +68,56 @@ class _Requests:
     def _bounds(self, lo: int) -> int:
         return lo + self.size if self.end is None else min(lo + self.size, self.end)
 
+    def _grow(self) -> None:
+        """Called once a range is requested: the next one is twice as large, up to the cap."""
+        self.size = min(2 * self.size, self.max_size)
+
     def _check(self, lo: int) -> None:
         """The version check before the range at ``lo`` (none before the body's first one
-        unless ``check_first``: a stream resumed mid-object checks at once)."""
+        unless ``check_first``: a stream resumed mid-object checks at once). A check that
+        reports the object's size ends the body there: no range reaches past the object, and a
+        range that comes back short of it was cut off."""
         if self.check is not None and (lo > self.start or self.check_first):
-            self.check()
+            size = self.check()
+            if size is not None and (self.end is None or size < self.end):
+                self.end = size
 
-    def request(self, lo: int) -> tuple[Iterable[bytes], int]:
-        self._check(lo)
+    def _send(self, lo: int) -> tuple[Iterable[bytes], int]:
+        """The request of the range at ``lo`` (nothing when ``lo`` is at the known end)."""
+        if self.end is not None and lo >= self.end:
+            return iter(()), lo
         hi = self._bounds(lo)
         with self.cond:
-            # never more than two ranges ahead of the reader: wait until it reaches `lo - size`
-            self.cond.wait_for(lambda: self.stop or self.pos >= lo - self.size)
+            self.peak = max(self.peak, hi - self.pos)
+        self._grow()
+        return iter(self.fetch(lo, hi)), hi
+
+    def request(self, lo: int, after: int) -> tuple[Iterable[bytes], int]:
+        """Request the range at ``lo`` once the reader has reached ``after``, the start of the
+        range before it (never more than two ranges ahead of the reader)."""
+        self._check(lo)
+        with self.cond:
+            self.cond.wait_for(lambda: self.stop or self.pos >= after)
             if self.stop:
                 raise _Stopped
-            self.peak = max(self.peak, hi - self.pos)
-        return iter(self.fetch(lo, hi)), hi
+        return self._send(lo)
 
-    def try_request(self, lo: int) -> tuple[Iterable[bytes], int] | None:
-        """Start the request of the range at ``lo`` now if the bound allows it, else None."""
-        hi = self._bounds(lo)
+    def try_request(self, lo: int, after: int) -> tuple[Iterable[bytes], int] | None:
+        """Start the request of the range at ``lo`` now if the reader has reached ``after``."""
         with self.cond:
-            if self.stop or self.pos < lo - self.size:
+            if self.stop or self.pos < after:
                 return None
-            self.peak = max(self.peak, hi - self.pos)
         self._check(lo)
-        return iter(self.fetch(lo, hi)), hi
+        return self._send(lo)
+
+    def _ended(self, lo: int, hi: int, got: int) -> bool:
+        """Whether the range ``[lo, hi)`` that delivered ``got`` bytes was the last one: it
+        reached the known end, or (the size unknown) came back short. Short of a known end,
+        the response was cut off: a transient error, so the caller resumes at the byte reached.
+        """
+        if self.end is not None and got < hi - lo:
+            raise http.client.IncompleteRead(b"", hi - lo - got)
+        return got < hi - lo or (self.end is not None and hi >= self.end)
 
     def run(self, pump: Pump) -> None:
         """The pump's producer: every range's chunks, in order, until the end or a stop."""
@@ -101,7 +134,7 @@ class _Requests:
         chunks: Iterable[bytes] | None = None
         ahead: tuple[Iterable[bytes], int] | None = None
         try:
-            chunks, hi = self.request(lo)
+            chunks, hi = self.request(lo, lo)
             while True:
                 got = 0
                 # From the second range on, the next range's request starts while this one
@@ -114,14 +147,14 @@ class _Requests:
                         return
                     got += len(chunk)
                     if overlap and ahead is None:
-                        ahead = self.try_request(hi)
-                if got < hi - lo or (self.end is not None and hi >= self.end):
-                    break  # a short range is the last one (a request started past it is dropped)
-                lo = hi
+                        ahead = self.try_request(hi, lo)
+                if self._ended(lo, hi, got):
+                    break  # (a request started past the last range is dropped)
+                lo, before = hi, lo
                 if ahead is not None:
                     (chunks, hi), ahead = ahead, None
                 else:
-                    chunks, hi = self.request(lo)
+                    chunks, hi = self.request(lo, before)
             if lo > self.start or self.check_first:
                 self._check(lo)  # the last range came from the version checked before it
         finally:
@@ -137,26 +170,30 @@ class RangedBody(io.RawIOBase):
             iterable of its body chunks (the request may fail lazily, on the first chunk).
         start: first byte.
         end: one past the last byte, or None for the end of the object.
-        range_size: bytes per request.
+        range_size: bytes of the first request; each next one doubles, up to ``max_range_size``.
+        max_range_size: the largest request (None: ``range_size``, every range the same);
+            the stream never holds more than twice this.
         read_timeout: seconds to wait for the next chunk (None: forever).
         is_past_end: whether a failed request means "this range starts at the end".
         on_request_error: maps the failure of a request that delivered nothing of the body
             (the first range) to the error to raise; later failures are raised unchanged for
             the caller to resume.
         check: called (on the request thread) before each range after the first and once
-            after the last one of a body of several; raises when the object has changed.
+            after the last one of a body of several; raises when the object has changed, and
+            returns the object's size (or None when unknown), which bounds the later ranges.
         check_first: run ``check`` before the first range too (a body resuming a read).
     """
 
     def __init__(self, fetch: Callable[[int, int], Iterable[bytes]], *, start: int, end: int | None,
-                 range_size: int, read_timeout: float | None,
+                 range_size: int, max_range_size: int | None = None, read_timeout: float | None,
                  is_past_end: Callable[[BaseException], bool],
                  on_request_error: Callable[[BaseException], BaseException] | None = None,
-                 check: Callable[[], None] | None = None, check_first: bool = False) -> None:
+                 check: Callable[[], int | None] | None = None, check_first: bool = False) -> None:
         super().__init__()
         self._timeout = read_timeout
         self._on_request_error = on_request_error
-        self._requests = _Requests(fetch, start, end, range_size, is_past_end, check, check_first)
+        sizes = (range_size, max(range_size, max_range_size or range_size))
+        self._requests = _Requests(fetch, start, end, sizes, is_past_end, check, check_first)
         self._buf = memoryview(b"")
         self._done = False
         self._arrived = False  # a chunk of the body has reached the reader

@@ -38,7 +38,7 @@ from ..items import ObjectInfo
 from .batch import BatchHandle, ThreadPoolBatch
 
 __all__ = ["Backend", "BackendOptions", "Publisher", "S3Location", "bucket_name_problem",
-           "malformed_scheme", "parse_s3_url", "scheme_of"]
+           "malformed_scheme", "parse_s3_object_url", "parse_s3_url", "scheme_of"]
 
 #: schemes that only ever name remote stores; "s3:/x" is a typo for "s3://x", never a local path
 REMOTE_SCHEMES = frozenset({"s3", "gs", "gcs", "az", "abfs", "abfss", "http", "https", "hf"})
@@ -136,6 +136,23 @@ def parse_s3_url(url: str, *, backend: str = "", op: str = "") -> S3Location:
     if not bucket or "?" in bucket or "#" in bucket:
         raise InvalidURLError("the URL names no bucket", url=url, backend=backend, op=op)
     return S3Location(bucket, key)
+
+
+def parse_s3_object_url(url: str, *, backend: str = "", op: str = "") -> S3Location:
+    """:func:`parse_s3_url` for an operation on one object (open, info, upload): a URL that
+    names only a bucket (``s3://bucket``, ``s3://bucket/``) is refused before any request.
+
+    S3 answers a GET of the bucket itself with a listing of it, which some clients would hand
+    over as the object's bytes; others fail with an SDK validation error that names nothing.
+
+    Raises:
+        InvalidURLError: not an ``s3://`` URL, no bucket, or no key.
+    """
+    loc = parse_s3_url(url, backend=backend, op=op)
+    if not loc.key:
+        raise InvalidURLError("the URL names a bucket, not an object (s3://bucket/key)", url=url,
+                              backend=backend, op=op)
+    return loc
 
 
 def local_path(url: str, *, backend: str = "", op: str = "") -> str:

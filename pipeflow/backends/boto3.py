@@ -19,7 +19,7 @@ from pipeflow._checks import check_int, is_int
 from pipeflow.backends._resumable import ResumableStream
 from pipeflow.backends._retry import retry_call, s3_error_code
 from pipeflow.backends._s3config import S3Options, is_invalid_range, translate_s3_error
-from pipeflow.backends.base import Backend, S3Location, parse_s3_url
+from pipeflow.backends.base import Backend, S3Location, parse_s3_object_url, parse_s3_url
 from pipeflow.errors import BackendError, ConfigError
 from pipeflow.items import ObjectInfo
 
@@ -122,7 +122,7 @@ class Boto3Backend(Backend):
         return sorted(f"s3://{loc.bucket}/{p['Prefix']}" for p in page.get("CommonPrefixes", ()))
 
     def info(self, url: str) -> ObjectInfo:
-        loc = parse_s3_url(url, backend=self.name, op="info")
+        loc = parse_s3_object_url(url, backend=self.name, op="info")
         client = self._client()
         head = self._call(lambda: client.head_object(Bucket=loc.bucket, Key=loc.key), url, "info")
         return ObjectInfo(url=url, size=int(head["ContentLength"]), etag=_etag(head.get("ETag")),
@@ -143,7 +143,7 @@ class Boto3Backend(Backend):
         return resp["Body"], (start + int(length)) if length is not None else None, _etag(resp.get("ETag"))
 
     def _stream(self, url: str, start: int, end: int | None) -> IO[bytes]:
-        loc = parse_s3_url(url, backend=self.name, op="open")
+        loc = parse_s3_object_url(url, backend=self.name, op="open")
         if end is not None and end <= start:
             self.info(url)
             return io.BytesIO(b"")
@@ -178,7 +178,7 @@ class Boto3Backend(Backend):
             return stream.read()
 
     def _download(self, url: str, start: int) -> IO[bytes]:
-        loc = parse_s3_url(url, backend=self.name, op="open")
+        loc = parse_s3_object_url(url, backend=self.name, op="open")
         client = self._client()
         spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_BYTES)  # noqa: SIM115 - returned
 
@@ -202,7 +202,7 @@ class Boto3Backend(Backend):
         readers never see a part of it."""
         from boto3.s3.transfer import TransferConfig
 
-        loc = parse_s3_url(url, backend=self.name, op="upload")
+        loc = parse_s3_object_url(url, backend=self.name, op="upload")
         client = self._client()
         if os.path.getsize(path) < _MULTIPART_BYTES:
             # one PUT: the transfer manager's threads and futures cost more than a small file
@@ -222,7 +222,7 @@ class Boto3Backend(Backend):
         conditional write, ``If-None-Match: *``): True when this call wrote it, False when
         another writer was first. Two jobs racing to publish one index both end up reading
         the same object."""
-        loc = parse_s3_url(url, backend=self.name, op="upload")
+        loc = parse_s3_object_url(url, backend=self.name, op="upload")
         client = self._client()
         with open(path, "rb") as fh:
             data = fh.read()

@@ -19,7 +19,7 @@ from typing import IO, Any, TypeVar
 
 from pipeflow.backends._resumable import ResumableStream
 from pipeflow.backends._retry import retry_call
-from pipeflow.backends._s3config import S3Options, is_invalid_range, translate_s3_error
+from pipeflow.backends._s3config import S3Options, is_invalid_range, on_s3_endpoint, translate_s3_error
 from pipeflow.backends.base import Backend, malformed_scheme, scheme_of
 from pipeflow.errors import (
     BackendError,
@@ -33,6 +33,9 @@ from pipeflow.items import ObjectInfo
 __all__ = ["FsspecBackend", "FsspecOptions", "s3fs_kwargs", "single_try"]
 
 T = TypeVar("T")
+
+#: schemes whose first path segment is a bucket (or container), never an object
+_BUCKET_SCHEMES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
 
 
 @dataclass(frozen=True)
@@ -110,11 +113,24 @@ class FsspecBackend(Backend):
             if malformed is not None:  # "s3:/b/k" is a typo, not a relative local path
                 raise malformed
             protocol = "file"
+        meant = on_s3_endpoint(url) if protocol in ("http", "https") else None
+        if meant is not None:
+            raise InvalidURLError(f"this URL is on the S3 endpoint: name it {meant!r} (the "
+                                  "endpoint comes from AWS_ENDPOINT_URL)", url=url, backend=self.name)
         cache = self._client()
         fs = cache.get(protocol)
         if fs is None:
             fs = cache[protocol] = self._make_fs(protocol, url)
         return fs, self._strip(fs, url)
+
+    def _object_fs(self, url: str, op: str) -> tuple[Any, str]:
+        """:meth:`_fs` for one object: a URL that names only a bucket of an object store is
+        refused before any request (see :func:`~pipeflow.backends.base.parse_s3_object_url`)."""
+        scheme = scheme_of(url)
+        if scheme in _BUCKET_SCHEMES and not url.split("://", 1)[1].partition("/")[2]:
+            raise InvalidURLError(f"the URL names a bucket, not an object ({scheme}://bucket/key)",
+                                  url=url, backend=self.name, op=op)
+        return self._fs(url)
 
     def _strip(self, fs: Any, url: str) -> str:
         return fs._strip_protocol(url)
@@ -190,7 +206,7 @@ class FsspecBackend(Backend):
                           mtime=float(mtime) if isinstance(mtime, (int, float)) else None)
 
     def info(self, url: str) -> ObjectInfo:
-        fs, path = self._fs(url)
+        fs, path = self._object_fs(url, "info")
         entry = self._call(lambda: fs.info(path), url, "info")
         if entry.get("type", "file") != "file":
             raise ObjectNotFoundError("is a directory, not an object", url=url, backend=self.name, op="info")
@@ -208,7 +224,7 @@ class FsspecBackend(Backend):
         return self._call(go, url, "open")
 
     def open(self, url: str, *, start: int = 0) -> IO[bytes]:
-        fs, path = self._fs(url)
+        fs, path = self._object_fs(url, "open")
         first = self._open_at(fs, path, url, start)
         size = getattr(first, "size", None)
         return ResumableStream(lambda off: self._open_at(fs, path, url, off), start=start,
@@ -221,7 +237,7 @@ class FsspecBackend(Backend):
         lo = start or 0
         if lo < 0 or (end is not None and end < 0):
             raise ConfigError(f"read({url!r}): start/end must be non-negative (backend={self.name})")
-        fs, path = self._fs(url)
+        fs, path = self._object_fs(url, "read")
         if end is not None and end <= lo:
             self.info(url)
             return b""

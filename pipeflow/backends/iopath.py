@@ -27,7 +27,7 @@ from typing import IO, Any
 from pipeflow.backends._resumable import ResumableStream
 from pipeflow.backends._retry import retry_call
 from pipeflow.backends._s3config import S3Options, is_invalid_range, translate_s3_error
-from pipeflow.backends.base import Backend, parse_s3_url
+from pipeflow.backends.base import Backend, parse_s3_object_url, parse_s3_url
 from pipeflow.errors import BackendError, ConfigError
 from pipeflow.items import ObjectInfo
 
@@ -99,7 +99,7 @@ class IopathBackend(Backend):
             yield ObjectInfo(url=f"s3://{loc.bucket}/{key}")
 
     def info(self, url: str) -> ObjectInfo:
-        loc = parse_s3_url(url, backend=self.name, op="info")
+        loc = parse_s3_object_url(url, backend=self.name, op="info")
         _, client = self._client()
         head = self._run(lambda: client.head_object(Bucket=loc.bucket, Key=loc.key), url, "info")
         etag = head.get("ETag")
@@ -109,7 +109,7 @@ class IopathBackend(Backend):
                           mtime=mtime.timestamp() if mtime is not None else None)
 
     def _open_at(self, url: str, offset: int, etag: MutableSequence[str] | None = None) -> IO[bytes]:
-        loc = parse_s3_url(url, backend=self.name, op="open")
+        loc = parse_s3_object_url(url, backend=self.name, op="open")
         manager, client = self._client()
         chunk = self.options.chunk_size
 

@@ -46,10 +46,11 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from pipeflow._checks import check_int
 from pipeflow._pump import Pump
+from pipeflow.backends._optional import require
 from pipeflow.backends._resumable import ResumableStream
 from pipeflow.backends._retry import is_transient, mark_answered, retried_pages, retry_call
-from pipeflow.backends._s3config import S3Options
-from pipeflow.backends.base import Backend, S3Location, parse_s3_url
+from pipeflow.backends._s3config import S3Options, translate_s3_error
+from pipeflow.backends.base import Backend, S3Location, parse_s3_object_url, parse_s3_url
 from pipeflow.errors import (
     AccessDeniedError,
     ConfigError,
@@ -99,9 +100,6 @@ class ObstoreOptions(S3Options):
         check_int(self.read_ahead, "obstore read_ahead", low=0)
         if self.page_size > 1000:
             raise ConfigError(f"obstore page_size must be at most 1000, got {self.page_size!r}")
-        if self.profile is not None:
-            raise ConfigError("the obstore backend reads credentials from the environment or from "
-                              "access_key/secret_key; named profiles are not supported")
 
 
 def usable_here() -> bool:
@@ -111,6 +109,35 @@ def usable_here() -> bool:
     if _runtime_pid is not None and _runtime_pid != os.getpid():
         return False
     return importlib.util.find_spec("obstore") is not None
+
+
+def _sdk_credentials(opts: ObstoreOptions, bucket: str) -> Any:
+    """A credential provider over the AWS SDK's chain (``profile=``/``AWS_PROFILE``, the shared
+    files, SSO, container and instance roles), or None to let object_store read keys from the
+    environment itself.
+
+    object_store alone reads only environment keys and instance metadata: keys in
+    ``~/.aws/credentials`` or a profile went unused, and the instance-metadata request that
+    followed failed as a generic error, retried for the whole budget (60 s) before an opaque
+    ``RetryExhaustedError``. Found once per bucket and process; refreshed by the provider.
+    """
+    import importlib.util
+
+    if opts.profile is None and (os.environ.get("AWS_ACCESS_KEY_ID")
+                                 or importlib.util.find_spec("boto3") is None):
+        return None
+    boto3 = require("boto3", extra="boto3")
+    from obstore.auth.boto3 import Boto3CredentialProvider
+
+    try:
+        session = boto3.session.Session(profile_name=opts.profile)
+        found = session.get_credentials()
+    except Exception as exc:
+        raise translate_s3_error(exc, url=f"s3://{bucket}/", backend="obstore", op="credentials") from exc
+    if found is None:
+        raise AccessDeniedError("no usable credentials found (environment, profile, shared files, "
+                                "instance role)", url=f"s3://{bucket}/", backend="obstore", op="credentials")
+    return Boto3CredentialProvider(session)
 
 
 def _seconds(value: float) -> _dt.timedelta:
@@ -159,11 +186,14 @@ class ObstoreBackend(Backend):
         endpoint = opts.resolved_endpoint()
         if endpoint:
             config["endpoint"] = endpoint
+        provider = None
         if opts.access_key and opts.secret_key is not None:
             config["access_key_id"] = opts.access_key
             config["secret_access_key"] = opts.secret_key
             if opts.session_token:
                 config["session_token"] = opts.session_token
+        else:
+            provider = _sdk_credentials(opts, bucket)
         client: ClientConfig = {"allow_http": bool(endpoint and endpoint.startswith("http://")),
                                 "timeout": _REQUEST_LIFETIME}
         if opts.timeout is not None:
@@ -171,7 +201,8 @@ class ObstoreBackend(Backend):
             client["read_timeout"] = _seconds(opts.read_timeout or 0)
         # pipeflow's RetryPolicy is the only retry layer (one try per object_store request)
         retry: RetryConfig = {"max_retries": 0, "retry_timeout": _REQUEST_LIFETIME}
-        return S3Store(bucket, config=config, client_options=client, retry_config=retry)
+        return S3Store(bucket, config=config, client_options=client, retry_config=retry,
+                       credential_provider=provider)
 
     # ---- errors ----------------------------------------------------------------------------
     def _typed(self, exc: BaseException, url: str, op: str) -> BaseException | None:
@@ -248,7 +279,7 @@ class ObstoreBackend(Backend):
 
         import obstore
 
-        loc = parse_s3_url(url, backend=self.name, op="upload")
+        loc = parse_s3_object_url(url, backend=self.name, op="upload")
 
         def put() -> None:
             # no HEAD probe as for reads (the object is not expected to exist yet): a missing
@@ -299,7 +330,7 @@ class ObstoreBackend(Backend):
     def info(self, url: str) -> ObjectInfo:
         import obstore
 
-        loc = parse_s3_url(url, backend=self.name, op="info")
+        loc = parse_s3_object_url(url, backend=self.name, op="info")
         meta = self._call(lambda: obstore.head(self._store(loc.bucket), loc.key), loc, url, "info")
         return _object_info(loc.bucket, meta, url)
 
@@ -342,7 +373,7 @@ class ObstoreBackend(Backend):
         return start >= int(size)
 
     def _stream(self, url: str, start: int, end: int | None) -> IO[bytes]:
-        loc = parse_s3_url(url, backend=self.name, op="open")
+        loc = parse_s3_object_url(url, backend=self.name, op="open")
         if end is not None and end <= start:
             self.info(url)
             return io.BytesIO(b"")

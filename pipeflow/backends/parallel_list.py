@@ -12,14 +12,24 @@ Cost: a range of ``n`` keys takes at most ``floor(n / 1000) + 1`` requests (one 
 one), so a cut costs at most one request over ``ceil(N / 1000)``: the short last page of the
 range it shortens, or a probe past the end of the keys. Cuts are paid for out of a budget of one
 request per ``pages_per_cut`` (100) pages of keys found so far: a cut is made only when the
-ranges that may still cost one (:meth:`_Parallel._may_cost`) fit in it, so a listing costs at
-most 1% over a serial chain, whatever the estimates get wrong, and one under 10^5 keys is a
-single chain. (The exception: numbers found without a gap, then gaps; the ranges cut on page
-boundaries and open when the first gap shows may cost one request each, one a thread at most.)
-Where the first page's keys are consecutive numbers in a fixed width
+ranges that may still cost one (:meth:`_Parallel._may_cost`) fit in it, so a listing under 10^5
+keys is a single chain. (The exception: numbers found without a gap, then gaps; the ranges cut
+on page boundaries and open when the first gap shows may cost one request each, one a thread at
+most.) Where the first page's keys are consecutive numbers in a fixed width
 (``train/0000000.jpg``, ``train/0000001.jpg``...), cuts fall on what would be page boundaries,
-and a range that ends on its last key costs nothing. Memory is the listing itself. Backends
-without ``pages_from_any_key`` list as one serial chain
+and a range that ends on its last key costs nothing.
+
+Other keys (hashes, keys in directories) are spread by a guess. When the keys found pay for a
+first cut, the characters seen at each position of a sample of them give the key space (hex
+digits, digits, ``c`` then three digits then ``/``...), and how densely the keys found fill it
+gives a guess of how many there are. That cut tests the guess: it starts a chain near the end of
+the key space, whose first page is a page of the listing whatever it finds. A full page there
+trusts the guess, which then pays, once, for cuts that give every thread a chain of an equal
+share: as many as three quarters of the guess pays for, ``concurrency - 1`` at most. Later cuts
+are paid by the keys found. So the listing stays within 1% whenever the keys continue as spread
+as the first ones; keys that stop following the guess after its probe (a dense start and a block
+where the probe lands, nothing between) cost at most ``concurrency - 1`` requests over it.
+Memory is the listing itself. Backends without ``pages_from_any_key`` list as one serial chain
 (:meth:`~pipeflow.backends.base.Backend.list`).
 """
 
@@ -60,42 +70,101 @@ class _Range:
     left: float = float("inf")  # keys estimated still to list (updated after each page)
 
 
-class _Cutter:
-    """Keys as numbers, counted in the alphabet the keys are written in, to estimate how many
-    keys lie between two keys and where to cut between them."""
+#: Character classes keys are commonly written in (digits, hex, base 36, base 62, URL-safe base
+#: 64), each in byte order; a position of a key is assumed to take any character of the smallest
+#: class that holds every character seen where keys differ.
+_CLASSES = (
+    "0123456789",
+    "0123456789abcdef",
+    "0123456789ABCDEF",
+    "0123456789abcdefghijklmnopqrstuvwxyz",
+    "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ",
+    "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz",
+    "-0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ_abcdefghijklmnopqrstuvwxyz",
+)
 
-    def __init__(self, sample: list[str], prefix: str) -> None:
+
+def _alphabets(sample: list[str]) -> list[str]:
+    """Per position, the characters a key may hold there, learned from ``sample``.
+
+    Where keys differ, the characters seen pick a class (hex for ``3fa9...``, digits for
+    ``c017/00042.jpg``); a position holding only characters of that class takes the whole class
+    (``0`` in every key's first place of a hex listing may still become ``f``), and any other
+    position keeps what was seen (the ``c`` and ``/`` of ``c017/``, the ``.jpg``), so a cut never
+    lands in a span no key can be in, such as ``c4z/`` between directories named by digits."""
+    length = max(map(len, sample), default=0)
+    seen = ["".join(sorted({k[i] for k in sample if i < len(k)})) for i in range(length)]
+    varying = {c for chars in seen if len(chars) > 1 for c in chars}
+    cls = next((c for c in _CLASSES if varying and varying <= set(c)), None)
+    return [cls if cls is not None and set(chars) <= set(cls) else chars for chars in seen]
+
+
+class _Cutter:
+    """Keys as numbers, each position counted in the characters keys hold there, to estimate how
+    many keys lie between two keys and where to cut between them."""
+
+    def __init__(self, sample: list[str], prefix: str, page_len: int | None = None) -> None:
         self.numbered = _Numbered.of([prefix + k for k in sample])
-        self.page_len = max(1, len(sample))
-        chars = sorted({c for key in sample for c in key})
-        self.alphabet = chars or ["0"]
+        self.page_len = max(1, page_len or len(sample))
+        self.alphabets = _alphabets(sample)
+        self.fallback = "".join(sorted({c for key in sample for c in key})) or "0"
         self.prefix = prefix
-        self.base = len(self.alphabet) + 1
-        # a guess at the last key: the sample's last key with each digit or letter raised to
-        # the highest of its kind ("0000999.jpg" -> "9999999.zzz"); the alphabet's highest
-        # character in every place would guess far too high for numbered keys
+        # the highest key in these alphabets, as long as the sample's last key ("0000999.jpg"
+        # -> "9999999.jpg", "c000/0042.jpg" -> "c999/9999.jpg")
         last = sample[-1] if sample else ""
-        self.top = "".join(_highest(c) for c in last)
+        self.top = "".join(self._alpha(i)[-1] for i in range(len(last)))
         self.first = sample[0] if sample else ""  # the listing's first key, after the prefix
+        self.width = len(self.top) + 1
+        self.density: float | None = None  # keys a unit of value(., width), once trusted
+
+    def trust(self, keys: float) -> None:
+        """Estimate keys between two keys from ``keys`` spread evenly from the first key to the
+        highest, not from the density of a page (which, for keys in directories, is the density
+        inside one directory)."""
+        span = self.value(None, self.width) - self.value(self.prefix + self.first, self.width)
+        self.density = keys / max(1, span)
+
+    def _alpha(self, i: int) -> str:
+        return self.alphabets[i] if i < len(self.alphabets) else self.fallback
 
     def value(self, url: str | None, width: int) -> int:
-        """``url`` (under the prefix; None: the largest key in this alphabet) as a number of
+        """``url`` (under the prefix; None: the highest key in these alphabets) as a number of
         ``width`` digits; digit 0 is "no character" (a shorter key sorts first)."""
-        key = (self.top or self.alphabet[-1] * width) if url is None else url[len(self.prefix):]
-        top = len(self.alphabet) - 1
+        key = (self.top or self.fallback[-1] * width) if url is None else url[len(self.prefix):]
         number = 0
         for i in range(width):
-            digit = min(bisect.bisect_left(self.alphabet, key[i]), top) + 1 if i < len(key) else 0
-            number = number * self.base + digit
+            alpha = self._alpha(i)
+            digit = min(bisect.bisect_left(alpha, key[i]), len(alpha) - 1) + 1 if i < len(key) else 0
+            number = number * (len(alpha) + 1) + digit
         return number
 
     def key(self, number: int, width: int) -> str:
         digits = []
-        for _ in range(width):
-            number, d = divmod(number, self.base)
+        for i in reversed(range(width)):
+            number, d = divmod(number, len(self._alpha(i)) + 1)
             digits.append(d)
-        text = "".join(self.alphabet[max(d, 1) - 1] for d in reversed(digits))
-        return self.prefix + text.rstrip(self.alphabet[0])
+        digits.reverse()
+        while digits and digits[-1] == 0:
+            digits.pop()  # "no character": a shorter key
+        return self.prefix + "".join(self._alpha(i)[max(d, 1) - 1] for i, d in enumerate(digits))
+
+    def estimate(self, highest: str, found: int) -> float:
+        """Keys in the whole listing if they go on to the highest key of these alphabets as
+        densely as the ``found`` keys from the first one to ``highest``."""
+        width = max(len(self.top), len(highest) - len(self.prefix), len(self.first)) + 1
+        lo = self.value(self.prefix + self.first, width)
+        mid, hi = self.value(highest, width), self.value(None, width)
+        if not lo < mid < hi:
+            return float(found)
+        return found * (hi - lo) / (mid - lo)
+
+    def toward_end(self, after: str, share: float) -> str | None:
+        """A key ``share`` of the way from ``after`` to the highest key of these alphabets
+        (None: none between them)."""
+        width = max(len(self.top), len(after) - len(self.prefix)) + 1
+        lo, hi = self.value(after, width), self.value(None, width)
+        cut = self.key(lo + int((hi - lo) * share), width)
+        return cut if after < cut < self.prefix + self.top else None
 
     def cuts(self, page: list[ObjectInfo], high: str | None, min_keys: int,
              parts: int) -> tuple[list[str], bool]:
@@ -106,7 +175,8 @@ class _Cutter:
         A bounded range is cut into ``parts`` equal parts; the density of keys is the page's
         (its keys over the span from its first key to its last). The open-ended last range is
         cut where the listing so far would end if doubled: the end of the key space is unknown,
-        and a cut past it costs a request that finds nothing.
+        and a cut past it costs a request that finds nothing (with a trusted guess of the key
+        count, the caller passes the highest key the guess expects as ``high``).
         """
         exact = self._numbered_cuts(page, high, min_keys, parts)
         if exact is not None:
@@ -114,10 +184,13 @@ class _Cutter:
         return self._spread_cuts(page, high, min_keys, parts), False
 
     def left(self, page: list[ObjectInfo], high: str | None) -> float:
-        """Keys estimated in ``(last key of page, high]`` at the page's density (the open-ended
-        range: unknown, as many as can be)."""
+        """Keys estimated in ``(last key of page, high]`` at the page's density, or the trusted
+        one (the open-ended range: unknown, as many as can be)."""
         if high is None:
             return float("inf")
+        if self.density is not None:
+            lo, hi = self.value(page[-1].url, self.width), self.value(high, self.width)
+            return max(0, hi - lo) * self.density
         width = max(len(page[-1].url), len(page[0].url), len(high)) - len(self.prefix) + 3
         lo, first, hi = (self.value(u, width) for u in (page[-1].url, page[0].url, high))
         return (hi - lo) * len(page) / max(1, lo - first)
@@ -138,7 +211,7 @@ class _Cutter:
         hi = self.value(high, width)
         if hi <= lo:
             return []
-        parts = min(parts, (hi - lo) * len(page) // (span * max(1, min_keys)))
+        parts = min(parts, int(self.left(page, high) // max(1, min_keys)))
         if parts < 2:
             return []
         out: list[str] = []
@@ -233,13 +306,6 @@ class _Numbered:
         return self.head + text + self.tail if len(text) == self.width else None
 
 
-def _highest(c: str) -> str:
-    for lo, hi in (("0", "9"), ("a", "z"), ("A", "Z")):
-        if lo <= c <= hi:
-            return hi
-    return c
-
-
 def list_parallel(backend: Backend, url: str, *, concurrency: int = 8, max_cuts: int | None = None,
                   min_pages: int = 10, pages_per_cut: int = 100) -> Listing:
     """List ``url`` with up to ``concurrency`` chains of pages in flight (sorted by URL).
@@ -310,6 +376,16 @@ class _Parallel:
         self.kept = len(first)  # keys found so far: what the budget is earned by
         self.keys_per_request = len(first) * pages_per_cut
         self.active = 0
+        # the guess of how many keys there are, from how densely the first ones are spread
+        # (_guess): untested, pending (its probe is in flight), trusted or refuted
+        self.guess = "untested"
+        self.predicted = 0.0
+        self.allowance = 0  # cuts the trusted guess may pay for before the keys found do
+        self.spending = False  # the allowance is still to be spent on one cut
+        self.ceiling: str | None = None  # no key is past it (a probe found none there)
+        self.wasted = 0  # requests of probes that found nothing, no longer in self.ranges
+        self.probe: _Range | None = None
+        self.end: str | None = None  # the highest key the guess expects (trusted only)
         self.futures: list[Future[None]] = []
         self.pool: ThreadPoolExecutor | None = None
 
@@ -348,6 +424,8 @@ class _Parallel:
                     keep = [i for i in page if high is None or i.url <= high]
                     rng.found += keep
                     self.kept += len(keep)
+                    if rng is self.probe and self.guess == "pending":
+                        self._judge(page, more)
                     if self.regular and not self.cutter.follows(after, keep):
                         self.regular = False  # a gap: aligned ranges may cost a request too
                     # a page that ends on the range's last key ends the range without a request
@@ -357,7 +435,7 @@ class _Parallel:
                         rng.done, rng.at_end = True, not more and len(keep) == len(page) > 0
                         return
                     after = page[-1].url
-                    rng.left = self.cutter.left(page, rng.high)
+                    rng.left = self.cutter.left(page, rng.high if rng.high else self.end)
                     self._maybe_cut(rng, page)
         finally:
             with self.lock:
@@ -379,7 +457,7 @@ class _Parallel:
         costs = [self._cost(r, page, first=i == 0) for i, r in enumerate(ranges)]
         if len(ranges) > 1 and costs[-1] and not ranges[-2].done:
             costs[-2] = 0
-        return sum(costs)
+        return sum(costs) + self.wasted
 
     def _cost(self, r: _Range, page: int, *, first: bool) -> int:
         if r.done:
@@ -395,11 +473,16 @@ class _Parallel:
         threads = min(self.concurrency - self.active, self.cuts_left)
         if threads <= 0:
             return
-        earned = self.kept // self.keys_per_request
+        earned = self._budget()
+        if (self.guess == "untested" and rng.high is None and earned >= 1 and not self.regular):
+            self._guess(rng, page)
+            return
         now = self._may_cost(self.ranges)
         biggest = rng.left >= max(r.left for r in self.ranges if not r.done)
         for parts_wanted in range(1 + threads, 1, -1):
-            bounds, aligned = self.cutter.cuts(page, rng.high, self.min_keys, parts_wanted)
+            bounds, aligned = self.cutter.cuts(page, rng.high or self.end, self.min_keys,
+                                               parts_wanted)
+            bounds = [b for b in bounds if self.ceiling is None or b < self.ceiling]
             if not bounds:
                 return
             plan = self._planned(rng, page, bounds, aligned)
@@ -408,20 +491,79 @@ class _Parallel:
             # the budget, and goes to the range with the most left to list
             if cost <= now or (cost <= earned and biggest):
                 self._commit(rng, plan)
+                if self.spending:  # the cut the guess paid for: the allowance is what it took
+                    self.allowance, self.spending = max(cost, now), False
                 return
             if now >= earned or not biggest:
                 return
+
+    def _budget(self) -> int:
+        """Requests the listing may spend on cuts: one per ``pages_per_cut`` pages of keys found,
+        or what the one cut made on a trusted guess committed (:meth:`_judge`), if more."""
+        return max(self.kept // self.keys_per_request, self.allowance)
+
+    def _guess(self, rng: _Range, page: list[ObjectInfo]) -> None:
+        """Once the keys found pay for one cut: guess how many keys there are from how densely
+        the keys found so far fill the key space (learned from a sample of them), and test the
+        guess with that one cut, placed to leave the new chain the last ``1 / concurrency`` of
+        the keys it expects: near the end of the key space, where a wrong guess shows, and where
+        the chain that made the cut, trusting the guess, cuts what it has left into equal parts
+        for the other threads. The new chain's first page is a page of the listing either way;
+        the guess is trusted only when that page is full (keys go on there as they did here)."""
+        self.guess = "refuted"  # unless the probe below is made
+        found = [*self.first, *(i for r in self.ranges for i in r.found)]
+        step = max(1, len(found) // 2000)
+        sample = [i.url[len(self.url):] for i in found[::step]] + [found[-1].url[len(self.url):]]
+        cutter = _Cutter(sample, self.url, page_len=len(self.first))
+        estimate = cutter.estimate(self.highest, self.kept)
+        cut = cutter.toward_end(page[-1].url, 1 - 1 / self.concurrency)
+        if cut is None or estimate < 2 * self.kept:
+            return
+        self.cutter = cutter
+        plan = self._planned(rng, page, [cut], False)
+        if self._may_cost(plan) > self._budget():
+            return
+        self._commit(rng, plan)
+        self.guess, self.predicted, self.probe = "pending", estimate, plan[-1]
+
+    def _judge(self, page: list[ObjectInfo], more: bool) -> None:
+        """The probe's first page: full, with more to come, trusts the guess. Trusted, it pays
+        for the cuts that give every thread a chain at once, as many as three quarters of the
+        keys it expects (less three standard deviations of a count of keys: about Poisson) pay
+        for, ``concurrency - 1`` at most; from then on, cuts are paid by the keys found."""
+        if not (more and len(page) == len(self.first)):
+            self.guess = "refuted"
+            if not page:
+                self._unprobe()
+            return
+        self.guess, self.end = "trusted", self.url + self.cutter.top
+        self.cutter.trust(self.predicted)
+        sure = 0.75 * self.predicted * (1 - 3 / self.kept ** 0.5)
+        earned = self.kept // self.keys_per_request
+        self.allowance = min(int(sure) // self.keys_per_request, earned + self.concurrency - 1)
+        self.spending = True
+
+    def _unprobe(self) -> None:
+        """The probe found no key: there are none past its start, so the range before it is
+        the last one again, cut as an open-ended range is (where the listing so far would end
+        if doubled), never at or past the probe's start. The probe's request stays counted."""
+        assert self.probe is not None
+        at = self.ranges.index(self.probe)
+        self.ranges[at - 1].high = None
+        self.ceiling = self.probe.low
+        del self.ranges[at]
+        self.wasted += 1
 
     def _planned(self, rng: _Range, page: list[ObjectInfo], bounds: list[str],
                  aligned: bool) -> list[_Range]:
         """The ranges after cutting ``rng`` at ``bounds`` (``rng`` itself replaced by its
         shortened copy, the new ones after it)."""
-        share = self.cutter.left(page, rng.high) / (len(bounds) + 1)
+        share = self.cutter.left(page, rng.high or self.end) / (len(bounds) + 1)
         parts = [replace(rng, high=bounds[0])]
         parts += [_Range(lo, hi) for lo, hi in zip(bounds, [*bounds[1:], rng.high])]
         for part in parts:
             part.aligned = aligned and self.cutter.on_boundary(part.low, part.high)
-            part.left = share if part.high is not None else float("inf")
+            part.left = share if part.high is not None or self.end else float("inf")
         at = self.ranges.index(rng)
         return [*self.ranges[:at], *parts, *self.ranges[at + 1:]]
 
@@ -438,18 +580,22 @@ class _Parallel:
 
     def _joined(self) -> list[ObjectInfo]:
         """The ranges in order; a key out of order means the store does not list in the byte
-        order the cuts assume, so keys may be missing: a typed error, never a silent drop."""
+        order the cuts assume, so keys may be missing: a typed error, never a silent drop.
+
+        Each range is strictly increasing already (every page was checked against the key it
+        started after), so only where ranges meet is checked, and each range is appended
+        whole: O(ranges) in Python, the copy at C speed (a loop over 10^6 keys took 0.5 s)."""
         out = list(self.first)
         for rng in self.ranges:
-            for info in rng.found:
-                last = out[-1].url if out else None
-                if last is not None and info.url <= last:
-                    if info.url == last:
-                        continue  # ranges meet at a boundary key: never twice
+            skip = 0
+            while out and skip < len(rng.found) and rng.found[skip].url <= out[-1].url:
+                if rng.found[skip].url != out[-1].url:
                     raise BackendError(
-                        f"listing {self.url}: the store returned {info.url!r} after {last!r}; "
-                        "a parallel listing needs keys in byte order (list_objects(..., threads=1))")
-                out.append(info)
+                        f"listing {self.url}: the store returned {rng.found[skip].url!r} after "
+                        f"{out[-1].url!r}; a parallel listing needs keys in byte order "
+                        "(list_objects(..., threads=1))")
+                skip += 1  # ranges meet at a boundary key: never twice
+            out += rng.found[skip:] if skip else rng.found
         return out
 
 

@@ -16,6 +16,7 @@ this process, which ``open()``, ``MapDataset`` and ``upload()`` use
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import threading
 from dataclasses import dataclass
@@ -113,8 +114,10 @@ def _spec(name: str) -> BackendSpec:
     try:
         return _specs[name]
     except KeyError:
+        close = difflib.get_close_matches(str(name), known_backends(), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise UnknownBackendError(
-            f"unknown backend {name!r}; known backends: {', '.join(known_backends())}") from None
+            f"unknown backend {name!r}{hint}; known backends: {', '.join(known_backends())}") from None
 
 
 def backend_class(name: str) -> type[Backend]:

@@ -3,10 +3,13 @@
 Memory: the CRT downloads a response as fast as the network allows, whatever the reader
 consumes (and the connector's sequential reader also keeps every byte it has read, so that it
 can seek back): one GET of a 1 GB shard held up to 1 GB. With ``reader="sequential"`` (the
-default) this backend reads an object as consecutive ranged GETs of ``range_size`` bytes (default:
-one part, 8 MiB) and asks for the next range only once the reader has reached the current one,
-so one open stream never holds more than ``2 * range_size`` bytes (:mod:`pipeflow.backends._ranged`).
-An object that fits in one range costs one GET, as before; nothing sends a HEAD.
+default) this backend reads an object as consecutive ranged GETs and asks for the next range only
+once the reader has reached the current one (:mod:`pipeflow.backends._ranged`). The first range is
+``range_size`` bytes (default: one part, 8 MiB), so an object that fits in it costs one GET and
+no HEAD; each next range doubles up to ``max_range_size`` (default: four parts, 32 MiB), which the
+CRT fetches as several parts at once: a long sequential read (a tar shard) keeps up to four
+parts in flight instead of one, and one open stream never holds more than
+``2 * max_range_size`` bytes (64 MiB by default).
 ``reader="range_based"`` keeps the connector's own ranged reader (cheap seeks).
 
 Errors: the CRT's exception carries no attributes, only its rendered text, in which the binding
@@ -62,7 +65,7 @@ from pipeflow.backends._retry import (
     retry_call,
 )
 from pipeflow.backends._s3config import S3Options, error_for_status
-from pipeflow.backends.base import Backend, S3Location, parse_s3_url
+from pipeflow.backends.base import Backend, S3Location, parse_s3_object_url, parse_s3_url
 from pipeflow.errors import (
     AccessDeniedError,
     BackendError,
@@ -76,6 +79,10 @@ from pipeflow.items import ObjectInfo
 __all__ = ["S3TorchConnectorBackend", "S3TorchConnectorOptions", "crt_error_codes"]
 
 T = TypeVar("T")
+
+#: parts in the largest ranged GET of a sequential stream by default: the CRT fetches them at
+#: once, so a long read keeps this many parts in flight
+_PARTS_PER_RANGE = 4
 
 #: the fewest attempts per request the CRT binding accepts (it reads 1 as its default, 4)
 _CRT_FEWEST_ATTEMPTS = 2
@@ -126,8 +133,10 @@ class S3TorchConnectorOptions(S3Options):
         reader: ``"sequential"`` (bounded consecutive ranged GETs) or ``"range_based"`` (the
             connector's ranged reader).
         part_size: CRT part size in bytes (5 MiB to 5 GiB).
-        range_size: bytes per ranged GET of a sequential stream (None: ``part_size``); one open
-            stream holds at most two ranges.
+        range_size: bytes of a sequential stream's first ranged GET (None: ``part_size``).
+        max_range_size: the largest ranged GET of a sequential stream; each range after the
+            first doubles up to it (None: four parts when ``range_size`` is None, else
+            ``range_size``: ranges of one fixed size). One open stream holds at most two ranges.
         throughput_target_gbps: the CRT's throughput target.
         crt_max_attempts: attempts the CRT makes per request for retryable errors, inside each
             attempt of the retry policy; None (the default): 2, the fewest the binding accepts
@@ -138,6 +147,7 @@ class S3TorchConnectorOptions(S3Options):
     reader: Literal["sequential", "range_based"] = "sequential"
     part_size: int = 8 << 20
     range_size: int | None = None
+    max_range_size: int | None = None
     throughput_target_gbps: float = 10.0
     crt_max_attempts: int | None = None
 
@@ -150,6 +160,10 @@ class S3TorchConnectorOptions(S3Options):
         size = self.range_size
         if size is not None and (not is_int(size) or size < (64 << 10)):
             raise ConfigError(f"range_size must be an int of at least 64 KiB or None, got {size!r}")
+        most = self.max_range_size
+        if most is not None and (not is_int(most) or most < self.effective_range_size):
+            raise ConfigError(f"max_range_size must be an int of at least range_size "
+                              f"({self.effective_range_size}) or None, got {most!r}")
         check_int(self.crt_max_attempts, "crt_max_attempts", low=1, optional=True)
         if self.access_key is not None:
             raise ConfigError("the s3torchconnector backend takes credentials from the environment or a "
@@ -164,6 +178,13 @@ class S3TorchConnectorOptions(S3Options):
     def effective_range_size(self) -> int:
         """Bytes per ranged GET of a sequential stream."""
         return self.range_size if self.range_size is not None else self.part_size
+
+    @property
+    def effective_max_range_size(self) -> int:
+        """Bytes of a sequential stream's largest ranged GET (it holds at most two)."""
+        if self.max_range_size is not None:
+            return self.max_range_size
+        return _PARTS_PER_RANGE * self.part_size if self.range_size is None else self.range_size
 
 
 def _is_past_end(exc: BaseException) -> bool:
@@ -290,7 +311,7 @@ class S3TorchConnectorBackend(Backend):
                     yield _object_info(loc.bucket, obj)
 
     def info(self, url: str) -> ObjectInfo:
-        loc = parse_s3_url(url, backend=self.name, op="info")
+        loc = parse_s3_object_url(url, backend=self.name, op="info")
         head = self._call(lambda: self._client().head_object(loc.bucket, loc.key), loc, url, "info")
         return ObjectInfo(url=url, size=int(head.size), etag=_etag(head.etag),
                           mtime=float(head.last_modified))
@@ -304,6 +325,7 @@ class S3TorchConnectorBackend(Backend):
         body = RangedBody(
             lambda lo, hi: client._get_object_stream(loc.bucket, loc.key, lo, hi),
             start=start, end=end, range_size=self.options.effective_range_size,
+            max_range_size=self.options.effective_max_range_size,
             read_timeout=self.options.read_timeout, is_past_end=_is_past_end,
             on_request_error=lambda exc: self._error(exc, loc, url, "open"),
             check=version.check if version is not None else None, check_first=resumed)
@@ -334,7 +356,7 @@ class S3TorchConnectorBackend(Backend):
         return self._call(first, loc, url, "open")
 
     def _stream(self, url: str, start: int, end: int | None) -> IO[bytes]:
-        loc = parse_s3_url(url, backend=self.name, op="open")
+        loc = parse_s3_object_url(url, backend=self.name, op="open")
         if end is not None and end <= start:
             self.info(url)
             return io.BytesIO(b"")
@@ -369,7 +391,8 @@ class S3TorchConnectorBackend(Backend):
 
 class _Version:
     """The ETag of the object a stream reads, fixed by the first check: the CRT's GET stream
-    carries none, so a HEAD before each range after the first (and after the last) compares."""
+    carries none, so a HEAD before each range after the first (and after the last) compares.
+    The same HEAD gives the object's size, so no later range reaches past the object."""
 
     def __init__(self, head: Callable[[], Any], url: str, backend: str) -> None:
         self._head = head
@@ -377,14 +400,17 @@ class _Version:
         self._backend = backend
         self.etag: str | None = None
 
-    def check(self) -> None:
-        etag = _etag(self._head().etag)
+    def check(self) -> int | None:
+        """Raises when the object changed since the first check; returns its size."""
+        head = self._head()
+        etag = _etag(head.etag)
         if self.etag is None:
             self.etag = etag
         elif etag != self.etag:
             raise ObjectChangedError(f"the object changed while it was read (ETag {self.etag} became "
                                      f"{etag}): read it again", url=self._url, backend=self._backend,
                                      op="read")
+        return int(head.size) if is_int(head.size) else None
 
 
 def _etag(value: Any) -> str | None:

@@ -26,7 +26,19 @@ from .._once import first_time
 from .chunks import run_chunk, settle, spread
 from .intraop import one_intraop_thread
 from .lifetime import arm_worker
-from .shm import Slots, discard, pool_prefix, restore, run_in_slot, run_task, sweep, sweep_dead_owners
+from .shm import (
+    Slots,
+    discard,
+    input_bytes,
+    pack_input,
+    pool_prefix,
+    restore,
+    run_in_slot,
+    run_task,
+    run_with_input,
+    sweep,
+    sweep_dead_owners,
+)
 from .shm import available as shm_available
 from .warm import start_warm_server
 
@@ -146,9 +158,16 @@ class WorkerPool:
         slots = self._slots
         if slots is None:
             return _restoring(self._executor.submit(run_task, fn, *args), None, None)
+        need = input_bytes(args[0]) if len(args) == 1 else 0
+        if need:
+            slots.observe(need)
         lent = slots.lend()
         try:
-            inner = self._executor.submit(run_in_slot, lent, fn, *args)
+            if need and lent is not None and lent[1] >= need:
+                # the item's large bytes go through the slot too, not the pipe
+                inner = self._executor.submit(run_with_input, lent, fn, pack_input(args[0], slots, lent))
+            else:
+                inner = self._executor.submit(run_in_slot, lent, fn, *args)
         except BaseException:
             slots.give_back(lent and lent[0])
             raise

@@ -40,6 +40,9 @@ __all__ = ["BatchFetcher"]
 #: at suffixes still work; anything else is dropped: a key never decides a local path
 _SAFE_EXT = re.compile(r"\.[A-Za-z0-9_-]{1,16}")
 
+#: s5cmd's own default ``--numworkers``: requests one ``s5cmd run`` keeps in flight
+S5CMD_NUMWORKERS = 256
+
 
 @dataclass
 class _Batch:
@@ -190,9 +193,21 @@ class BatchFetcher(Stage[Any]):
         self._res = None
         self._batches.clear()
 
+    def _backend_options(self) -> dict[str, Any]:
+        """The backend's options. s5cmd runs ``numworkers`` requests at once per ``s5cmd run``
+        (256 by default); in each of W DataLoader workers the default becomes 256 / W, so a
+        job keeps the requests in flight of one process (as the article's sampler, which runs
+        s5cmd from the main process) instead of W times as many: with 2 workers on a local S3
+        server, 2 x 256 concurrent requests made a batch slower than 256 did."""
+        options = dict(self._options)
+        workers = self.context.num_workers
+        if self._backend_spec == "s5cmd" and "numworkers" not in options and workers > 1:
+            options["numworkers"] = max(1, S5CMD_NUMWORKERS // workers)
+        return options
+
     def start(self, state: dict[str, Any] | None) -> None:
         if self._backend is None:
-            self._backend = get_backend(self._backend_spec, **self._options)
+            self._backend = get_backend(self._backend_spec, **self._backend_options())
         parent = self._to or tempfile.gettempdir()
         try:
             os.makedirs(parent, exist_ok=True)

@@ -232,6 +232,18 @@ class BackendConformance:
                 op()
             assert f"did you mean '{scheme}://{rest}data/a b.bin'" in str(info.value)
 
+    def test_a_bucket_url_is_not_an_object(self, backend: Backend, root: str) -> None:
+        """``s3://bucket`` names no object: open, read and info refuse it before any request
+        (S3 answers a GET of the bucket with a listing, which must never pass for data)."""
+        scheme, sep, rest = root.partition("://")
+        if scheme not in REMOTE_SCHEMES or scheme in ("http", "https", "hf"):
+            pytest.skip("the root is not in a bucket of an object store")
+        bucket = rest.partition("/")[0]
+        for url in (f"{scheme}://{bucket}", f"{scheme}://{bucket}/"):
+            for op in (backend.read, lambda u: backend.open(u).read(), backend.info):
+                with pytest.raises(InvalidURLError, match="names a bucket, not an object"):
+                    op(url)
+
     def test_large_object(self, backend: Backend, root: str) -> None:
         url = root + BIG_KEY
         digest = hashlib.sha256()

@@ -34,12 +34,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import numpy as np
 
 from .._fs import atomic_write
-from ..errors import ConfigError, ObjectNotFoundError
+from ..errors import ConfigError, InvalidURLError, ObjectNotFoundError
 
 __all__ = [
     "LAYOUTS",
@@ -207,13 +207,25 @@ def s3_client(*, single_try: bool = False, **kwargs: Any) -> Any:
 
 
 def split_s3_url(url: str) -> tuple[str, str]:
-    """``"s3://bucket/a/b"`` -> ``("bucket", "a/b")``."""
-    if not url.startswith("s3://"):
-        raise ConfigError(f"not an s3:// URL: {url!r}")
-    bucket, _, prefix = url[5:].partition("/")
-    if not bucket:
-        raise ConfigError(f"no bucket in {url!r}")
-    return bucket, prefix.strip("/")
+    """``"s3://bucket/a/b"`` -> ``("bucket", "a/b")``; an invalid bucket name is refused here,
+    before anything is generated (S3 would call it a bucket that does not exist)."""
+    from ..backends.base import bucket_name_problem, parse_s3_url
+
+    loc = parse_s3_url(url, op="make-data")
+    problem = bucket_name_problem(loc.bucket)
+    if problem:
+        raise InvalidURLError(problem, url=url, op="make-data")
+    return loc.bucket, loc.key.strip("/")
+
+
+def _raise_typed(exc: Exception, url: str) -> NoReturn:
+    """Raise the pipeflow error for a boto3 failure (by its code or type), or ``exc`` itself."""
+    from ..backends._s3config import translate_s3_error
+
+    typed = translate_s3_error(exc, url=url, backend="boto3", op="head_bucket")
+    if typed is exc:
+        raise exc
+    raise typed from exc
 
 
 class _S3Sink(_Sink):
@@ -231,7 +243,7 @@ class _S3Sink(_Sink):
         """Check the bucket before generating anything. Under the retry policy, so an endpoint
         that has never answered (nothing listens, a typo) is reported within seconds, and one
         that answers but fails gets the usual budget."""
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
         from ..backends._retry import RetryPolicy, retry_call
         from ..errors import EndpointUnreachableError
@@ -249,12 +261,14 @@ class _S3Sink(_Sink):
         except ClientError as exc:
             code = exc.response.get("Error", {}).get("Code", "")
             if code not in ("404", "NoSuchBucket", "NotFound"):
-                raise
+                _raise_typed(exc, url)
             if not create:
                 # checked before generating anything, so a typo costs nothing
                 raise ObjectNotFoundError(f"the bucket {self.bucket!r} does not exist",
                                           url=url, backend="boto3", op="head_bucket") from None
             self.client.create_bucket(Bucket=self.bucket)
+        except BotoCoreError as exc:  # no credentials, a profile that does not exist, ...
+            _raise_typed(exc, url)
         finally:
             probe.close()
 
@@ -291,13 +305,16 @@ class _S3Sink(_Sink):
 
 
 def _open_sink(url: str, *, create_bucket: bool) -> _Sink:
-    if url.startswith("s3://"):
+    """The sink for ``url``; ``s3:/bucket/x`` (one slash) is refused as the typo it is, never
+    written as the local directory ``./s3:/bucket/x``."""
+    from ..backends.base import local_path, scheme_of
+
+    scheme = scheme_of(url)
+    if scheme == "s3":
         return _S3Sink(url, create_bucket=create_bucket)
-    if url.startswith("file://"):
-        url = url[len("file://"):]
-    if "://" in url:
+    if scheme not in ("", "file"):
         raise ConfigError(f"make-data writes to a local directory or an s3:// URL, not {url!r}")
-    return _LocalSink(url)
+    return _LocalSink(local_path(url, op="make-data"))
 
 
 # ---- progress -----------------------------------------------------------------------------------

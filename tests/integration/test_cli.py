@@ -124,7 +124,7 @@ def test_make_data_to_an_unreachable_endpoint_is_one_line():
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_EC2_METADATA_DISABLED": "true"}
     # no retry settings: an endpoint that never answered is reported within seconds anyway
-    out = pipeflow("make-data", "jpeg", "s3://b/x", "--count", "1", "--quiet", env=env)
+    out = pipeflow("make-data", "jpeg", "s3://bucket/x", "--count", "1", "--quiet", env=env)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert "cannot reach the S3 endpoint" in out.stderr
 
@@ -280,3 +280,31 @@ def test_bench_progress_bar_names_the_scenario_and_case(tmp_path, terminal, quie
     if drawn:
         assert "bench s4, case 1: pipeflow (JPEG, thread workers)" in err
         assert "1/1 [" in err  # the scenario count reached its total
+
+
+def test_serve_examples_holds_what_the_docs_examples_read():
+    """`pipeflow serve --examples`: the README's example runs against it as written."""
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "pipeflow.cli", "serve", "--examples"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        lines = []
+        while not lines or not lines[-1].startswith("# press Ctrl-C"):
+            line = proc.stdout.readline()
+            assert line, proc.stderr.read()
+            lines.append(line.strip())
+        exported = dict(line[len("export "):].split("=", 1) for line in lines if line.startswith("export "))
+        assert "# the docs' examples read: s3://bucket/ s3://my-bucket/" in lines
+        code = ("import pipeflow as pf\n"
+                "pipe = (pf.list_objects('s3://bucket/train/', pattern='*.tar').open().untar()"
+                ".group_pairs(required=('image.png', 'label.cls')).decode('torch').batch(4))\n"
+                "print(sum(len(b) for b in pipe))\n")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                             env={**os.environ, **exported, "PYTHONPATH": str(ROOT)})
+        assert out.stdout.strip() == "200", out.stderr
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "# stopped" in rest

@@ -39,7 +39,7 @@ def _closed_port() -> int:
 
 def test_reading_a_large_object_keeps_the_buffer_bounded(big):
     url, data = big
-    be = get_backend("s3torchconnector", part_size=WINDOW)
+    be = get_backend("s3torchconnector", part_size=WINDOW, max_range_size=2 * WINDOW)
     peak = 0
     got = bytearray()
     with be.open(url) as stream:
@@ -51,7 +51,26 @@ def test_reading_a_large_object_keeps_the_buffer_bounded(big):
             # the reader's own account: bytes requested from the server, not yet handed out
             peak = max(peak, stream._raw.peak_buffered)
     assert bytes(got) == data
-    assert 0 < peak <= 2 * WINDOW, f"held {peak} bytes of a {BIG}-byte object"
+    assert 0 < peak <= 4 * WINDOW, f"held {peak} bytes of a {BIG}-byte object"
+
+
+def test_a_long_read_grows_its_ranges_to_four_parts(s3, big):
+    """By default the ranges of a sequential read double from one part (8 MiB) to four (32 MiB),
+    which the CRT fetches at once: 64 MiB in four ranges (8, 16, 32, then the last 8), so four
+    version checks (one before each range after the first, one after the last) where ranges of
+    one part took eight."""
+    url, data = big
+    with DelayProxy(s3.endpoint, delay_ms=0) as proxy:
+        be = get_backend("s3torchconnector", endpoint=proxy.url)
+        assert be.options.effective_max_range_size == 4 * WINDOW
+        with be.open(url) as stream:
+            got = stream.read()
+        counts = proxy.counts()
+        be.close()
+    assert got == data
+    assert counts.get("HEAD") == 4, counts
+    # the CRT splits each range into parts of 8 MiB: 8 parts, and at most one past the end
+    assert BIG // WINDOW <= counts.get("GET", 0) <= BIG // WINDOW + 2, counts
 
 
 def test_an_object_smaller_than_a_range_is_one_get(s3):

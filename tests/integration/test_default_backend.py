@@ -71,3 +71,42 @@ def test_the_default_streams_a_large_object_with_one_get_and_a_bounded_buffer(s3
         counts = proxy.counts()
     assert counts.get("GET") == len(urls), counts
     assert counts.get("HEAD", 0) == 0, counts
+
+
+def _credentials_from_files(monkeypatch, tmp_path, text: str) -> None:
+    """No keys in the environment; ``text`` as the shared credentials file; no config file."""
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    path = tmp_path / "credentials"
+    path.write_text(text)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(path))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.mark.parametrize("how", ["default", "AWS_PROFILE", "profile="])
+def test_the_default_reads_credentials_from_the_shared_files_and_profiles(s3, tmp_path, monkeypatch, how):
+    """The usual laptop setup: keys in ~/.aws/credentials, maybe under a named profile. The
+    default backend finds them as boto3 does (it used to try instance metadata instead and
+    give up after the whole retry budget)."""
+    pytest.importorskip("obstore")
+    bucket = s3.make_bucket("default-creds")
+    url = s3.put(bucket, "a.bin", b"abc")
+    section = "default" if how == "default" else "train"
+    _credentials_from_files(monkeypatch, tmp_path, f"[{section}]\naws_access_key_id = testing\n"
+                                                   "aws_secret_access_key = testing\n")
+    if how == "AWS_PROFILE":
+        monkeypatch.setenv("AWS_PROFILE", "train")
+    pipe = (pf.from_items([url]).open("obstore", read=True, profile="train") if how == "profile="
+            else pf.from_items([url]).open(read=True))
+    assert [r.data for r in pipe] == [b"abc"]
+
+
+def test_the_default_without_any_credentials_is_access_denied_at_once(s3, tmp_path, monkeypatch):
+    pytest.importorskip("obstore")
+    bucket = s3.make_bucket("default-nocreds")
+    url = s3.put(bucket, "a.bin", b"abc")
+    _credentials_from_files(monkeypatch, tmp_path, "")
+    with pytest.raises(pf.AccessDeniedError, match="no usable credentials") as info:
+        list(pf.from_items([url]).open(read=True))
+    assert info.value.backend == "obstore"

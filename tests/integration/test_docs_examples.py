@@ -5,7 +5,8 @@ one built, as a reader would), started in a scratch directory with the server's 
 credentials in the environment. A block that defines ``if __name__ == "__main__":`` runs alone
 as a script, since its worker processes import it.
 
-The server holds a small world the examples name: ``s3://bucket/train/shard-000.tar`` ...
+The server holds the small world the examples name (:mod:`pipeflow.testing.examples`, which
+``pipeflow serve --examples`` gives a reader): ``s3://bucket/train/shard-000.tar`` ...
 ``shard-099.tar`` (tar shards of ``{key}.image.png`` + ``{key}.label.cls``), ``s3://bucket/raw/``
 and ``s3://bucket/jpeg/`` (one object per field: ``{key}.jpg``, ``{key}.cls``), ``pairs/``
 (``{i}.image``, ``{i}.label``), ``images/`` (``{key}.jpg``), the same under ``s3://my-bucket/``,
@@ -30,11 +31,12 @@ import os
 import re
 import subprocess
 import sys
-import tarfile
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from pipeflow.testing.examples import put_examples
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
@@ -75,40 +77,9 @@ def blocks(page: Path) -> list[tuple[int, str, str | None]]:
     return found
 
 
-def _png(size: int = 8) -> bytes:
-    from PIL import Image
-
-    out = io.BytesIO()
-    Image.new("RGB", (size, size), (10, 200, 30)).save(out, format="PNG")
-    return out.getvalue()
-
-
-def _tar(members: dict[str, bytes]) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return out.getvalue()
-
-
 @pytest.fixture(scope="module")
 def world(s3):
-    png = _png()
-    jpg = _jpeg()
-    for bucket in ("bucket", "my-bucket"):
-        s3.make_bucket(bucket)
-        fields = (("image.png", png), ("label.cls", b"7"))
-        shards = {f"train/shard-{n:03d}.tar": _tar({f"{n:03d}{i}.{name}": data for i in range(2)
-                                                    for name, data in fields})
-                  for n in range(100)}
-        singles = {f"{prefix}/{i:06d}.{ext}": (jpg if ext == "jpg" else b"3")
-                   for prefix in ("raw", "jpeg") for i in range(4) for ext in ("jpg", "cls")}
-        images = {f"images/{i:06d}.jpg": jpg for i in range(4)}
-        pairs = {f"pairs/{i}.{name}": data for i in range(4)
-                 for name, data in (("image", png), ("label", b"3"))}
-        s3.put_many(bucket, {**shards, **singles, **images, **pairs})
+    put_examples(s3)   # what `pipeflow serve --examples` gives a reader
     return s3
 
 

@@ -187,3 +187,17 @@ def test_options_are_validated():
         BatchFetcher(src, "nope")
     with pytest.raises(ConfigError):
         list(BatchFetcher(ItemSource([3]), batch_size=1))
+
+
+@pytest.mark.parametrize(("workers", "options", "expected"),
+                         [(1, {}, None), (2, {}, 128), (4, {}, 64), (4, {"numworkers": 300}, 300)])
+def test_dataloader_workers_share_s5cmds_requests_in_flight(pairs, clean, workers, options, expected):
+    """In W DataLoader workers each s5cmd run keeps 256 / W requests in flight (a job keeps the
+    requests of one process), unless the caller set numworkers; the bytes are unchanged."""
+    from dataclasses import replace
+
+    stage = BatchFetcher(ItemSource(list(pairs)), batch_size=8, options=options)
+    stage.context = replace(stage.context, num_workers=workers)
+    got = list(stage)
+    assert stage._backend is not None and stage._backend.options.numworkers == expected
+    assert [tuple(r.data for r in rs) for rs in got] == list(pairs.values())

@@ -185,3 +185,26 @@ def test_dataloader_workers_do_not_relist(local_root: str, counting_backend: Pat
     assert got == _bins(local_root)  # each object exactly once across the two workers
     listers = counting_backend.read_text().split()
     assert listers == [str(os.getpid())]  # listed once, here, never in a worker
+
+
+def test_an_http_url_on_the_s3_endpoint_names_the_s3_url_it_meant(s3):
+    """Pasting the endpoint into the data URL is refused with the s3:// URL it names (it was
+    a listing of "no objects" and an untyped aiohttp 403)."""
+    bucket = s3.make_bucket("http-on-endpoint")
+    s3.put(bucket, "a/1.bin", b"x")
+    on_endpoint = f"{s3.endpoint}/{bucket}/a/"
+    with pytest.raises(pf.InvalidURLError, match=f"name it 's3://{bucket}/a/'"):
+        pf.list_objects(on_endpoint)
+    with pytest.raises(pf.InvalidURLError, match=f"name it 's3://{bucket}/a/1.bin'"):
+        list(pf.from_items([on_endpoint + "1.bin"]).open(read=True))
+
+
+def test_an_http_error_is_typed_by_its_status(s3, monkeypatch):
+    """fsspec's http:// raises aiohttp's ClientResponseError; it is translated by its status."""
+    bucket = s3.make_bucket("http-status")
+    s3.put(bucket, "a.bin", b"x")
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)   # a web server, not the S3 endpoint, here
+    with pytest.raises(pf.AccessDeniedError) as info:   # moto refuses an unsigned GET
+        list(pf.from_items([f"{s3.endpoint}/{bucket}/a.bin"]).open(read=True))
+    assert info.value.backend == "fsspec" and isinstance(info.value, PermissionError)

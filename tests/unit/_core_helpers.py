@@ -61,3 +61,13 @@ def as_tensor(x):
     import torch
 
     return {"x": torch.tensor([x]), "pair": (torch.tensor(float(x)), [x])}
+
+
+def digest(item):
+    """What a worker received: sha256 and type of a bytes item, or of each bytes value of a dict."""
+    import hashlib
+
+    if isinstance(item, dict):
+        return {k: (type(v).__name__, hashlib.sha256(v).hexdigest()) if isinstance(v, bytes) else v
+                for k, v in item.items()}
+    return type(item).__name__, hashlib.sha256(item).hexdigest()

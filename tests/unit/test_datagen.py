@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from pipeflow.cli import main
-from pipeflow.errors import ConfigError
+from pipeflow.errors import AccessDeniedError, ConfigError, InvalidURLError
 from pipeflow.formats.example import decode_example
 from pipeflow.formats.tfrecord import iter_tfrecords
 from pipeflow.testing.datagen import LAYOUTS, generate, iter_samples, sample_fields, sample_key
@@ -95,6 +95,19 @@ def test_s3_target(s3, s3_bucket):
     assert body == sample_fields("jpeg", 1, image_size=8)["jpg"]
 
 
+def test_s3_target_without_credentials_is_access_denied(s3, s3_bucket, tmp_path, monkeypatch, capsys):
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    boto3 = pytest.importorskip("boto3")
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)   # its credentials were found before
+    with pytest.raises(AccessDeniedError, match="no usable credentials"):
+        generate("jpeg", f"s3://{s3_bucket}/jpeg", count=1, image_size=8)
+    assert main(["make-data", "jpeg", f"s3://{s3_bucket}/jpeg", "--count", "1", "--quiet"]) == 2
+    assert "no usable credentials" in capsys.readouterr().err
+
+
 def test_invalid_options(tmp_path):
     with pytest.raises(ConfigError, match="layout"):
         generate("parquet", str(tmp_path))
@@ -102,6 +115,21 @@ def test_invalid_options(tmp_path):
         generate("wds", str(tmp_path), shard_mb=0)
     with pytest.raises(ConfigError):
         generate("wds", "gs://bucket/x")
+
+
+def test_a_mistyped_url_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    """``s3:/bucket/x`` (one slash) is a typo, not the local directory ``./s3:/bucket/x``; a
+    bucket name S3 cannot have is named as such, not as a bucket that does not exist."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidURLError, match="did you mean 's3://bucket/x'"):
+        generate("jpeg", "s3:/bucket/x", count=1, image_size=8)
+    with pytest.raises(InvalidURLError, match="invalid bucket name 'My_Bucket'"):
+        generate("jpeg", "s3://My_Bucket/x", count=1, image_size=8)
+    assert main(["make-data", "jpeg", "s3:/bucket/x", "--count", "1", "--quiet"]) == 2
+    assert "did you mean 's3://bucket/x'" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    generate("jpeg", (tmp_path / "out").as_uri(), count=1, image_size=8)   # file:// still works
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["000000.cls", "000000.jpg"]
 
 
 def test_make_data_cli(tmp_path, capsys):

@@ -156,3 +156,24 @@ def test_keyboard_interrupt_shuts_down_cleanly():
 def test_prefetch_reraises_upstream_errors_with_type():
     with pytest.raises(KeyError):
         list(pf.from_items(range(20)).map(fail_on_13).prefetch(3))
+
+
+def test_large_bytes_items_reach_process_workers_intact_and_leave_nothing_in_dev_shm():
+    import hashlib
+    import os
+
+    from pipeflow.executor import shm
+
+    from ._core_helpers import digest
+
+    blobs = [bytes([i]) * (70_000 + 50_000 * i) for i in range(8)]  # 70 KB .. 420 KB: slots regrow
+    items = [b if i % 2 else {"__key__": str(i), "jpg": b, "cls": b"1"} for i, b in enumerate(blobs)]
+    before = {n for n in os.listdir(shm.SHM_DIR) if n.startswith("pipeflow-")} if shm.available() else set()
+    got = list(pf.from_items(items).map(digest, workers=2, method="process"))
+    for i, (b, out) in enumerate(zip(blobs, got)):
+        want = ("bytes", hashlib.sha256(b).hexdigest())
+        cls = ("bytes", hashlib.sha256(b"1").hexdigest())
+        assert out == (want if i % 2 else {"__key__": str(i), "jpg": want, "cls": cls})
+    if shm.available():
+        after = {n for n in os.listdir(shm.SHM_DIR) if n.startswith(f"pipeflow-{os.getpid()}-")}
+        assert after <= before

@@ -154,3 +154,34 @@ def test_a_slot_removed_under_a_worker_falls_back_to_a_fresh_segment(prefix):
         assert int(out[9]) == 7 and _mine(prefix) == []
     finally:
         slots.reset(close=True)
+
+
+def _payload(i, n=300_000):
+    return bytes((i + j) % 256 for j in range(256)) * (n // 256)
+
+
+def _echo(item):
+    return item
+
+
+def test_large_bytes_inputs_cross_in_the_slot_and_arrive_as_equal_bytes(prefix):
+    slots = shm.Slots(prefix)
+    try:
+        item = {"__key__": "k", "jpg": _payload(1), "cls": b"7", "png": _payload(2, 100_000)}
+        need = shm.input_bytes(item)
+        assert need == 299_776 + 99_840 and shm.input_bytes(b"small") == 0 and shm.input_bytes(3) == 0
+        slots.observe(need)
+        lent = slots.lend()
+        packed = shm.pack_input(item, slots, lent)
+        assert len(pickle.dumps(packed)) < 1000  # places in the slot, not 400 KB of bytes
+        got = shm.run_with_input(lent, _echo, pickle.loads(pickle.dumps(packed)))
+        assert got == item and type(got["jpg"]) is bytes and got["cls"] == b"7"
+        shm.restore(got, slots, lent[0])  # nothing views the slot: it goes back
+        again = slots.lend()
+        assert again[0] == lent[0]
+        top = _payload(3)
+        out = shm.run_with_input(again, _echo, shm.pack_input(top, slots, again))
+        assert out == top and type(out) is bytes
+    finally:
+        slots.reset(close=True)
+    assert _mine(prefix) == []

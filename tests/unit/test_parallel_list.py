@@ -5,6 +5,7 @@ same is checked against the local S3 server in tests/integration/test_listing_sc
 
 from __future__ import annotations
 
+import base64
 import bisect
 import random
 import threading
@@ -62,6 +63,11 @@ def _shapes(n: int) -> dict[str, list[str]]:
         "nested": [f"s3://b/d/c{i % 37:03d}/{i:06d}.png" for i in range(n)],
         "numbered, then others": [f"s3://b/d/{i:07d}.jpg" for i in range(n // 2)]
                                  + [f"s3://b/d/x{rng.getrandbits(32):08x}" for _ in range(n - n // 2)],
+        "base64": [f"s3://b/d/{base64.urlsafe_b64encode(rng.randbytes(9)).decode()}.webp"
+                   for _ in range(n)],
+        "nested, uneven": [f"s3://b/d/{rng.choice('abc')}/{rng.randint(0, 10**rng.randint(1, 6))}-{i}"
+                           for i in range(n)],
+        "dated": [f"s3://b/d/2024/{i % 12 + 1:02d}/img_{i:06d}.jpg" for i in range(n)],
     }
 
 
@@ -75,6 +81,60 @@ def test_every_key_once_in_order_within_the_budget(n: int, shape: str) -> None:
     assert listing.requests == store.requests
     serial = serial_requests(len(keys), PAGE)
     assert serial <= listing.requests <= serial + len(keys) // (PAGE * 20)
+
+
+class BigPageStore(SortedStore):
+    """Pages of 100 keys: enough keys a page for the guess of the key count to be tested."""
+
+    def list_page(self, url: str, *, start_after: str | None, limit: int = PAGE,
+                  ) -> tuple[list[ObjectInfo], bool]:
+        with self.lock:
+            self.requests += 1
+        lo = bisect.bisect_left(self.keys, url)
+        hi = bisect.bisect_left(self.keys, url + "\U0010ffff")
+        i = lo if start_after is None else max(lo, bisect.bisect_right(self.keys, start_after))
+        page = self.keys[i:min(i + 100, hi)]
+        return [ObjectInfo(k, size=1) for k in page], i + 100 < hi
+
+
+@pytest.mark.parametrize("shape", ["hashed", "nested", "base64"])
+def test_a_trusted_guess_gives_every_thread_a_chain_within_the_budget(shape: str) -> None:
+    # 60,000 keys, 600 pages; a cut is earned per 10 pages (1,000 keys): the guess is made at
+    # 1,000 keys, tested by one cut, and trusted for these evenly spread keys
+    keys = sorted(set(_shapes(60_000)[shape]))
+    store = BigPageStore(keys)
+    listing = list_parallel(store, "s3://b/d/", concurrency=8, min_pages=2, pages_per_cut=10)
+    assert [i.url for i in listing.objects] == keys
+    assert listing.ranges >= 8
+    serial = serial_requests(len(keys), 100)
+    assert serial <= listing.requests <= serial + len(keys) // 1000
+
+
+def test_a_guess_its_probe_refutes_costs_what_the_keys_found_pay_for() -> None:
+    # numbers from 0 with gaps look spread over the whole 7-digit space; the probe near its end
+    # finds nothing, and the listing goes on cutting as the keys found pay for it
+    rng = random.Random(5)
+    keys = sorted(f"s3://b/d/{i:07d}.jpg" for i in rng.sample(range(40_000), 30_000))
+    store = BigPageStore(keys)
+    listing = list_parallel(store, "s3://b/d/", concurrency=8, min_pages=2, pages_per_cut=10)
+    assert [i.url for i in listing.objects] == keys
+    assert listing.requests <= serial_requests(len(keys), 100) + len(keys) // 1000
+
+
+def test_keys_that_stop_following_the_guess_cost_at_most_a_chain_a_thread_more() -> None:
+    # the first keys are spread evenly over the first 1/1000 of a hex space, and a block sits
+    # near its end where the probe lands: the guess is trusted and wrong. The cuts it paid for
+    # find little; the listing stays exact and at most concurrency - 1 requests over the budget
+    rng = random.Random(9)
+    space = 16 ** 10
+    low = {rng.randrange(space // 1000) for _ in range(3_000)}
+    high = {rng.randrange(space * 85 // 100, space) for _ in range(300)}
+    keys = sorted(f"s3://b/d/{k:010x}" for k in low | high)
+    store = BigPageStore(keys)
+    listing = list_parallel(store, "s3://b/d/", concurrency=8, min_pages=1, pages_per_cut=10)
+    assert [i.url for i in listing.objects] == keys
+    serial = serial_requests(len(keys), 100)
+    assert listing.requests <= serial + len(keys) // 1000 + 8 - 1
 
 
 def test_a_small_listing_is_one_serial_chain() -> None:

@@ -1,4 +1,5 @@
-"""RangedBody: ranged requests of one size, at most two ahead, consecutive ones overlapping."""
+"""RangedBody: ranged requests that grow from one size to a cap, at most two ahead, consecutive
+ones overlapping."""
 
 from __future__ import annotations
 
@@ -111,3 +112,76 @@ def test_a_reader_that_stops_keeps_the_pump_two_windows_ahead_at_most():
     assert body.peak_buffered <= 2 * W
     assert [lo for lo, _ in server.requests] == [0, W]
     body.close()
+
+
+@pytest.mark.parametrize("size", [20 * W, 20 * W - 1000])
+def test_ranges_double_up_to_the_cap_and_stay_within_two_caps(size):
+    data = bytes((i * 13) % 251 for i in range(size))
+    server = Server(data, delay=0.01, per_chunk=0.0005)
+    with _body(server, max_range_size=4 * W) as body:
+        got = _read_slowly(body)
+        peak = body.peak_buffered
+    assert got == data
+    sizes = [hi - lo for lo, hi in server.requests]
+    # W, 2W, then 4W each: 20W in 7 requests (+ at most one probe past the end), not 20
+    assert sizes[:3] == [W, 2 * W, 4 * W], sizes
+    assert all(s == 4 * W for s in sizes[2:]), sizes
+    assert len(sizes) <= 8, sizes
+    assert 0 < peak <= 2 * 4 * W, peak
+
+
+def test_a_stopped_reader_of_growing_ranges_holds_two_ranges_at_most():
+    server = Server(bytes(64 * W))
+    body = _body(server, max_range_size=8 * W)
+    _ = body.read(10)
+    time.sleep(0.3)
+    # nothing past the second range was asked for while the reader sits in the first
+    assert [lo for lo, _ in server.requests] == [0, W]
+    while body.read(64 << 10):
+        pass
+    assert body.peak_buffered <= 2 * 8 * W
+    body.close()
+
+
+def test_a_cap_below_the_first_range_keeps_the_ranges_fixed():
+    data = bytes(5 * W)
+    server = Server(data)
+    with _body(server, max_range_size=W // 2) as body:
+        assert _read_slowly(body) == data
+    assert {hi - lo for lo, hi in server.requests} == {W}
+
+
+def test_a_size_from_the_check_ends_the_ranges_at_the_object():
+    data = bytes((i * 3) % 251 for i in range(5 * W + 100))
+    server = Server(data)
+    checks = []
+
+    def check():
+        checks.append(1)
+        return len(data)
+
+    with _body(server, max_range_size=2 * W, check=check) as body:
+        assert _read_slowly(body) == data
+    # W, then 2W ranges clipped at the object's end: no probe past it
+    assert server.requests == [(0, W), (W, 3 * W), (3 * W, 5 * W), (5 * W, 5 * W + 100)]
+    assert len(checks) == 4  # before each range after the first, once after the last
+
+
+def test_a_range_cut_short_of_a_known_size_is_a_transient_incomplete_read():
+    import http.client
+
+    data = bytes(6 * W)
+
+    class Cutting(Server):
+        def fetch(self, lo, hi):  # the third range stops half-way, without an error
+            return super().fetch(lo, hi if lo != 3 * W else lo + W // 2)
+
+    server = Cutting(data)
+    body = _body(server, max_range_size=2 * W, check=lambda: len(data))
+    got = b""
+    with pytest.raises(http.client.IncompleteRead):
+        while chunk := body.read(16 << 10):
+            got += chunk
+    body.close()
+    # every byte before the cut was delivered, in order: a resume starts there
+    assert got == data[:3 * W + W // 2]

@@ -42,6 +42,12 @@ def test_unknown_backend_lists_the_known_ones() -> None:
     assert isinstance(info.value, ValueError)
     for name in ALL:
         assert name in str(info.value)
+    assert "did you mean" not in str(info.value)
+
+
+def test_a_mistyped_backend_name_gets_the_close_one() -> None:
+    with pytest.raises(UnknownBackendError, match="unknown backend 'bot03' \\(did you mean 'boto3'\\?\\)"):
+        get_backend("bot03")
 
 
 @pytest.mark.parametrize(("url", "expected"), [

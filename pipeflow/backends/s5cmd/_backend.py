@@ -10,12 +10,12 @@ from datetime import datetime
 from typing import IO, Any
 
 from ..._checks import is_int
-from ...errors import BackendError, ConfigError, InvalidURLError
+from ...errors import BackendError, ConfigError
 from ...items import ObjectInfo
 from .._resumable import ResumableStream
 from .._retry import retry_call
 from .._subprocess import kill_process, read_tail, spawn
-from ..base import Backend, S3Location, parse_s3_url
+from ..base import Backend, S3Location, parse_s3_object_url, parse_s3_url
 from ._batch import S5cmdBatch
 from ._binary import find_s5cmd
 from ._cat import open_cat
@@ -173,11 +173,7 @@ class S5cmdBackend(Backend):
         return self._head(url, self._object(url, "info").url, "info")
 
     def _object(self, url: str, op: str) -> S3Location:
-        loc = parse_s3_url(url, backend=self.name, op=op)
-        if not loc.key:
-            raise InvalidURLError("the URL names a bucket, not an object", url=url, backend=self.name,
-                                  op=op)
-        return loc
+        return parse_s3_object_url(url, backend=self.name, op=op)
 
     def _head(self, url: str, s3url: str, op: str) -> ObjectInfo:
         limit = self.options.call_timeout or self.options.stall_timeout

@@ -20,10 +20,10 @@ import time
 from collections.abc import Sequence
 from typing import IO
 
-from ...errors import BackendError, ConfigError, InvalidURLError
+from ...errors import BackendError, ConfigError
 from .._retry import check_first_contact, exhausted, mark_answered, note_retry
 from .._subprocess import kill_process, read_tail, spawn
-from ..base import parse_s3_url
+from ..base import parse_s3_object_url
 from ._command import child_environment, command_line, quote_run_arg, transfer_flags
 from ._errors import S5cmdTransientError, answered_in, classify_error, errors_in, transient_in
 from ._options import S5cmdOptions
@@ -141,10 +141,7 @@ class S5cmdBatch:
             if not os.path.isabs(dest):
                 raise ConfigError(f"batch destination must be an absolute path, got {dest!r}")
             try:
-                loc = parse_s3_url(url, backend=_NAME, op="fetch")
-                if not loc.key:
-                    raise InvalidURLError("the URL names a bucket, not an object", url=url,
-                                          backend=_NAME, op="fetch")
+                loc = parse_s3_object_url(url, backend=_NAME, op="fetch")
                 # the source always starts with "s3://" and the destination with "/": neither
                 # can be read as an option, whatever the key looks like
                 lines[dest] = f"cp --raw {flags}{quote_run_arg(loc.url)} {quote_run_arg(dest)}\n"
