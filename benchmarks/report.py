@@ -146,15 +146,26 @@ def _oneline(text: str, limit: int = 160) -> str:
 
 
 def recipe_pairs(group: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
-    """Each recipe row with the row of the article's code it reproduces (same workers)."""
-    pairs = []
+    """Each recipe with the article's code it reproduces (same workers), one pair per recipe:
+    with repeats, each side is its median over its good runs (never one run against another)."""
+    runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in group:
-        if not r.get("reproduces"):
-            continue
-        original = next((o for o in group if o["library"] == r["reproduces"]
-                         and o["workers"] == r["workers"]), None)
-        pairs.append((r, original))
+        if r.get("reproduces"):
+            runs.setdefault((r["library"], r["workers"]), []).append(r)
+    pairs = []
+    for (_, workers), mine in runs.items():
+        originals = [o for o in group if o["library"] == mine[0]["reproduces"] and o["workers"] == workers]
+        pairs.append((_median_row(mine), _median_row(originals) if originals else None))
     return pairs
+
+
+def _median_row(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row for a case's runs: the first good one with the median samples/s of the good ones
+    (the first run, with its error, when none is good)."""
+    good = [r for r in runs if _ok(r)]
+    if not good:
+        return runs[0]
+    return {**good[0], "samples_per_s": _median(good, "samples_per_s"), "runs": len(good)}
 
 
 def _recipe_table(group: list[dict[str, Any]]) -> list[str]:

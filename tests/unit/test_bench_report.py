@@ -198,3 +198,13 @@ def test_thread_native_rows_are_compared_with_the_dataloader_rows_by_their_media
     assert s["s4"]["JPEG, thread workers"]["bare_samples_per_s"] == 100.0  # never a pipeflow row
     md = report.write(result, tmp_path)["markdown"].read_text()
     assert "## Thread-native loading against DataLoader workers" in md and "| 1.17 |" in md
+
+
+def test_a_recipe_is_set_against_its_original_median_by_median():
+    """With repeats, one pair per recipe: median over median, not every run over the first
+    original run (which gave 2.5-4x for a recipe level with its original)."""
+    recipe = [{"library": "recipe x", "reproduces": "orig", "workers": 2, "samples_per_s": v}
+              for v in (10, 30, 20)]
+    originals = [{"library": "orig", "workers": w, "samples_per_s": v} for w, v in ((2, 5), (2, 40), (2, 10), (8, 99))]
+    pairs = report.recipe_pairs(recipe + originals)
+    assert [(r["samples_per_s"], o and o["samples_per_s"]) for r, o in pairs] == [(20, 10)]
