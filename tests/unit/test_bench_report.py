@@ -205,6 +205,7 @@ def test_a_recipe_is_set_against_its_original_median_by_median():
     original run (which gave 2.5-4x for a recipe level with its original)."""
     recipe = [{"library": "recipe x", "reproduces": "orig", "workers": 2, "samples_per_s": v}
               for v in (10, 30, 20)]
-    originals = [{"library": "orig", "workers": w, "samples_per_s": v} for w, v in ((2, 5), (2, 40), (2, 10), (8, 99))]
+    originals = [{"library": "orig", "workers": w, "samples_per_s": v}
+                 for w, v in ((2, 5), (2, 40), (2, 10), (8, 99))]
     pairs = report.recipe_pairs(recipe + originals)
     assert [(r["samples_per_s"], o and o["samples_per_s"]) for r, o in pairs] == [(20, 10)]
