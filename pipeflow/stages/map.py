@@ -123,10 +123,10 @@ def _decisions(tuner: Tuner) -> dict[str, float]:
     limit, seconds of delivery until it first settled), its push-backs and the ones it undid,
     and for requests to a store the latency it sizes from (milliseconds, the last interval's
     mean)."""
-    numbers: dict[str, float] = {"steps_up": tuner.steps_up}
+    numbers: dict[str, float] = {}
     if tuner.settled_after_s is not None:
         numbers["settle_s"] = round(tuner.settled_after_s, 3)
-    for key in ("probes", "backoffs", "steady_errors", "slowdowns"):
+    for key in ("steps_up", "probes", "backoffs", "steady_errors", "slowdowns"):  # when any
         if getattr(tuner, key):
             numbers[key] = getattr(tuner, key)
     if tuner.latency_s is not None:
