@@ -5,7 +5,6 @@ workers, counted where the requests arrive."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 
@@ -14,6 +13,7 @@ import pytest
 import pipeflow as pf
 from pipeflow.backends._retry import RetryPolicy
 from pipeflow.testing.proxy import DelayProxy
+from tests._arrivals import Arrivals
 
 pytestmark = pytest.mark.s3
 
@@ -39,29 +39,6 @@ class RateLimitedStore:
             return "error503"
         self.tokens -= 1.0
         return None
-
-
-class Arrivals:
-    """A proxy hook that notes when each GET arrives and forwards it."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, request):
-        if request.method == "GET":
-            with self.lock:
-                self.times.append(time.monotonic())
-        return None
-
-    def most_in(self, seconds: float) -> int:
-        """The most GETs that arrived within any stretch of ``seconds``."""
-        times, most, first = sorted(self.times), 0, 0
-        for last, t in enumerate(times):
-            while t - times[first] > seconds:
-                first += 1
-            most = max(most, last - first + 1)
-        return most
 
 
 def _size(record) -> int:

@@ -4,12 +4,11 @@ sees at most the budget, retries of refused requests included, counted where the
 from __future__ import annotations
 
 import json
-import threading
-import time
 
 import pytest
 
 from pipeflow.testing.proxy import DelayProxy
+from tests._arrivals import Arrivals
 
 from ._launch import torchrun
 from .conftest import suite
@@ -22,30 +21,12 @@ OBJECTS = 80
 PROCESSES = 4
 
 
-class RefuseEveryThird:
+class RefuseEveryThird(Arrivals):
     """A proxy hook: notes when each GET arrives, and answers every third with 503 SlowDown (the
     backend retries it: a retry is one more GET for the store)."""
 
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, request):
-        if request.method != "GET":
-            return None
-        with self.lock:
-            self.times.append(time.monotonic())
-            n = len(self.times)
+    def answer(self, n: int) -> str | None:
         return "error503" if n % 3 == 0 else None
-
-    def most_in(self, seconds: float) -> int:
-        """The most GETs that arrived within any stretch of ``seconds``."""
-        times, most, first = sorted(self.times), 0, 0
-        for last, t in enumerate(times):
-            while t - times[first] > seconds:
-                first += 1
-            most = max(most, last - first + 1)
-        return most
 
 
 def test_the_job_budget_holds_over_ranks_and_workers_retries_included(s3, tmp_path):
