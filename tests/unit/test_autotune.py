@@ -175,20 +175,26 @@ def test_map_does_not_grow_when_more_does_not_help(monkeypatch):
     assert numbers["inflight"] == 2 * numbers["workers"]  # each call has the next item queued
 
 
-def test_map_stays_within_the_cpu_budget(monkeypatch):
-    monkeypatch.setattr(autotune, "cpu_budget", lambda: 1)
-    active, most = [0], [0]
-    guard = threading.Lock()
+def _most_at_once(seconds):
+    """A function that sleeps ``seconds`` per call, and a one-item list holding the most calls
+    that ran at once."""
+    active, most, guard = [0], [0], threading.Lock()
 
-    def counted(x):
+    def call(x):
         with guard:
             active[0] += 1
             most[0] = max(most[0], active[0])
-        time.sleep(0.01)
+        time.sleep(seconds)
         with guard:
             active[0] -= 1
         return x
 
+    return call, most
+
+
+def test_map_stays_within_the_cpu_budget(monkeypatch):
+    monkeypatch.setattr(autotune, "cpu_budget", lambda: 1)
+    counted, most = _most_at_once(0.01)
     pipe = pf.from_items(range(300)).map(counted, workers="auto")
     assert list(pipe) == list(range(300))
     assert 1 < most[0] <= 4  # four threads per core for a thread map
@@ -199,16 +205,7 @@ def test_map_stays_within_the_cpu_budget(monkeypatch):
 def test_gate_runs_at_most_the_tuned_number_of_calls_at_once():
     tuner = Tuner(1, 8, 2)
     gate = autotune.Gate(tuner)
-    active, most, guard = [0], [0], threading.Lock()
-
-    def work(x):
-        with guard:
-            active[0] += 1
-            most[0] = max(most[0], active[0])
-        time.sleep(0.02)
-        with guard:
-            active[0] -= 1
-        return x
+    work, most = _most_at_once(0.02)
 
     def run(n):
         threads = [threading.Thread(target=gate.call, args=(work, i)) for i in range(n)]

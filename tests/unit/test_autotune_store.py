@@ -43,8 +43,9 @@ class Store:
         return dt, latency, waited
 
 
-def drive(tuner, clock, store, seconds=20.0):
-    """Run ``store`` under ``tuner`` for ``seconds``; the limits seen, one per item."""
+def drive(tuner, clock, store, seconds=20.0, record=lambda tuner: tuner.value):
+    """Run ``store`` under ``tuner`` for ``seconds``; ``record(tuner)`` after each item (the
+    limit, unless told otherwise)."""
     seen = []
     end = clock.now + seconds
     while clock.now < end:
@@ -53,7 +54,7 @@ def drive(tuner, clock, store, seconds=20.0):
         tuner.served(latency)
         tuner.waited(waited)
         tuner.delivered()
-        seen.append(tuner.value)
+        seen.append(record(tuner))
     return seen
 
 
@@ -136,14 +137,7 @@ def test_a_backoff_that_lowers_no_share_is_undone_at_once(clock):
     store = Store(latency=0.01, demand=3000.0, retried=lambda n: 0.1)
     tuner = Tuner(1, 64, 4, store=True)
     tuner.watch(lambda: store.retries)
-    trace, end = [], clock.now + 10.0
-    while clock.now < end:
-        dt, latency, waited = store.step(tuner.value)
-        clock.now += dt
-        tuner.served(latency)
-        tuner.waited(waited)
-        tuner.delivered()
-        trace.append((tuner.value, tuner.backoffs, tuner.steady_errors))
+    trace = drive(tuner, clock, store, 10.0, record=lambda t: (t.value, t.backoffs, t.steady_errors))
     first_backoff = next(i for i, t in enumerate(trace) if t[1])
     left_at = trace[first_backoff - 1][0]
     undone = next(i for i, t in enumerate(trace) if t[2])
