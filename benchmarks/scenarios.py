@@ -722,6 +722,8 @@ class _Runner:
             return cases
         for library, module, suffix in (("LitData StreamingDataset", "litdata_peer", "litdata"),
                                          ("Mosaic StreamingDataset", "mosaic", "mds")):
+            if self.cfg.only and library not in self.cfg.only:
+                continue  # neither its case nor its conversion (minutes at 512 MB) is wanted
             if not self.peers_python:
                 self.unavailable("s2", group, library, self.peers_missing or "side venv missing")
                 continue
