@@ -63,3 +63,24 @@ def test_repeats_below_one_are_refused(capsys):
 
     with pytest.raises(SystemExit, match="--repeats must be >= 1"):
         main(["bench", "--repeats", "0", "--scenarios", "s5"])
+
+
+@pytest.mark.parametrize(("only", "converted"), [
+    (("pipeflow",), []),
+    (("pipeflow", "LitData StreamingDataset"), ["litdata_peer"]),
+    ((), ["litdata_peer", "mosaic"]),
+])
+def test_only_converts_just_the_streaming_peers_it_runs(tmp_path, monkeypatch, only, converted):
+    # a conversion takes seconds to minutes per shard size: a run that leaves a peer out skips it
+    runner = _runner(tmp_path, only=only)
+    runner.peers_python = "/side-venv/bin/python"
+    calls: list[str] = []
+
+    def convert(module, shards, url, mb):
+        calls.append(module)
+        return {"seconds": 1.0, "url": url}
+
+    monkeypatch.setattr(runner, "_convert", convert)
+    cases = runner._s2_streaming_peers("4 MB shards", ["s3://b/s-0.tar"], "s2-4mb", 4, {}, decode=False)
+    assert calls == converted
+    assert len(cases) == len(converted) and not runner.rows
