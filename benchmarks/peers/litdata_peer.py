@@ -5,10 +5,12 @@ Runs in the side venv (:mod:`benchmarks.peers._sidevenv`). The conversion reads 
 shards every other library reads and gives each sample to ``optimize`` as a dict of the JPEG
 bytes and the class; chunks are about the shard size (``chunk_bytes``). The reader follows the
 documented usage for an S3-compatible store (``storage_options={"endpoint_url": ...}``), with a
-cache directory emptied before the run. One change so that it runs against a local ``http://``
-endpoint: LitData builds its obstore client with fixed client options, and obstore refuses plain
-HTTP unless ``allow_http`` is set (S3 itself is HTTPS), so :func:`allow_http` adds that option
-to LitData's module-level options before any client is made. Images are kept as bytes (decoding them with
+cache directory emptied before the run and its chunks removed before every later pass over the
+data (:class:`ColdPasses`: otherwise LitData reads its second pass from local disk). One change
+so that it runs against a local ``http://`` endpoint: LitData builds its obstore client with
+fixed client options, and obstore refuses plain HTTP unless ``allow_http`` is set (S3 itself is
+HTTPS), so :func:`allow_http` adds that option to LitData's module-level options before any
+client is made. Images are kept as bytes (decoding them with
 torchvision, LitData's own image serializer, is not possible here: see the side venv notes) and
 decoded with the same PIL function as every other library.
 
@@ -64,7 +66,39 @@ def make(url: str, cache_dir: str, workers: int, batch_size: int = 4, decode: bo
     shutil.rmtree(cache_dir, ignore_errors=True)  # a cold cache: every chunk comes from the server
     dataset = StreamingDataset(url, cache_dir=cache_dir, transform=functools.partial(_transform, decode),
                                storage_options={"endpoint_url": _common.endpoint()})
-    return StreamingDataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=_collate)
+    loader = StreamingDataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=_collate)
+    return ColdPasses(loader, cache_dir)
+
+
+class ColdPasses:
+    """The loader, with LitData's local chunk cache emptied before every pass over the data.
+
+    A case reads the data set again until its minimum samples and seconds are met; LitData keeps
+    every chunk it downloaded on local disk (its cache holds up to 100 GB by default), so without
+    this its second and later passes read local files while every other library reads the server
+    again. The index LitData downloaded when the data set was made stays; chunks are fetched again.
+    """
+
+    def __init__(self, loader: Any, cache_dir: str) -> None:
+        self._loader = loader
+        self._cache_dir = cache_dir
+
+    def __iter__(self) -> Any:
+        drop_chunks(self._cache_dir)
+        return iter(self._loader)
+
+
+def drop_chunks(cache_dir: str) -> int:
+    """Remove every file under ``cache_dir`` but the ``index.json`` files; returns how many."""
+    import os
+
+    dropped = 0
+    for root, _dirs, files in os.walk(cache_dir):
+        for name in files:
+            if name != "index.json":
+                os.remove(os.path.join(root, name))
+                dropped += 1
+    return dropped
 
 
 def _collate(samples: list[dict[str, Any]]) -> dict[str, Any]:

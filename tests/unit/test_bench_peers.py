@@ -133,3 +133,26 @@ def test_the_monitor_counts_processes_that_live_between_two_samples():
         proc.communicate("")
         monitor.stop()
     assert monitor.cpu_s >= 0.35
+
+
+def test_litdata_reads_every_pass_from_the_server_not_from_its_chunk_cache(tmp_path):
+    # LitData keeps downloaded chunks on disk; a second pass of a case must fetch them again,
+    # as every other library does, so each pass starts with the chunks gone and the index kept
+    from benchmarks.peers import litdata_peer
+
+    shard = tmp_path / "cache" / "abc"
+    shard.mkdir(parents=True)
+    for name in ("index.json", "chunk-0-0.bin", "chunk-0-0.bin.cnt", "chunk-0-1.bin.lock"):
+        (shard / name).write_bytes(b"x")
+    seen: list[list[str]] = []
+
+    class Loader:
+        def __iter__(self):
+            seen.append(sorted(p.name for p in shard.iterdir()))
+            return iter([1, 2])
+
+    passes = litdata_peer.ColdPasses(Loader(), str(tmp_path / "cache"))
+    assert list(passes) == [1, 2]
+    (shard / "chunk-0-0.bin").write_bytes(b"x")  # the first pass downloaded a chunk
+    assert list(passes) == [1, 2]
+    assert seen == [["index.json"], ["index.json"]]
