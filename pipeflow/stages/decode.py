@@ -12,6 +12,9 @@ from .map import WindowedOptions, WindowedStage
 
 __all__ = ["Decoder"]
 
+#: samples a decode thread takes per hand-off (see :mod:`pipeflow.executor.chunks`)
+CHUNK = 4
+
 
 class _DecodeFn:
     """Decodes one sample; picklable, so it also runs on process workers."""
@@ -73,7 +76,7 @@ class Decoder(WindowedStage):
         # only undecodable data is skippable; a pipeline wired wrongly always raises
         super().__init__(source, self._decode_fn, WindowedOptions(
             what="decode", workers=workers, method=method, on_error=on_error,
-            skippable=lambda exc: not isinstance(exc, ConfigError), kind="cpu"))
+            skippable=lambda exc: not isinstance(exc, ConfigError), kind="cpu", chunk=CHUNK))
         self.on_error = on_error
 
     def start(self, state: dict[str, Any] | None) -> None:
