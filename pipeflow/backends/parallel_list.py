@@ -29,6 +29,14 @@ share: as many as three quarters of the guess pays for, ``concurrency - 1`` at m
 are paid by the keys found. So the listing stays within 1% whenever the keys continue as spread
 as the first ones; keys that stop following the guess after its probe (a dense start and a block
 where the probe lands, nothing between) cost at most ``concurrency - 1`` requests over it.
+
+Keys numbered with gaps fill the space of their digits densely up to where they stop, so the
+guess would expect far too many; where they stop is searched instead (:meth:`_Parallel._gallop`):
+probes three, then nine times as far from the first number as the keys found reach, each a chain
+whose full page, as dense as the first keys, vouches for the keys below it and pays for the next
+probe, then for cuts in equal spans of numbers of the ranges known to hold keys. The same
+``concurrency - 1`` limit holds for keys placed to mislead it; the probes are about
+``log3(concurrency) + 1`` whatever the number of keys.
 Memory is the listing itself. Backends without ``pages_from_any_key`` list as one serial chain
 (:meth:`~pipeflow.backends.base.Backend.list`).
 """
