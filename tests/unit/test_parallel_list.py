@@ -9,6 +9,7 @@ import base64
 import bisect
 import random
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -123,6 +124,41 @@ def test_numbers_with_gaps_find_their_end_and_give_every_thread_a_chain(size: in
     assert serial <= listing.requests <= serial + len(keys) // 1000
     if size == 60_000:  # at 1,000 keys found, the probes at 3x and 9x vouch for 8 chains
         assert listing.ranges >= 8
+
+
+class InFlightStore(BigPageStore):
+    """Pages after a short wait, noting the most requests in flight at once while fewer than
+    ``early`` keys have been returned."""
+
+    def __init__(self, keys: list[str], early: int) -> None:
+        super().__init__(keys)
+        self.early, self.returned, self.now, self.most_early = early, 0, 0, 0
+        self.counting = threading.Lock()
+
+    def list_page(self, url: str, *, start_after: str | None, limit: int = PAGE,
+                  ) -> tuple[list[ObjectInfo], bool]:
+        with self.counting:
+            self.now += 1
+            if self.returned < self.early:
+                self.most_early = max(self.most_early, self.now)
+        time.sleep(0.002)
+        page, more = super().list_page(url, start_after=start_after, limit=limit)
+        with self.counting:
+            self.now -= 1
+            self.returned += len(page)
+        return page, more
+
+
+def test_numbers_with_gaps_give_every_thread_a_chain_soon_after_the_first_cut() -> None:
+    # 10^5 keys to 110,000, a cut earned per 10^4 keys found (1%): the search's two probes
+    # vouch for the cuts that run 8 chains before 30% of the keys are listed (one cut per 10^4
+    # keys found would reach 3 or 4 chains by then), within the budget
+    keys = [f"s3://b/d/{i:07d}.jpg" for i in range(110_000) if i % 11 != 5]
+    store = InFlightStore(keys, early=30_000)
+    listing = list_parallel(store, "s3://b/d/", concurrency=8, pages_per_cut=100)
+    assert [i.url for i in listing.objects] == keys
+    assert store.most_early == 8
+    assert listing.requests <= serial_requests(len(keys), 100) + len(keys) // 10_000
 
 
 def test_a_guess_its_probe_refutes_costs_what_the_keys_found_pay_for() -> None:
