@@ -57,6 +57,11 @@ BUCKET = "pipeflow-scale"
 
 
 # ---- a moto server in this process, filled through its backend ---------------------------------
+#: moto accepts any credentials; these are dummies, not secrets
+MOTO_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                    "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+
+
 @contextlib.contextmanager
 def moto_server(keys: dict[str, list[str]]) -> Iterator[str]:
     """moto's threaded server on a free port, with ``keys`` (bucket -> keys) put directly into
@@ -67,9 +72,7 @@ def moto_server(keys: dict[str, list[str]]) -> Iterator[str]:
 
     from pipeflow.testing import free_port
 
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
-        os.environ[k] = v
+    os.environ.update(MOTO_CREDENTIALS)
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
@@ -333,6 +336,7 @@ def part_moto(sizes: list[int], repeats: int, profile_pages: int) -> dict[str, A
     answering ``profile_pages`` LIST pages (from spread start keys) in this process."""
     from pipeflow.backends.registry import get_backend
 
+    os.environ.update(MOTO_CREDENTIALS)
     rows = []
     for n in sizes:
         with moto_process(n) as endpoint:
