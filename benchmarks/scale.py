@@ -308,7 +308,7 @@ def moto_process(n: int) -> Iterator[str]:
     env = {**os.environ, "PYTHONPATH": ROOT}
     proc = subprocess.Popen([sys.executable, "-m", "benchmarks.scale", "--moto-serve", str(n)],
                             cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+                            stderr=subprocess.DEVNULL, text=True)  # no line a request
     assert proc.stdin is not None and proc.stdout is not None
     try:
         line = proc.stdout.readline().split()
@@ -342,7 +342,8 @@ def part_moto(sizes: list[int], repeats: int, profile_pages: int) -> dict[str, A
         with moto_process(n) as endpoint:
             be = get_backend("boto3", endpoint=endpoint)
             rows += _listing_rows("moto (own process)", be, f"s3://{BUCKET}/data/", n, repeats)
-    return {"listing": rows, "profile": [profile_moto(n, profile_pages) for n in sizes]}
+    return {"listing": rows,
+            "profile": [profile_moto(n, profile_pages) for n in sizes if profile_pages]}
 
 
 def profile_moto(n: int, pages: int) -> dict[str, Any]:
