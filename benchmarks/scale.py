@@ -16,6 +16,9 @@ Parts (each case runs ``--repeats`` times; the report gives medians):
 * ``cuts``: LIST requests of a listing with 8 threads against ``ceil(N/1000)``, on the store model
   without its delay, for keys numbered without gaps, numbered with gaps, random (hashed) and
   nested in directories, at 10^4 to 10^6 keys.
+* ``moto``: one serial chain against 8 chains with moto's server in a child process of its own
+  (as the tests run it; filled through its backend there), and a cProfile of moto's WSGI app
+  answering LIST pages in this process: the time a page and where it goes.
 * ``memory``: an index of N keys (ObjectInfo: URL, size, etag, mtime) written once to a local
   file; ``list_objects(url, manifest=index)`` read warm; a DataLoader with W workers (fork)
   reads a whole epoch in batches of 64. Measured: seconds from making the pipeline to the
