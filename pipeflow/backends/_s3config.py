@@ -31,14 +31,15 @@ from ..errors import (
     ObjectNotFoundError,
     PipeflowError,
     RetryExhaustedError,
+    install_line,
 )
 from ._optional import require
 from ._retry import RetryPolicy, s3_error_code
 from .base import BackendOptions
 
 __all__ = [
-    "S3Options", "error_for_status", "is_invalid_range", "resolve_endpoint", "resolve_region",
-    "translate_s3_error",
+    "S3Options", "error_for_status", "is_invalid_range", "no_credentials_error", "resolve_endpoint",
+    "resolve_region", "translate_s3_error",
 ]
 
 DEFAULT_REGION = "us-east-1"
@@ -253,6 +254,18 @@ def error_for_status(status: int | None, code: str, *, url: str, backend: str, o
     return BackendError(detail, url=url, backend=backend, op=op)
 
 
+def no_credentials_error(*, url: str, backend: str, op: str,
+                         boto3_missing: bool = False) -> AccessDeniedError:
+    """The error for "no credentials anywhere", with how to give them: the first thing a new
+    user meets on a machine without AWS configuration, so it says what to set."""
+    how = "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or pass access_key= and secret_key= to open()"
+    if boto3_missing:
+        how += f"; a profile or ~/.aws/credentials is read through boto3: {install_line('boto3')}"
+    else:
+        how += ", or name a profile of ~/.aws/credentials (AWS_PROFILE or profile=)"
+    return AccessDeniedError(f"no usable credentials found: {how}", url=url, backend=backend, op=op)
+
+
 def translate_s3_error(exc: BaseException, *, url: str, backend: str, op: str) -> BaseException:
     """Map an SDK exception to a pipeflow error by error code or type (never by message).
 
@@ -267,7 +280,7 @@ def translate_s3_error(exc: BaseException, *, url: str, backend: str, op: str) -
     bexc = sys.modules.get("botocore.exceptions")
     if bexc is not None:
         if isinstance(exc, (bexc.NoCredentialsError, bexc.PartialCredentialsError)):
-            return AccessDeniedError("no usable credentials found", url=url, backend=backend, op=op)
+            return no_credentials_error(url=url, backend=backend, op=op)
         if isinstance(exc, bexc.ProfileNotFound):
             return ConfigError(f"AWS profile not found ({backend}, {url})")
         if isinstance(exc, bexc.BotoCoreError):
