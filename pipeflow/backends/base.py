@@ -124,7 +124,9 @@ def parse_s3_url(url: str, *, backend: str = "", op: str = "") -> S3Location:
     """Split ``s3://bucket/key`` into bucket and key (the key may be empty, a prefix).
 
     Raises:
-        InvalidURLError: not an ``s3://`` URL, or no bucket.
+        InvalidURLError: not an ``s3://`` URL, no bucket, or not a valid bucket name (S3's rules
+            since 2018: lowercase, no ``_``; the legacy names some old us-east-1 buckets have
+            cannot be addressed virtual-hosted style, the default on AWS, either).
     """
     if scheme_of(url) != "s3":
         malformed = malformed_scheme(url, backend=backend, op=op)
@@ -135,6 +137,11 @@ def parse_s3_url(url: str, *, backend: str = "", op: str = "") -> S3Location:
     bucket, _, key = rest.partition("/")
     if not bucket or "?" in bucket or "#" in bucket:
         raise InvalidURLError("the URL names no bucket", url=url, backend=backend, op=op)
+    problem = bucket_name_problem(bucket)
+    if problem:
+        # a store asked about a name it could never have created answers "no such bucket",
+        # which sends the user looking for a bucket instead of at the name
+        raise InvalidURLError(problem, url=url, backend=backend, op=op)
     return S3Location(bucket, key)
 
 

@@ -100,6 +100,24 @@ def test_valid_bucket_names_pass(name):
     assert bucket_name_problem(name) is None
 
 
+@pytest.mark.parametrize("args", [("index", "s3://My_Bucket/x/", "-o", "{tmp}/index"),
+                                  ("convert", "s3://My_Bucket/x/", "{tmp}/out"),
+                                  ("upload", "{tmp}", "s3://My_Bucket/x/"),
+                                  ("run", "wds-boto3", "--url", "s3://My_Bucket/x/")])
+def test_an_invalid_bucket_name_is_one_line_before_any_request(tmp_path, args):
+    """Nothing listens at the endpoint: a request would fail as unreachable, not as the name."""
+    (tmp_path / "a.bin").write_bytes(b"abc")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = pipeflow(*(arg.format(tmp=tmp_path) for arg in args),
+                   env={"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+                        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_EC2_METADATA_DISABLED": "true"})
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()], out.stderr
+    assert "invalid bucket name 'My_Bucket'" in out.stderr
+
+
 @pytest.mark.s3
 def test_make_data_to_a_missing_bucket_is_one_line(s3):
     out = pipeflow("make-data", "jpeg", "s3://no-such-bucket-here/x", "--count", "2", "--image-size", "8",

@@ -62,11 +62,23 @@ def test_default_backend_by_scheme(url: str, expected: str) -> None:
 def test_scheme_parsing() -> None:
     assert scheme_of("C:\\data\\x") == ""
     assert scheme_of("s3a://b/k") == "s3a"
-    assert parse_s3_url("s3://b/some key/ü").key == "some key/ü"
+    assert parse_s3_url("s3://bkt/some key/ü").key == "some key/ü"
     with pytest.raises(InvalidURLError):
         parse_s3_url("s3:///key")
     with pytest.raises(InvalidURLError):
         parse_s3_url("/local/path")
+
+
+@pytest.mark.parametrize("url", ["s3://My_Bucket/x", "s3://ab/x", "s3://my_bucket/", "s3://192.168.0.1/k",
+                                 "s3://a..b/k", "s3://-bucket/k"])
+def test_an_invalid_bucket_name_is_refused_before_any_request(url) -> None:
+    """A store answers "no such bucket" for a name it could never hold: the user then looks
+    for a bucket instead of at the name."""
+    with pytest.raises(InvalidURLError, match="invalid bucket name") as info:
+        parse_s3_url(url)
+    assert info.value.url == url
+    with pytest.raises(InvalidURLError, match="invalid bucket name"):
+        get_backend("fsspec").info(url.replace("s3://", "s3a://") + "/k")
 
 
 def test_import_pipeflow_imports_no_sdk() -> None:
