@@ -10,7 +10,8 @@ from pipeflow.backends._retry import RetryPolicy
 
 @pytest.mark.parametrize(("n", "noun", "plural", "expected"), [
     (1, "tar shard", None, "1 tar shard"), (0, "tar shard", None, "0 tar shards"),
-    (2, "sample", None, "2 samples"), (1, "entry", "entries", "1 entry"), (3, "entry", "entries", "3 entries"),
+    (2, "sample", None, "2 samples"), (1, "entry", "entries", "1 entry"),
+    (3, "entry", "entries", "3 entries"),
 ])
 def test_counted(n, noun, plural, expected):
     assert counted(n, noun, plural) == expected
