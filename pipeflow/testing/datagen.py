@@ -317,7 +317,11 @@ def _open_sink(url: str, *, create_bucket: bool) -> _Sink:
 # ---- progress -----------------------------------------------------------------------------------
 class _Progress:
     """A tqdm bar when the stream (stderr) is a terminal (items, rate, ETA), else one summary
-    line at the end; a hand-drawn bar only when tqdm is not installed."""
+    line at the end; a hand-drawn bar only when tqdm is not installed.
+
+    The bytes shown are those written to storage so far (whole shards, for shard layouts), so
+    the last figure is the one ``make-data`` reports. A finished tqdm bar stays as it is, with
+    nothing repeated under it."""
 
     def __init__(self, total: int, desc: str, enabled: bool, stream: IO[str] | None = None) -> None:
         self.total = max(total, 1)
@@ -340,9 +344,10 @@ class _Progress:
             else:
                 self._tqdm = tqdm(total=total, desc=desc, unit=" samples", file=self.stream)
 
-    def update(self, n: int = 1, nbytes: int = 0) -> None:
+    def update(self, n: int = 1, written: int = 0) -> None:
+        """``n`` more samples done; ``written`` bytes written to storage so far, in all."""
         self.done += n
-        self.nbytes += nbytes
+        self.nbytes = written
         if self._tqdm is not None:
             self._tqdm.update(n)
             return
@@ -362,7 +367,6 @@ class _Progress:
     def finish(self) -> None:
         if self._tqdm is not None:
             self._tqdm.close()
-            self.stream.write(self._line(time.perf_counter()).split("] ", 1)[-1] + "\n")
             return
         if self.enabled:
             self.stream.write(("\r" if self._tty else "") + self._line(time.perf_counter()) + "\n")
@@ -531,10 +535,10 @@ def _write_samples(samples: Iterable[tuple[str, dict[str, bytes]]], sink: _Sink,
             for name, data in fields.items():
                 sink.put(f"{key}.{name}", data)
                 names.append(f"{key}.{name}")
-        sample_bytes = sum(len(v) for v in fields.values())
-        nbytes += sample_bytes
-        bar.update(1, sample_bytes)
+        nbytes += sum(len(v) for v in fields.values())
+        bar.update(1, writer.nbytes if writer is not None else nbytes)
     if writer is not None:
         writer.flush()
+        bar.update(0, writer.nbytes)
         return writer.names, writer.nbytes
     return names, nbytes

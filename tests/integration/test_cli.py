@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -266,6 +267,20 @@ def test_convert_draws_a_bar_on_a_terminal_and_plain_lines_into_a_pipe(tmp_path,
     if lines:
         assert err.strip().splitlines()[-1].endswith("samples/s")
     assert "wrote 12 samples from 24 objects as 3 tar shards" in out
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_make_data_bar_is_not_repeated_and_its_bytes_are_the_bytes_written(tmp_path, terminal):
+    # tiny images: the tar headers are most of the bytes written (0.1 MB of shards, 0.0 MB of samples)
+    code, out, err = pipeflow_cli("make-data", "wds", str(tmp_path / "d"), "--count", "24", "--image-size",
+                                  "8", "--shard-mb", "0.01", terminal=terminal)
+    assert code == 0, err
+    written = re.search(r"as \d+ objects?, ([0-9.]+ MB),", out)
+    assert written, out
+    if terminal:  # the finished bar stays; no summary line is printed under it
+        assert has_bar(err, "wds -> ") and " MB" not in err, err
+    else:  # one line at the end, with the bytes of the shards (not of the samples in them)
+        assert err.strip().splitlines() == [err.strip()] and f"24/24 {written.group(1)}" in err, err
 
 
 @pytest.mark.parametrize("terminal, quiet, drawn", BAR_MODES)
