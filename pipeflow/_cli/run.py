@@ -77,6 +77,9 @@ def run(args: argparse.Namespace) -> int:
         result = measure(pipeline, batch_size=batch_size, num_workers=args.num_workers,
                          epochs=args.epochs, steps=args.steps, report_every=args.report_every,
                          on_report=report, on_batch=bar.update)
+    except PipeflowError as exc:  # bad data or storage: one line (the stage in its note), no traceback
+        print(f"pipeflow run: {exc}", *getattr(exc, "__notes__", ()), sep="\n", file=sys.stderr)
+        return 2
     finally:
         bar.close()
     mean = "n/a (needs 2 intervals)" if result.mean is None else f"{result.mean:.4f}"

@@ -283,6 +283,22 @@ def test_make_data_bar_is_not_repeated_and_its_bytes_are_the_bytes_written(tmp_p
         assert err.strip().splitlines() == [err.strip()] and f"24/24 {written.group(1)}" in err, err
 
 
+@pytest.mark.parametrize("recipe, layout, says", [
+    ("single-ffm", "wds", "no objects matching '*.image' among the 1 object listed"),
+    ("tfrecord-ffm", "single", "no objects matching '*.tfrecord' among the 8 objects listed"),
+    ("wds-ffm", "jpeg-shards", "sample lacks required field"),
+])
+def test_run_on_data_of_another_layout_is_one_typed_line(tmp_path, recipe, layout, says):
+    """It used to run an epoch of 0 samples (exit 0), or end in a KeyError traceback."""
+    data = tmp_path / "data"
+    made = pipeflow("make-data", layout, str(data), "--count", "4", "--image-size", "8", "--quiet",
+                    "--shard-mb", "0.002")
+    assert made.returncode == 0, made.stderr
+    out = pipeflow("run", recipe, "--url", str(data), "--steps", "2", "--quiet")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith("pipeflow run: ") and says in out.stderr, out.stderr
+
+
 @pytest.mark.parametrize("terminal, quiet, drawn", BAR_MODES)
 def test_run_progress_bar(tmp_path, terminal, quiet, drawn):
     data = tmp_path / "data"
