@@ -180,3 +180,11 @@ def test_a_pattern_that_matches_nothing_shows_what_it_was_matched_against(tmp_pa
     (tmp_path / "empty").mkdir()
     with pytest.raises(pf.ObjectNotFoundError, match=r"^no objects matching '\*' \("):  # nothing to show
         pf.list_objects(str(tmp_path / "empty") + "/", pattern="*")
+
+
+def test_a_missing_relative_directory_says_how_an_s3_prefix_is_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(pf.ObjectNotFoundError, match=r"an S3 prefix is written 's3://bucket/train/'"):
+        pf.list_objects("bucket/train/")
+    with pytest.raises(pf.ObjectNotFoundError, match=r"^no such directory \(url="):  # absolute: no guess
+        pf.list_objects(str(tmp_path / "bucket" / "train") + "/")
