@@ -18,9 +18,11 @@ Credentials never appear in a repr or an error message.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..errors import (
     AccessDeniedError,
@@ -77,6 +79,23 @@ def on_s3_endpoint(url: str) -> str | None:
     if url[:len(endpoint)].lower() != endpoint.lower() or url[len(endpoint):len(endpoint) + 1] != "/":
         return None
     return "s3://" + url[len(endpoint) + 1:]
+
+
+#: AWS's S3 hosts, virtual-hosted (``bucket.s3[.-]region.amazonaws.com``) or path-style
+#: (``s3[.-]region.amazonaws.com/bucket``)
+_AWS_S3_HOST = re.compile(r"(?:(?P<bucket>[^/]+)\.)?s3(?:[.-][a-z0-9-]+)?\.amazonaws\.com", re.I)
+
+
+def on_aws_s3(url: str) -> str | None:
+    """The ``s3://bucket/key`` an ``https://`` URL of an object or prefix on AWS S3 names, or
+    None. Read over HTTPS such a URL works for a public object, but a listing cannot: S3
+    answers with XML, not the links an HTTP listing looks for."""
+    parts = urlsplit(url)
+    match = _AWS_S3_HOST.fullmatch(parts.hostname or "") if parts.scheme in ("http", "https") else None
+    if match is None:
+        return None
+    path = parts.path.lstrip("/")
+    return "s3://" + (f"{match['bucket']}/{path}" if match["bucket"] else path)
 
 
 def resolve_region(explicit: str | None = None) -> str:

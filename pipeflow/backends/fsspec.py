@@ -19,7 +19,13 @@ from typing import IO, Any, TypeVar
 
 from pipeflow.backends._resumable import ResumableStream
 from pipeflow.backends._retry import retry_call
-from pipeflow.backends._s3config import S3Options, is_invalid_range, on_s3_endpoint, translate_s3_error
+from pipeflow.backends._s3config import (
+    S3Options,
+    is_invalid_range,
+    on_aws_s3,
+    on_s3_endpoint,
+    translate_s3_error,
+)
 from pipeflow.backends.base import Backend, bucket_name_problem, malformed_scheme, scheme_of
 from pipeflow.errors import (
     BackendError,
@@ -183,6 +189,10 @@ class FsspecBackend(Backend):
             raise err from exc
 
     def list(self, url: str) -> Iterator[ObjectInfo]:
+        meant = on_aws_s3(url)
+        if meant is not None:
+            raise InvalidURLError(f"an S3 prefix cannot be listed over HTTP (S3 answers with XML, not "
+                                  f"links): name it {meant!r}", url=url, backend=self.name, op="list")
         fs, path = self._fs(url)
 
         def find() -> dict[str, Any]:

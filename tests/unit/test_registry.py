@@ -174,3 +174,20 @@ def test_error_codes_map_to_types(status: int, code: str, cls: type) -> None:
     assert type(err) is cls
     assert err.url == "s3://b/k" and "backend=x" in str(err)
     assert pickle.loads(pickle.dumps(err)).url == "s3://b/k"
+
+
+@pytest.mark.parametrize("url, meant", [
+    ("https://bkt.s3.amazonaws.com/train/", "s3://bkt/train/"),
+    ("https://my.bkt.s3.us-west-2.amazonaws.com/a/b", "s3://my.bkt/a/b"),
+    ("https://s3.us-east-1.amazonaws.com/bkt/train/", "s3://bkt/train/"),
+    ("https://s3-eu-west-1.amazonaws.com/bkt/x", "s3://bkt/x"),
+    ("https://example.com/bkt/x", None), ("http://127.0.0.1:9000/bkt/x", None),
+])
+def test_listing_an_s3_prefix_over_https_names_the_s3_url(url, meant) -> None:
+    """An HTTP listing of S3 finds no links and read "no objects"; nothing is sent now."""
+    from pipeflow.backends._s3config import on_aws_s3
+
+    assert on_aws_s3(url) == meant
+    if meant is not None:
+        with pytest.raises(InvalidURLError, match=f"name it '{meant}'"):
+            list(get_backend("fsspec").list(url))
