@@ -37,7 +37,7 @@ from ..errors import (
 )
 from ._optional import require
 from ._retry import RetryPolicy, s3_error_code
-from .base import BackendOptions
+from .base import BackendOptions, legacy_name_hint
 
 __all__ = [
     "S3Options", "error_for_status", "is_invalid_range", "no_credentials_error", "resolve_endpoint",
@@ -261,8 +261,8 @@ def error_for_status(status: int | None, code: str, *, url: str, backend: str, o
     code = code or (str(status) if status else "")
     detail = f"{what or 'request failed'}: {code}" if code else (what or "request failed")
     if code in NOT_FOUND_CODES or status == 404:
-        return ObjectNotFoundError(f"no such object or bucket ({code or 404})", url=url, backend=backend,
-                                   op=op)
+        return ObjectNotFoundError(f"no such object or bucket ({code or 404}){legacy_name_hint(url)}",
+                                   url=url, backend=backend, op=op)
     if code in DENIED_CODES or status == 403:
         return AccessDeniedError(f"access denied ({code or 403})", url=url, backend=backend, op=op)
     if code == "PreconditionFailed" or status == 412:  # If-Match: the object was replaced

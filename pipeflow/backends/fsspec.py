@@ -124,7 +124,7 @@ class FsspecBackend(Backend):
             raise InvalidURLError(f"this URL is on the S3 endpoint: name it {meant!r} (the "
                                   "endpoint comes from AWS_ENDPOINT_URL)", url=url, backend=self.name)
         bucket = url.split("://", 1)[1].partition("/")[0] if protocol in ("s3", "s3a") else ""
-        problem = bucket_name_problem(bucket) if bucket else None
+        problem = bucket_name_problem(bucket, legacy=True) if bucket else None
         if problem:  # S3 would answer "no such bucket"
             raise InvalidURLError(problem, url=url, backend=self.name)
         cache = self._client()

@@ -209,9 +209,13 @@ def s3_client(*, single_try: bool = False, **kwargs: Any) -> Any:
 def split_s3_url(url: str) -> tuple[str, str]:
     """``"s3://bucket/a/b"`` -> ``("bucket", "a/b")``; an invalid bucket name is refused here,
     before anything is generated (S3 would call it a bucket that does not exist)."""
-    from ..backends.base import parse_s3_url
+    from ..backends.base import bucket_name_problem, parse_s3_url
+    from ..errors import InvalidURLError
 
     loc = parse_s3_url(url, op="make-data")
+    problem = bucket_name_problem(loc.bucket)  # the rules of today: no new data under a legacy name
+    if problem:
+        raise InvalidURLError(problem, url=url, op="make-data")
     return loc.bucket, loc.key.strip("/")
 
 

@@ -101,10 +101,10 @@ def test_valid_bucket_names_pass(name):
     assert bucket_name_problem(name) is None
 
 
-@pytest.mark.parametrize("args", [("index", "s3://My_Bucket/x/", "-o", "{tmp}/index"),
-                                  ("convert", "s3://My_Bucket/x/", "{tmp}/out"),
-                                  ("upload", "{tmp}", "s3://My_Bucket/x/"),
-                                  ("run", "wds-boto3", "--url", "s3://My_Bucket/x/")])
+@pytest.mark.parametrize("args", [("index", "s3://my..bucket/x/", "-o", "{tmp}/index"),
+                                  ("convert", "s3://my..bucket/x/", "{tmp}/out"),
+                                  ("upload", "{tmp}", "s3://my..bucket/x/"),
+                                  ("run", "wds-boto3", "--url", "s3://my..bucket/x/")])
 def test_an_invalid_bucket_name_is_one_line_before_any_request(tmp_path, args):
     """Nothing listens at the endpoint: a request would fail as unreachable, not as the name."""
     (tmp_path / "a.bin").write_bytes(b"abc")
@@ -116,7 +116,14 @@ def test_an_invalid_bucket_name_is_one_line_before_any_request(tmp_path, args):
                         "AWS_SECRET_ACCESS_KEY": "testing", "AWS_EC2_METADATA_DISABLED": "true"})
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip().splitlines() == [out.stderr.strip()], out.stderr
-    assert "invalid bucket name 'My_Bucket'" in out.stderr
+    assert "invalid bucket name 'my..bucket'" in out.stderr
+
+
+@pytest.mark.s3
+def test_a_mistyped_legacy_style_bucket_name_is_named_when_not_found(s3, tmp_path):
+    out = pipeflow("index", "s3://My_Bucket/x/", "-o", str(tmp_path / "index"), env=s3.env())
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "not a valid bucket name" in out.stderr and "'My_Bucket'" in out.stderr, out.stderr
 
 
 @pytest.mark.s3

@@ -69,8 +69,8 @@ def test_scheme_parsing() -> None:
         parse_s3_url("/local/path")
 
 
-@pytest.mark.parametrize("url", ["s3://My_Bucket/x", "s3://ab/x", "s3://my_bucket/", "s3://192.168.0.1/k",
-                                 "s3://a..b/k", "s3://-bucket/k"])
+@pytest.mark.parametrize("url", ["s3://ab/x", "s3://192.168.0.1/k", "s3://a..b/k", "s3://-bucket/k",
+                                 "s3://my*bucket/k", "s3://" + "a" * 256 + "/k"])
 def test_an_invalid_bucket_name_is_refused_before_any_request(url) -> None:
     """A store answers "no such bucket" for a name it could never hold: the user then looks
     for a bucket instead of at the name."""
@@ -79,6 +79,22 @@ def test_an_invalid_bucket_name_is_refused_before_any_request(url) -> None:
     assert info.value.url == url
     with pytest.raises(InvalidURLError, match="invalid bucket name"):
         get_backend("fsspec").info(url.replace("s3://", "s3a://") + "/k")
+
+
+@pytest.mark.parametrize("bucket", ["My_Bucket", "my_bucket", "Data", "a" * 64])
+def test_a_legacy_bucket_name_is_read_and_named_when_not_found(bucket) -> None:
+    """Buckets made under the pre-2018 us-east-1 rules still exist and path-style requests
+    reach them: reading one is allowed; a "not found" for one names the likely typo."""
+    from pipeflow.errors import ObjectNotFoundError
+    from pipeflow.testing.datagen import generate
+
+    assert parse_s3_url(f"s3://{bucket}/k").bucket == bucket
+    with pytest.raises(InvalidURLError, match="invalid bucket name"):  # never for new data
+        generate("jpeg", f"s3://{bucket}/x", count=1, image_size=8)
+    err = error_for_status(404, "NoSuchBucket", url=f"s3://{bucket}/k", backend="boto3", op="get")
+    assert isinstance(err, ObjectNotFoundError) and "not a valid bucket name" in str(err)
+    fine = error_for_status(404, "NoSuchBucket", url="s3://my-bucket/k", backend="boto3", op="get")
+    assert "not a valid bucket name" not in str(fine)
 
 
 def test_import_pipeflow_imports_no_sdk() -> None:
