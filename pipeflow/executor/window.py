@@ -403,7 +403,9 @@ class Window:
         items = [t.item for t in batch]
         try:
             if pool.method == "thread":
-                futures = submit_in_turn(functools.partial(self._submit_timed, len(items)), self.fn, items)
+                def timed(run: Callable[[Any], Any], chunk: Any) -> Future[Any]:
+                    return pool.submit(self.meter.thread_task(run, len(items)), chunk)
+                futures = submit_in_turn(timed, self.fn, items)
             else:
                 futures = pool.submit_chunk(self.fn, items)
                 futures[-1].add_done_callback(self.meter.process_task())
@@ -415,11 +417,6 @@ class Window:
         for task, future in zip(batch, futures):
             task.future = future
         batch.clear()
-
-    def _submit_timed(self, items: int, run: Callable[[Any], Any], chunk: Any) -> Future[Any]:
-        """A thread task of ``items`` items, timed now and then by the meter."""
-        assert self._pool is not None
-        return self._pool.submit(self.meter.thread_task(run, items), chunk)
 
     def _unsubmitted(self, tasks: list[Task]) -> None:
         """The pool refused ``tasks`` (the newest in the window): they leave it, as an item
