@@ -315,30 +315,24 @@ class TaskMeter:
         sampled = self._sampled_s * self._submitted / self._sampled if self._sampled else 0.0
         return self._process_s + sampled
 
-    @property
-    def mean_s(self) -> float | None:
-        """Mean seconds of one item in the function, from the timed tasks (None: none yet)."""
-        return self._sampled_s / self._sampled if self._sampled else None
-
-    def thread_task(self, fn: Callable[[Any], Any], items: int = 1) -> Callable[[Any], Any]:
-        """What to submit to a thread worker for one task of ``items`` items (a chunk is one
-        call): ``fn``, or ``fn`` timed."""
-        self._submitted += items
+    def thread_task(self, fn: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """What to submit to a thread worker for one item: ``fn``, or ``fn`` timed."""
+        self._submitted += 1
         if self._submitted <= self._sample_at:
             return fn
         if self._submitted >= TIME_ALL_FIRST:
             self._sample_at = self._submitted + TIME_EVERY // 2 + getrandbits(_TIME_BITS)
-        return lambda arg: self._timed(fn, arg, items)
+        return lambda item: self._timed(fn, item)
 
-    def _timed(self, fn: Callable[[Any], Any], arg: Any, items: int) -> Any:
+    def _timed(self, fn: Callable[[Any], Any], item: Any) -> Any:
         t0 = perf_counter()
         try:
-            return fn(arg)
+            return fn(item)
         finally:
             seconds = perf_counter() - t0
             with self._lock:
                 self._sampled_s += seconds
-                self._sampled += items
+                self._sampled += 1
 
     def process_task(self) -> Callable[[Future[Any]], None]:
         """A done-callback for a process task submitted now: adds its time when it ends."""

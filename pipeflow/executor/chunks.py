@@ -1,4 +1,4 @@
-"""Several items in one task, each with its own outcome.
+"""Several items in one process task, each with its own outcome.
 
 A process task costs a fixed amount besides the work (a future, a wake-up of the executor's
 manager thread, a pickled message each way, a lock on the result queue): about 0.1-0.3 ms here,
@@ -7,17 +7,10 @@ as ``ProcessPoolExecutor.map(chunksize=...)`` does, but unlike ``map`` each item
 result or exception: the worker catches per item, and the owner turns one task's reply back
 into one future per item, so order, errors (type, traceback, the item named) and resume
 positions are exactly those of one task per item.
-
-Thread workers take chunks too, for CPU-bound work such as a decode (:func:`submit_in_turn`):
-there a task costs a future, a queue put, a wake-up of the worker and one of the consumer waiting
-for the result, about 10-20 us of CPU here against a 1-3 ms decode. A chunk's items run in turn
-and their outcomes are published together at its end, so the consumer waiting for the first of
-them is woken once per chunk.
 """
 
 from __future__ import annotations
 
-import functools
 import pickle
 import traceback
 from collections.abc import Callable, Sequence
@@ -26,7 +19,7 @@ from typing import Any
 
 from .shm import discard, restore, run_task
 
-__all__ = ["RemoteTraceback", "run_chunk", "run_in_turn", "settle", "spread", "submit_in_turn"]
+__all__ = ["RemoteTraceback", "run_chunk", "settle", "spread"]
 
 
 class RemoteTraceback(Exception):
@@ -128,46 +121,3 @@ def settle(future: Future[Any], *, value: Any = None, exc: BaseException | None 
             future.set_result(value)
     except InvalidStateError:  # cancelled meanwhile; what it carried is dropped
         pass
-
-
-# ---- thread workers -------------------------------------------------------------------------
-def submit_in_turn(submit: Callable[[Callable[[Any], Any], Any], Future[Any]],
-                   fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Future[Any]]:
-    """``fn`` on each of ``items`` as one task of a thread pool (``submit(task, arg)``); a
-    future per item. ``fn`` may be wrapped by the caller's meter: it is called with the chunk."""
-    outers: list[Future[Any]] = [Future() for _ in items]
-    inner = submit(functools.partial(run_in_turn, fn), list(zip(items, outers)))
-    inner.add_done_callback(functools.partial(_abandoned, outers))
-    return outers
-
-
-def run_in_turn(fn: Callable[[Any], Any], chunk: Sequence[tuple[Any, Future[Any]]]) -> None:
-    """What a thread worker runs for a chunk: ``fn`` on each item whose future was not cancelled
-    before its turn (a cancelled item is not computed), every outcome published at the end."""
-    outcomes: list[tuple[Future[Any], Any, Exception | None]] = []
-    try:
-        for item, future in chunk:
-            if not future.set_running_or_notify_cancel():
-                continue  # dropped from the window before its turn
-            try:
-                outcomes.append((future, fn(item), None))
-            except Exception as exc:  # noqa: BLE001 - delivered to the item's future
-                outcomes.append((future, None, exc))
-    except BaseException as exc:  # the thread is being torn down: no item is left pending
-        _publish(outcomes)
-        for _, future in chunk:
-            settle(future, exc=exc)  # those already settled stay as they are
-        raise
-    _publish(outcomes)
-
-
-def _publish(outcomes: list[tuple[Future[Any], Any, Exception | None]]) -> None:
-    for future, value, exc in outcomes:
-        settle(future, value=value, exc=exc)
-
-
-def _abandoned(outers: list[Future[Any]], inner: Future[Any]) -> None:
-    # the pool dropped the chunk before it ran (shut down): its items will never run
-    if inner.cancelled():
-        for outer in outers:
-            outer.cancel()

@@ -34,15 +34,9 @@ from ..errors import WorkerCrashedError
 from ..items import describe_item
 from ._bootstrap import crashed_error
 from .autotune import Gate, Tuner
-from .chunks import submit_in_turn
 from .pool import WorkerPool, lease_pool, return_pool
 
-__all__ = ["CHUNK_S", "Source", "Task", "Window", "WindowOptions", "default_limit"]
-
-#: seconds of work a thread task of several items aims at: its hand-off (10-30 us of CPU on a
-#: busy 2-core machine) is then well under 1 % of it, and items that take this long alone
-#: (a large image decoded whole) go one per task, so the items held in flight stay few
-CHUNK_S = 0.01
+__all__ = ["Source", "Task", "Window", "WindowOptions", "default_limit"]
 
 
 def default_limit(workers: int, method: str) -> int:
@@ -78,13 +72,6 @@ class WindowOptions:
         size_of: ``result -> bytes`` of a delivered result, for a tuner's memory budget.
         gated: with a tuner and thread workers, the tuner's value is the calls running at once
             (a :class:`~pipeflow.executor.autotune.Gate`) and twice as many are in flight.
-        chunk: at most this many items per task on thread workers (CPU-bound work, never
-            gated or a store's requests): one hand-off and one wake-up of the worker and of the
-            consumer for several items (see :mod:`.chunks`). The window puts as many items in a
-            task as make it last about :data:`CHUNK_S` (measured: one item per task until the
-            first are timed, and for slow items, whose hand-off is a small share anyway), and
-            holds that many times more items: the default limit and a tuner's value count
-            tasks; an explicit ``limit`` counts items and keeps two tasks per worker.
     """
 
     workers: int = 0
@@ -97,23 +84,12 @@ class WindowOptions:
     on_discard: Callable[[Future[Any]], None] | None = None
     size_of: Callable[[Any], int] | None = None
     gated: bool = False
-    chunk: int = 1
 
     def __post_init__(self) -> None:
         check_int(self.workers, "window workers", low=0)
         check_choice(self.method, "window method", ("thread", "process"))
         check_bool(self.in_order, "window in_order")
         check_int(self.limit, "window limit", low=1, optional=True)
-        check_int(self.chunk, "window chunk", low=1)
-
-
-def _thread_chunk(options: WindowOptions, tuner: Tuner | None) -> int:
-    """Items per thread task: ``options.chunk`` unless the calls must stay one per item (a
-    gated map's value is the calls running at once; a store's tuner times every request)."""
-    store = tuner is not None and tuner.store
-    if not options.workers or options.method != "thread" or options.gated or store:
-        return 1
-    return options.chunk
 
 
 class Task:
@@ -165,19 +141,14 @@ class Window:
         self.workers = workers
         self.method = method
         self.in_order = options.in_order
+        self._limit = (options.limit or default_limit(workers, method)) if workers else 1
         self.tuner = tuner
         self.gate = Gate(tuner) if tuner is not None and options.gated and method == "thread" else None
-        #: most items per thread task (see :class:`WindowOptions`)
-        self.thread_chunk = _thread_chunk(options, tuner)
-        #: the limit counts tasks of ``chunk`` items (thread chunks, no explicit limit)
-        self._per_task = self.thread_chunk > 1 and options.limit is None
-        self._limit = (options.limit or default_limit(workers, method)) if workers else 1
         self.size_of = options.size_of
-        #: items per task. Processes: two tasks per worker fill the window, each carrying as
-        #: many items as that leaves room for (1 with the default window; a deeper
-        #: ``max_inflight`` asks for chunks, which divide the per-task cost for small per-item
-        #: work); a tuned window moves its limit, so it keeps one item per task.
-        #: Threads: see :meth:`_fit_chunk`.
+        #: items per process task: two tasks per worker fill the window, each carrying as many
+        #: items as that leaves room for (1 with the default window; a deeper ``max_inflight``
+        #: asks for chunks, which divide the per-task cost for small per-item work). A tuned
+        #: window moves its limit, so it keeps one item per task.
         self.chunk = (max(1, self._limit // (2 * workers))
                       if workers and method == "process" and tuner is None else 1)
         self.name = options.name
@@ -201,12 +172,9 @@ class Window:
     def limit(self) -> int:
         """Items submitted but not yet delivered, at most (the tuner's value when tuned)."""
         tuner = self.tuner
-        if not self.workers:
+        if tuner is None or not self.workers:
             return self._limit
-        per = self.chunk if self._per_task else 1
-        if tuner is None:
-            return per * self._limit
-        return 2 * tuner.value if self.gate is not None else per * tuner.value
+        return 2 * tuner.value if self.gate is not None else tuner.value
 
     @property
     def running(self) -> int:
@@ -214,8 +182,7 @@ class Window:
         tuner = self.tuner
         if tuner is None or not self.workers:
             return self.workers
-        tasks = tuner.value if self.gate is not None or self.thread_chunk > 1 else self.limit
-        return min(self.workers, tasks)
+        return min(self.workers, tuner.value if self.gate is not None else self.limit)
 
     # ---- lifecycle ------------------------------------------------------------------------
     def restart(self, skip: Iterable[int] = ()) -> None:
@@ -318,18 +285,7 @@ class Window:
             return 0
         return self.size_of(future.result())
 
-    def _fit_chunk(self) -> None:
-        """Items per thread task: as many as take about :data:`CHUNK_S` by the workers' timed
-        calls, at most ``thread_chunk`` (and two tasks per worker under an explicit limit)."""
-        mean = self.meter.mean_s
-        if mean is None:
-            return  # nothing timed yet: one item per task
-        fit = max(1, min(self.thread_chunk, int(CHUNK_S / max(mean, 1e-9))))
-        self.chunk = fit if self._per_task else min(fit, max(1, self._limit // (2 * self.workers)))
-
     def _fill(self, source: Source) -> None:
-        if self.thread_chunk > 1:
-            self._fit_chunk()
         limit = self.limit
         batch: list[Task] = []  # pulled, to be sent to a process worker as one task
         try:
@@ -373,7 +329,7 @@ class Window:
                 return
         if self._pool is None:
             task.future = _done(self.fn, item)
-        elif self.chunk > 1:
+        elif self.chunk > 1 and self._pool.method == "process":
             batch.append(task)
             if len(batch) >= self.chunk:
                 self._submit(batch)
@@ -397,18 +353,12 @@ class Window:
             return self._not_submitted(item, exc)
 
     def _submit(self, batch: list[Task]) -> None:
-        """Send ``batch`` to the pool as one task (a future per item); empties it."""
-        pool = self._pool
-        assert pool is not None
+        """Send ``batch`` to the process pool as one task (a future per item); empties it."""
+        assert self._pool is not None
         items = [t.item for t in batch]
         try:
-            if pool.method == "thread":
-                def timed(run: Callable[[Any], Any], chunk: Any) -> Future[Any]:
-                    return pool.submit(self.meter.thread_task(run, len(items)), chunk)
-                futures = submit_in_turn(timed, self.fn, items)
-            else:
-                futures = pool.submit_chunk(self.fn, items)
-                futures[-1].add_done_callback(self.meter.process_task())
+            futures = self._pool.submit_chunk(self.fn, items)
+            futures[-1].add_done_callback(self.meter.process_task())
         except BrokenProcessPool as exc:
             futures = [self._not_submitted(item, exc) for item in items]
         except BaseException:

@@ -12,9 +12,6 @@ from .map import WindowedOptions, WindowedStage
 
 __all__ = ["Decoder"]
 
-#: samples a decode thread takes per hand-off (see :mod:`pipeflow.executor.chunks`)
-CHUNK = 4
-
 
 class _DecodeFn:
     """Decodes one sample; picklable, so it also runs on process workers."""
@@ -76,7 +73,7 @@ class Decoder(WindowedStage):
         # only undecodable data is skippable; a pipeline wired wrongly always raises
         super().__init__(source, self._decode_fn, WindowedOptions(
             what="decode", workers=workers, method=method, on_error=on_error,
-            skippable=lambda exc: not isinstance(exc, ConfigError), kind="cpu", chunk=CHUNK))
+            skippable=lambda exc: not isinstance(exc, ConfigError), kind="cpu"))
         self.on_error = on_error
 
     def start(self, state: dict[str, Any] | None) -> None:

@@ -19,7 +19,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .._checks import check_bool, check_choice, check_int, check_int_or_auto, is_int
+from .._checks import check_bool, check_choice, check_int_or_auto, is_int
 from ..errors import ConfigError, WorkerCrashedError
 from ..executor.autotune import AUTO, BYTE_BUDGET, Kind, Tuner, bounds, dataloader_workers
 from ..executor.pool import prestart
@@ -46,8 +46,6 @@ class WindowedOptions:
             ``"io"`` requests (see :func:`~pipeflow.executor.autotune.bounds`); by default
             ``"thread"`` for thread workers and ``"cpu"`` for processes.
         size_of: ``result -> bytes`` held in flight, for the memory budget of ``"auto"``.
-        chunk: items per task on thread workers, for CPU-bound work whose hand-off to a thread
-            is a noticeable share of it (see :class:`~pipeflow.executor.window.WindowOptions`).
     """
 
     what: str
@@ -62,7 +60,6 @@ class WindowedOptions:
     skippable: Callable[[BaseException], bool] | None = None
     kind: Kind | None = None
     size_of: Callable[[Any], int] | None = None
-    chunk: int = 1
 
     def __post_init__(self) -> None:
         what = self.what
@@ -71,7 +68,6 @@ class WindowedOptions:
         check_bool(self.in_order, f"{what}(in_order=...)")
         check_choice(self.on_error, f"{what}(on_error=...)", ("raise", "skip"))
         check_int_or_auto(self.max_inflight, f"{what}(max_inflight=...)", low=1, optional=True)
-        check_int(self.chunk, f"{what} chunk", low=1)
         if self.max_inflight == AUTO and self.workers == 0:
             raise ConfigError(f"{what}(max_inflight='auto') needs workers > 0 or workers='auto'")
 
@@ -90,7 +86,7 @@ class WindowedOptions:
         return WindowOptions(workers=workers, method=self.method, in_order=self.in_order, limit=limit,
                              name=name, start_method=self.start_method, inline=self.inline,
                              on_discard=self.on_discard, size_of=self.size_of,
-                             gated=self._gated, chunk=self.chunk), tuner
+                             gated=self._gated), tuner
 
     @property
     def _gated(self) -> bool:

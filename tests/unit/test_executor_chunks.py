@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import pickle
 import threading
 import time
@@ -10,8 +9,7 @@ import time
 import pytest
 
 import pipeflow as pf
-from pipeflow.executor.chunks import RemoteTraceback, submit_in_turn
-from pipeflow.executor.pool import make_pool
+from pipeflow.executor.chunks import RemoteTraceback
 from pipeflow.executor.window import Window, WindowOptions, default_limit
 
 from ._core_helpers import double, fail_on_13, lambda_on_5, wait_for_file
@@ -72,131 +70,3 @@ def test_a_chunked_process_window_pulls_exactly_its_bound(tmp_path, inflight, bo
     consumer.join(30)
     assert not consumer.is_alive()
     it.close()
-
-
-# ---- thread workers -------------------------------------------------------------------------
-class _Numbers:
-    """A window's source: 0, 1, 2, ... up to ``n``, its position the next number."""
-
-    def __init__(self, n: int) -> None:
-        self.n, self.i = n, 0
-
-    def __next__(self) -> int:
-        if self.i >= self.n:
-            raise StopIteration
-        self.i += 1
-        return self.i - 1
-
-    def state_dict(self) -> dict[str, int]:
-        return {"next": self.i}
-
-
-def _drain(window: Window, source: _Numbers) -> list:
-    out = []
-    while (task := window.next_task(source)) is not None:
-        try:
-            out.append(window.wait(task))
-        except KeyError as exc:
-            out.append(exc)
-        window.complete(task)
-    return out
-
-
-def test_a_thread_window_puts_several_quick_items_in_a_task_and_keeps_each_outcome(monkeypatch):
-    from pipeflow.executor import window as window_module
-
-    monkeypatch.setattr(window_module, "CHUNK_S", 60.0)  # every item "quick", however loaded
-    calls = []
-
-    def record(x):
-        calls.append((x, threading.current_thread().name))
-        return fail_on_13(x)
-
-    window = Window(record, WindowOptions(workers=2, method="thread", chunk=4))
-    window.restart()
-    try:
-        out = _drain(window, _Numbers(40))
-    finally:
-        window.shutdown()
-    assert [x for x in out if not isinstance(x, KeyError)] == [x for x in range(40) if x != 13]
-    assert isinstance(out[13], KeyError) and "bad item 13" in str(out[13])
-    assert window.chunk == 4  # quick items: as many as allowed once the first were timed
-    assert window.limit == 4 * default_limit(2, "thread")  # the limit counts tasks of 4
-    assert sorted(x for x, _ in calls) == list(range(40))  # each computed once
-
-
-def test_slow_items_go_one_per_thread_task_and_an_explicit_limit_counts_items(monkeypatch):
-    from pipeflow.executor import window as window_module
-
-    monkeypatch.setattr(window_module, "CHUNK_S", 1e-9)  # every item "slow"
-    window = Window(double, WindowOptions(workers=2, method="thread", chunk=4))
-    window.restart()
-    try:
-        assert _drain(window, _Numbers(20)) == [2 * x for x in range(20)]
-        assert window.chunk == 1 and window.limit == default_limit(2, "thread")
-    finally:
-        window.shutdown()
-    monkeypatch.undo()
-    bounded = Window(double, WindowOptions(workers=2, method="thread", chunk=4, limit=8))
-    bounded.restart()
-    try:
-        assert _drain(bounded, _Numbers(20)) == [2 * x for x in range(20)]
-        assert bounded.chunk == 2 and bounded.limit == 8  # two tasks per worker within 8 items
-    finally:
-        bounded.shutdown()
-
-
-def test_items_of_a_thread_chunk_cancelled_before_their_turn_are_not_computed():
-    started, release, calls = threading.Event(), threading.Event(), []
-
-    def hold_first(x):
-        calls.append(x)
-        if x == 0:
-            started.set()
-            release.wait(30)
-        return x
-
-    pool = make_pool(1, "thread")
-    try:
-        futures = submit_in_turn(pool.submit, hold_first, [0, 1, 2, 3])
-        assert started.wait(30)
-        assert not futures[0].cancel()  # running: its outcome is still delivered
-        assert all(f.cancel() for f in futures[1:])
-        release.set()
-        assert futures[0].result(30) == 0
-    finally:
-        pool.shutdown()
-    assert calls == [0]
-
-
-def test_a_thread_chunk_the_pool_never_ran_leaves_no_item_waiting():
-    started, release = threading.Event(), threading.Event()
-
-    def block(_):
-        started.set()
-        return release.wait(30)
-
-    pool = make_pool(1, "thread")
-    blocker = pool.submit(block, None)
-    assert started.wait(30)  # the only worker is busy
-    futures = submit_in_turn(pool.submit, double, [1, 2, 3])
-    pool.shutdown(wait=False)  # drops the queued chunk
-    release.set()
-    blocker.result(30)
-    assert all(f.cancelled() for f in futures)
-
-
-def test_decode_in_thread_chunks_delivers_every_sample_in_order_and_counts_them():
-    from PIL import Image
-
-    def jpeg(i: int) -> bytes:
-        buf = io.BytesIO()
-        Image.new("RGB", (16, 16), (i, 0, 0)).save(buf, format="JPEG")
-        return buf.getvalue()
-
-    samples = [{"__key__": f"{i:03d}", "jpg": jpeg(i) if i != 7 else b"not a jpeg"} for i in range(30)]
-    pipe = pf.from_items(samples).decode("numpy", workers=2, on_error="skip")
-    keys = [s["__key__"] for s in pipe]
-    assert keys == [f"{i:03d}" for i in range(30) if i != 7]
-    assert pipe.stats()["decode"]["skipped"] == 1
-    assert pipe.stats()["decode"]["items"] == 29
