@@ -184,6 +184,7 @@ class Tuner:
         self._lock = threading.Lock()
         self._phase = "grow"
         self._base = (self.value, 0.0)  # (value, rate) the current step is compared with
+        self._base_latency: float | None = None  # ... and a store's latency at that value
         self._settled = 0
         self._doubted = False
         #: how many times the store pushed back (a rising share of retried requests) and the
@@ -445,6 +446,7 @@ class Tuner:
     def _probe(self) -> None:
         self.probes += 1
         self._phase, self._settled = "probe", 0
+        self._base_latency = self.base_latency_s if self._latency_at == self.value else None
         self.value = self._up(max(self.value + 1, self.value * 3 // 2))
 
     def _up(self, nxt: int) -> int:
@@ -461,7 +463,7 @@ class Tuner:
     # ---- the hill-climb -----------------------------------------------------------------------
     def _step(self, rate: float, grow_to: int | None = None) -> None:
         base_value, base_rate = self._base
-        better = rate > base_rate * (1 + GAIN)
+        better = rate > base_rate * (1 + GAIN) and self._carries_more(base_value)
         nxt = self._up(grow_to or self.value * 2)
         if self._phase == "grow":
             if base_rate == 0.0 or (better and self.value > base_value):
@@ -495,8 +497,20 @@ class Tuner:
             if self._settled >= PROBE_EVERY and self.value < self._capped(self.high):
                 self._probe()
 
+    def _carries_more(self, base_value: int) -> bool:
+        """For requests to a store, more in flight pay only if they could carry more at the
+        latency they meet (Little's law: ``in flight / latency``, by the same margin as the
+        rate): when the latency grows with the requests, the store (or this machine's cores,
+        on which a local server answers) is saturated and they only queue, and a higher
+        delivered rate over one interval is the noise of a bursty consumer, not a gain."""
+        latency, before = self.latency_s, self._base_latency
+        if not self.store or latency is None or before is None or self.value <= base_value:
+            return True
+        return self.value / latency > (1 + GAIN) * base_value / before
+
     def _try(self, value: int, rate: float, nxt: int) -> None:
         self._base = (value, rate)
+        self._base_latency = self.latency_s  # measured at `value` over the same interval
         nxt = self._capped(nxt)
         if nxt == value:
             self._settle(value, rate)
