@@ -44,7 +44,8 @@ class Store:
         waited = max(0.0, dt - 1.0 / self.demand)
         if self.bursty:
             if self.elapsed >= self.redraw:
-                self.pace, self.redraw = self.rng.uniform(1 - self.bursty, 1 + self.bursty), self.elapsed + 0.2
+                self.pace = self.rng.uniform(1 - self.bursty, 1 + self.bursty)
+                self.redraw = self.elapsed + 0.2
             dt *= self.pace
             self.elapsed += dt
         if self.rng.random() < self.retried(n):
