@@ -20,11 +20,14 @@ A tuner of requests to a store (``store=True``: ``open``) also reads what the st
   flight only queue. Settled, a latency that doubles over the settled value's makes the tuner
   step down to what carries the measured throughput at the old latency, and keep the lower
   value only if it delivers as much (a longer round trip, which needs more in flight, does not).
+* a step up pays only if the requests could carry more at the latency they meet (in flight /
+  latency), not only on a higher delivered rate, which a bursty consumer makes noisy.
 * throttling: a rising share of retried requests (503 SlowDown, throttling codes, 5xx, resets)
-  lowers the limit (by a quarter to a half); the next judgement, at the lower limit, keeps the
-  backoff when fewer requests are refused less or deliver as much (a store limiting the request
-  rate), and undoes it when they meet as large a share and deliver less (a store failing a
-  share of requests whatever the rate: its own error rate, the new normal).
+  lowers the limit (by a quarter to a half); two fresh counts of requests, at the lower limit
+  and back at the one it left, judge it: the backoff stands when the higher limit meets a
+  clearly higher share (a store limiting the request rate), and is undone when both meet the
+  same share (a store failing a share of requests whatever the rate: its own error rate, the
+  new normal).
 
 A thread map's tuner sets the calls running at once (a :class:`Gate`), with twice as many items
 in flight, as ``map(workers=N)`` keeps ``2 * N``.
