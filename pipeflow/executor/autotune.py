@@ -20,8 +20,6 @@ A tuner of requests to a store (``store=True``: ``open``) also reads what the st
   flight only queue. Settled, a latency that doubles over the settled value's makes the tuner
   step down to what carries the measured throughput at the old latency, and keep the lower
   value only if it delivers as much (a longer round trip, which needs more in flight, does not).
-* a step up pays only if the requests could carry more at the latency they meet (in flight /
-  latency), not only on a higher delivered rate, which a bursty consumer makes noisy.
 * throttling: a rising share of retried requests (503 SlowDown, throttling codes, 5xx, resets)
   lowers the limit (by a quarter to a half); two fresh counts of requests, at the lower limit
   and back at the one it left, judge it: the backoff stands when the higher limit meets a
@@ -187,7 +185,6 @@ class Tuner:
         self._lock = threading.Lock()
         self._phase = "grow"
         self._base = (self.value, 0.0)  # (value, rate) the current step is compared with
-        self._base_latency: float | None = None  # ... and a store's latency at that value
         self._settled = 0
         self._doubted = False
         #: how many times the store pushed back (a rising share of retried requests) and the
@@ -449,7 +446,6 @@ class Tuner:
     def _probe(self) -> None:
         self.probes += 1
         self._phase, self._settled = "probe", 0
-        self._base_latency = self.base_latency_s if self._latency_at == self.value else None
         self.value = self._up(max(self.value + 1, self.value * 3 // 2))
 
     def _up(self, nxt: int) -> int:
@@ -466,7 +462,7 @@ class Tuner:
     # ---- the hill-climb -----------------------------------------------------------------------
     def _step(self, rate: float, grow_to: int | None = None) -> None:
         base_value, base_rate = self._base
-        better = rate > base_rate * (1 + GAIN) and self._carries_more(base_value)
+        better = rate > base_rate * (1 + GAIN)
         nxt = self._up(grow_to or self.value * 2)
         if self._phase == "grow":
             if base_rate == 0.0 or (better and self.value > base_value):
@@ -500,20 +496,8 @@ class Tuner:
             if self._settled >= PROBE_EVERY and self.value < self._capped(self.high):
                 self._probe()
 
-    def _carries_more(self, base_value: int) -> bool:
-        """For requests to a store, more in flight pay only if they could carry more at the
-        latency they meet (Little's law: ``in flight / latency``, by the same margin as the
-        rate): when the latency grows with the requests, the store (or this machine's cores,
-        on which a local server answers) is saturated and they only queue, and a higher
-        delivered rate over one interval is the noise of a bursty consumer, not a gain."""
-        latency, before = self.latency_s, self._base_latency
-        if not self.store or latency is None or before is None or self.value <= base_value:
-            return True
-        return self.value / latency > (1 + GAIN) * base_value / before
-
     def _try(self, value: int, rate: float, nxt: int) -> None:
         self._base = (value, rate)
-        self._base_latency = self.latency_s  # measured at `value` over the same interval
         nxt = self._capped(nxt)
         if nxt == value:
             self._settle(value, rate)

@@ -27,14 +27,10 @@ class Store:
     store serving at most ``capacity`` requests/s queues the rest), for a consumer that would
     take ``demand`` items/s. Optionally a share of requests is retried (503s)."""
 
-    def __init__(self, latency=0.02, capacity=float("inf"), demand=5000.0, retried=lambda n: 0.0,
-                 bursty=0.0, seed=7):
+    def __init__(self, latency=0.02, capacity=float("inf"), demand=5000.0, retried=lambda n: 0.0):
         self.latency, self.capacity, self.demand, self.retried = latency, capacity, demand, retried
         self.retries = 0.0
-        self.rng = random.Random(seed)
-        # a bursty consumer (DataLoader workers taking batches in turn): the pace changes by up
-        # to ``bursty`` either way every 0.2 s
-        self.bursty, self.pace, self.elapsed, self.redraw = bursty, 1.0, 0.0, 0.0
+        self.rng = random.Random(7)
 
     def step(self, n):
         """``(seconds per delivered item, latency, seconds the consumer waited)``."""
@@ -42,12 +38,6 @@ class Store:
         latency = max(self.latency, n / self.capacity)
         dt = 1.0 / min(rate, self.demand)
         waited = max(0.0, dt - 1.0 / self.demand)
-        if self.bursty:
-            if self.elapsed >= self.redraw:
-                self.pace = self.rng.uniform(1 - self.bursty, 1 + self.bursty)
-                self.redraw = self.elapsed + 0.2
-            dt *= self.pace
-            self.elapsed += dt
         if self.rng.random() < self.retried(n):
             self.retries += 1
         return dt, latency, waited
@@ -93,16 +83,6 @@ def test_it_holds_near_the_knee_of_a_saturated_store(clock):
     # 1,000 requests/s at 10 ms: 10 in flight saturate it, more only queue
     seen = drive(Tuner(1, 64, 4, store=True), clock, Store(latency=0.01, capacity=1000.0))
     assert 8 <= held(seen) <= 32, seen[-50:]
-
-
-@pytest.mark.parametrize("seed", range(4))
-def test_a_bursty_consumer_does_not_climb_a_saturated_store_to_the_top(clock, seed):
-    # 1,000 requests/s at 10 ms: past 10 in flight the latency grows with the requests. The
-    # consumer's pace swings by 40%, so an interval at 64 may deliver more than one at 32: a
-    # gain the latency says is not there (64 in flight at 64 ms carry what 32 at 32 ms do)
-    store = Store(latency=0.01, capacity=1000.0, bursty=0.4, seed=seed)
-    seen = drive(Tuner(1, 64, 4, store=True), clock, store, seconds=10.0)
-    assert held(seen) <= 32, Counter(seen)
 
 
 def test_latency_rising_at_the_same_concurrency_steps_down(clock):
