@@ -16,6 +16,9 @@ Parts (each case runs ``--repeats`` times; the report gives medians):
 * ``cuts``: LIST requests of a listing with 8 threads against ``ceil(N/1000)``, on the store model
   without its delay, for keys numbered without gaps, numbered with gaps, random (hashed) and
   nested in directories, at 10^4 to 10^6 keys.
+* ``moto``: one serial chain against 8 chains with moto's server in a child process of its own
+  (as the tests run it; filled through its backend there), and a cProfile of moto's WSGI app
+  answering LIST pages in this process: the time a page and where it goes.
 * ``memory``: an index of N keys (ObjectInfo: URL, size, etag, mtime) written once to a local
   file; ``list_objects(url, manifest=index)`` read warm; a DataLoader with W workers (fork)
   reads a whole epoch in batches of 64. Measured: seconds from making the pipeline to the
@@ -57,6 +60,11 @@ BUCKET = "pipeflow-scale"
 
 
 # ---- a moto server in this process, filled through its backend ---------------------------------
+#: moto accepts any credentials; these are dummies, not secrets
+MOTO_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                    "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+
+
 @contextlib.contextmanager
 def moto_server(keys: dict[str, list[str]]) -> Iterator[str]:
     """moto's threaded server on a free port, with ``keys`` (bucket -> keys) put directly into
@@ -67,9 +75,7 @@ def moto_server(keys: dict[str, list[str]]) -> Iterator[str]:
 
     from pipeflow.testing import free_port
 
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
-        os.environ[k] = v
+    os.environ.update(MOTO_CREDENTIALS)
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
@@ -296,6 +302,121 @@ def _listing_rows(store: str, backend: Any, url: str, n: int, repeats: int) -> l
     return rows
 
 
+# ---- moto: where its LIST time goes, and several chains against its own process --------------
+@contextlib.contextmanager
+def moto_process(n: int) -> Iterator[str]:
+    """moto's server in a child process of its own (as the tests run it), holding ``n``
+    numbered objects under ``data/`` (put through its backend in that process). Yields the
+    endpoint; the child exits when its stdin closes."""
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.scale", "--moto-serve", str(n)],
+                            cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)  # no line a request
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        line = proc.stdout.readline().split()
+        if line[:1] != ["ready"]:
+            raise RuntimeError(f"moto did not start: {line}")
+        yield line[1]
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def moto_serve(n: int) -> None:
+    """The child of :func:`moto_process`."""
+    with moto_server({BUCKET: numbered(n)}) as endpoint:
+        print(f"ready {endpoint}", flush=True)
+        sys.stdin.read()
+
+
+def part_moto(sizes: list[int], repeats: int, profile_pages: int) -> dict[str, Any]:
+    """One serial chain against 8 chains with moto in its own process, and a profile of moto
+    answering ``profile_pages`` LIST pages (from spread start keys) in this process."""
+    from pipeflow.backends.registry import get_backend
+
+    os.environ.update(MOTO_CREDENTIALS)
+    rows = []
+    for n in sizes:
+        with moto_process(n) as endpoint:
+            be = get_backend("boto3", endpoint=endpoint)
+            rows += _listing_rows("moto (own process)", be, f"s3://{BUCKET}/data/", n, repeats)
+    return {"listing": rows,
+            "profile": [profile_moto(n, profile_pages) for n in sizes if profile_pages]}
+
+
+def profile_moto(n: int, pages: int) -> dict[str, Any]:
+    """cProfile of moto's WSGI app answering ListObjectsV2 pages over ``n`` keys, without a
+    socket: the time per page and the functions it goes to."""
+    import cProfile
+    import io
+    import pstats
+
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+    from moto.s3.models import s3_backends
+    from werkzeug.test import Client
+
+    backend = s3_backends[DEFAULT_ACCOUNT_ID]["aws"]
+    backend.create_bucket(BUCKET, "us-east-1")
+    keys = numbered(n)
+    for name in keys:
+        backend.put_object(BUCKET, name, b"x")
+    client = Client(DomainDispatcherApplication(create_backend_app))
+    auth = ("AWS4-HMAC-SHA256 Credential=testing/20261125/us-east-1/s3/aws4_request, "
+            "SignedHeaders=host, Signature=0")
+    starts = [keys[i * n // pages] for i in range(pages)]
+    _moto_page(client, keys[-2000], auth)  # imports and caches: not a page's cost
+    times = []
+    for after in starts:  # without the profiler first
+        started = time.perf_counter()
+        _moto_page(client, after, auth)
+        times.append(time.perf_counter() - started)
+    prof = cProfile.Profile()
+    started = time.perf_counter()
+    for after in starts:
+        prof.enable()
+        _moto_page(client, after, auth)
+        prof.disable()
+    profiled = (time.perf_counter() - started) / pages
+    per_page = statistics.median(times)
+    s3_backends[DEFAULT_ACCOUNT_ID]["aws"].reset()
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(12)
+    table = stats.stats  # type: ignore[attr-defined]
+    total = sum(row[2] for row in table.values())
+    parts = {name: max((row[3] for (path, _, func), row in table.items()
+                        if path.endswith(where) and func == func_name), default=0.0) / pages
+             for name, (where, func_name) in _MOTO_PARTS.items()}
+    print(f"moto profile: {n} keys, {per_page * 1000:.0f} ms a page: "
+          + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in parts.items()), flush=True)
+    return {"objects": n, "pages": pages, "seconds_a_page": per_page, "seconds_each": times,
+            "profiled_seconds_a_page": profiled, "profiler_seconds_a_page": total / pages,
+            "seconds_a_page_in": parts,
+            "top_by_own_time": out.getvalue().splitlines()}
+
+
+#: moto functions whose time (with what they call) a page is reported
+_MOTO_PARTS = {
+    "whole request (s3 responses.list_objects_v2)": ("s3/responses.py", "list_objects_v2"),
+    "select and sort keys (models.list_objects_v2)": ("s3/models.py", "list_objects_v2"),
+    "of which scan + sort (models.list_objects)": ("s3/models.py", "list_objects"),
+    "of which token scan (_get_results_from_token)": ("s3/models.py", "_get_results_from_token"),
+    "serialise the response (core serialize)": ("moto/core/serialize.py", "serialize"),
+}
+
+
+def _moto_page(client: Any, after: str, auth: str) -> None:
+    resp = client.get(f"/{BUCKET}?list-type=2&prefix=data/&start-after={after}",
+                      headers={"Host": "127.0.0.1:5000", "Authorization": auth})
+    assert resp.status_code == 200 and resp.data.count(b"<Key>") >= 1000, resp.status_code
+
+
 # ---- part 3: memory and the first batch --------------------------------------------------------
 def write_model_index(path: str, n: int) -> None:
     """An index of ``n`` ObjectInfo under ``s3://b/data/``, written from a generator."""
@@ -409,9 +530,12 @@ def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--job":
         job(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
         return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "--moto-serve":
+        moto_serve(int(sys.argv[2]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", nargs="+", default=["lists", "listing", "memory"],
-                    choices=["lists", "listing", "cuts", "memory"])
+                    choices=["lists", "listing", "cuts", "memory", "moto"])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--list-objects", type=int, default=20_000, help="objects for the LIST count")
     ap.add_argument("--listing-sizes", type=int, nargs="*", default=[100_000, 1_000_000])
@@ -419,6 +543,9 @@ def main() -> int:
     ap.add_argument("--page-ms", type=float, default=30.0)
     ap.add_argument("--listing-shapes", nargs="+", default=["numbered"],
                     choices=["numbered", "numbered, gaps", "hashed", "nested"])
+    ap.add_argument("--moto-process-sizes", type=int, nargs="*", default=[100_000],
+                    help="objects in moto's own process (part moto)")
+    ap.add_argument("--profile-pages", type=int, default=5)
     ap.add_argument("--s3rver-listing-sizes", type=int, nargs="*", default=[])
     ap.add_argument("--s3rver-delay-ms", type=float, default=20.0)
     ap.add_argument("--pages-per-cut", type=int, default=PAGES_PER_CUT)
@@ -441,6 +568,8 @@ def main() -> int:
                                                      args.s3rver_delay_ms, args.repeats)
         if "cuts" in args.parts:
             result["cuts"] = part_cuts([10_000, 20_000, 100_000, 250_000, 1_000_000], args.repeats)
+        if "moto" in args.parts:
+            result["moto"] = part_moto(args.moto_process_sizes, args.repeats, args.profile_pages)
         if "memory" in args.parts:
             result["memory"] = part_memory(args.memory_sizes, args.workers, args.repeats, tmp,
                                            args.long_baseline)

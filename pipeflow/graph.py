@@ -218,6 +218,21 @@ def has_sharder(node: Node) -> bool:
     return getattr(node.stage, "is_sharder", False) or any(has_sharder(i) for i in node.inputs)
 
 
+def batched_by(node: Node) -> Node | None:
+    """The ``batch(n)`` whose batches the pipeline ending at ``node`` delivers, or None.
+
+    Reached from ``node`` through stages that pass their items on (``passes_items``) or make
+    one item of each (``keeps_steps``: ``map``); anything else may make items of another kind.
+    """
+    current = node
+    while current.stage.step_size(current.args, current.kwargs) is None:
+        passes = current.stage.passes_items or current.stage.keeps_steps(current.args, current.kwargs)
+        if not passes or len(current.inputs) != 1:
+            return None
+        current = current.inputs[0]
+    return current
+
+
 def build(node: Node, ctx: RunContext, *, assign: bool = True) -> Stage[Any]:
     """Instantiate the stage graph described by ``node`` for ``ctx``.
 

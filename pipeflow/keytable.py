@@ -40,6 +40,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, overload
 
+from ._words import counted
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: every process keeps its own copy
@@ -436,7 +438,7 @@ class KeyTable(Sequence[Any]):
         if i < 0:
             i += n
         if not 0 <= i < n:
-            raise IndexError(f"key table index {i} out of range ({n} keys)")
+            raise IndexError(f"key table index {i} out of range ({counted(n, 'key')})")
         return self._entry(i)
 
     def _entry(self, i: int) -> Any:
@@ -461,7 +463,7 @@ class KeyTable(Sequence[Any]):
 
     def __repr__(self) -> str:
         what = "ObjectInfo" if self.meta.objects else "str"
-        return f"KeyTable({self.meta.count} {what} keys, {self.path!r})"
+        return f"KeyTable({counted(self.meta.count, what + ' key')}, {self.path!r})"
 
 
 def _reopen(path: str, digest: str) -> KeyTable:

@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING, Any
 from torch.utils.data import default_convert
 
 from ._checks import check_bool, check_int
+from ._words import counted
 from .errors import ConfigError
+from .graph import batched_by
 from .iterator import PipelineIterator
 from .run_context import RunContext
 from .stages.device import DeviceMover, _device
@@ -122,6 +124,8 @@ class Loader:
             extended: ``pipe`` already ends in the loader's stages (a resumed loader).
         """
         self._options = options
+        if not extended:
+            _refuse_batches_of_batches(pipe, options)
         self._pipe = pipe if extended else extend(pipe, options)
         self._pipe.set_epoch(pipe.epoch)
         self._length = None if extended else _batches(pipe, options)
@@ -240,6 +244,20 @@ class Loader:
 
     def __repr__(self) -> str:
         return f"Loader({self._options}):\n{self.explain()}"
+
+
+def _refuse_batches_of_batches(pipe: Pipeline, options: LoaderOptions) -> None:
+    """A pipeline that ends in ``batch(n)`` given to ``loader()`` with its default
+    ``batch_size=1`` silently gained a dimension: every batch came wrapped in a batch of one.
+    Batching twice on purpose stays possible inside the pipeline (``.batch(4).batch(8)``)."""
+    again = options.batch_size
+    batch = batched_by(pipe.node) if again is not None else None
+    if batch is not None and again is not None:
+        size = batch.stage.step_size(batch.args, batch.kwargs)
+        raise ConfigError(
+            f"this pipeline already makes batches (batch({size})): loader(batch_size={again}) would "
+            f"batch them again, {counted(again, 'batch', 'batches')} to a batch; pass "
+            "loader(batch_size=None) to take its batches as they are, or leave batching to the loader")
 
 
 def _batches(pipe: Pipeline, options: LoaderOptions) -> int | None:

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import torch.utils.data
 
 from ._checks import check_choice, check_int
+from ._words import counted
 from .errors import ConfigError, DecodeError, IncompleteSampleError
 from .formats.decoders import DecodeOptions, FieldDecodeError, decode_sample
 from .formats.keys import split_key
@@ -135,7 +136,7 @@ class MapDataset(torch.utils.data.Dataset):
             raise TypeError(f"MapDataset indices must be integers, not {type(index).__name__}") from None
         n = len(self._index)
         if not -n <= index < n:
-            raise IndexError(f"MapDataset index {index} out of range for {n} samples")
+            raise IndexError(f"MapDataset index {index} out of range for {counted(n, 'sample')}")
         return self._index[index]
 
     def __getitem__(self, index: int) -> Any:
@@ -202,4 +203,4 @@ class MapDataset(torch.utils.data.Dataset):
         return [url for _, url in self._index[index][1]]
 
     def __repr__(self) -> str:
-        return f"MapDataset({len(self)} samples, by={self._by!r})"
+        return f"MapDataset({counted(len(self), 'sample')}, by={self._by!r})"

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from ._fs import pid_alive
+from ._words import counted
 
 __all__ = ["PipelineStats", "Stats", "StatsChannel", "merge_stages", "note", "take_turn"]
 
@@ -421,9 +422,10 @@ class PipelineStats(Mapping[str, dict[str, float]]):
                     f"{values['rate_wait_s']:.1f} s for their turn (open(request_rate={rate:g}) for the "
                     f"job); raise it if the store allows more requests per second for this prefix")
         if values.get("backoffs") and kind in _IO_KINDS:
-            return (f"the store pushed back: {label} had {int(values.get('retries', 0))} requests "
+            return (f"the store pushed back: {label} had {counted(int(values.get('retries', 0)), 'request')} "
                     f"retried (503 SlowDown, throttling, errors) and its tuner lowered the requests in "
-                    f"flight {int(values['backoffs'])} times; the store's request rate is the limit: "
+                    f"flight {counted(int(values['backoffs']), 'time')}; the store's request rate is the "
+                    f"limit: "
                     f"spread the data over more prefixes, or ask for a higher rate")
         if "inflight" in values and kind in _IO_KINDS + _CPU_KINDS:
             return self._tuned_advice(label, kind, workers, int(round(values["inflight"] / self.processes)))

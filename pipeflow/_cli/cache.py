@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .._words import counted
+
 __all__ = ["add_arguments", "run"]
 
 
@@ -29,10 +31,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"# caches under {root}")
         for e in found:
             budget = f" of {human_bytes(e.max_bytes)}" if e.max_bytes else ""
-            print(f"{human_bytes(e.nbytes):>10}{budget}  {e.files:>7} files  {e.directory}  "
+            print(f"{human_bytes(e.nbytes):>10}{budget}  {counted(e.files, 'file'):>13}  {e.directory}  "
                   f"{e.url or '(unknown dataset)'}")
         total = sum(e.nbytes for e in found)
-        print(f"# {len(found)} caches, {human_bytes(total)} in all")
+        print(f"# {counted(len(found), 'cache')}, {human_bytes(total)} in all")
         return 0
     chosen = found if not args.which else [e for e in found if e.url in args.which
                                            or e.directory in args.which]
@@ -44,5 +46,5 @@ def run(args: argparse.Namespace) -> int:
     for e in chosen:
         remove(e)
         print(f"removed {e.directory} ({human_bytes(e.nbytes)}, {e.url or 'unknown dataset'})")
-    print(f"# {len(chosen)} caches removed, {human_bytes(sum(e.nbytes for e in chosen))} freed")
+    print(f"# {counted(len(chosen), 'cache')} removed, {human_bytes(sum(e.nbytes for e in chosen))} freed")
     return 0

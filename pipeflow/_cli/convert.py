@@ -12,6 +12,8 @@ import argparse
 import sys
 from typing import Any
 
+from .._words import counted
+
 __all__ = ["add_arguments", "run"]
 
 
@@ -53,18 +55,19 @@ def run(args: argparse.Namespace) -> int:
         previous = _previous(args, shape)
         if previous is not None and previous.complete:
             print(f"nothing to do: {args.dst} already holds this conversion, complete "
-                  f"({previous.samples} samples in {len(previous.shards)} {args.format} shards, "
+                  f"({counted(previous.samples, 'sample')} in "
+                  f"{counted(len(previous.shards), args.format + ' shard')}, "
                   f"{previous.size / 1e6:.1f} MB); --overwrite converts again")
             return 0
         if previous is not None and previous.shards:
-            print(f"continuing an interrupted conversion: {len(previous.shards)} shards "
-                  f"({previous.samples} samples) already in {args.dst}", flush=True)
+            print(f"continuing an interrupted conversion: {counted(len(previous.shards), 'shard')} "
+                  f"({counted(previous.samples, 'sample')}) already in {args.dst}", flush=True)
         objects, manifest = _convert(args, shape)
     except PipeflowError as exc:
         print(f"pipeflow convert: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {manifest.samples} samples from {len(objects)} objects as "
-          f"{len(manifest.shards)} {args.format} shards, {manifest.size / 1e6:.1f} MB, to "
+    print(f"wrote {counted(manifest.samples, 'sample')} from {counted(len(objects), 'object')} as "
+          f"{counted(len(manifest.shards), args.format + ' shard')}, {manifest.size / 1e6:.1f} MB, to "
           f"{args.dst} (manifest: {args.dst.rstrip('/')}/manifest.json)")
     return 0
 

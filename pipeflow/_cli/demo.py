@@ -19,6 +19,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .._words import counted
 from ..errors import install_line
 
 __all__ = ["DemoRow", "add_arguments", "run", "run_demo"]
@@ -231,7 +232,7 @@ def run_demo(args: argparse.Namespace) -> list[DemoRow]:
     rows: list[DemoRow] = []
     try:
         with local_s3(buckets=[BUCKET]) as server:
-            print(f"local S3 server at {server.endpoint}; generating {args.count} samples of "
+            print(f"local S3 server at {server.endpoint}; generating {counted(args.count, 'sample')} of "
                   f"{args.image_size}px per layout", file=sys.stderr)
             where = _generate(server, data_dir, args, {i.layout for i in infos})
             for info in infos:
@@ -245,7 +246,8 @@ def run_demo(args: argparse.Namespace) -> list[DemoRow]:
         shutil.rmtree(data_dir, ignore_errors=True)
         shutil.rmtree(os.path.join(args.out, "cache"), ignore_errors=True)
     rows.sort(key=lambda r: (r.status != "ok", -r.samples_per_s))
-    title = (f"pipeflow demo: {args.steps} steps x batch {args.batch_size}, {args.num_workers} workers, "
+    title = (f"pipeflow demo: {counted(args.steps, 'step')} x batch {args.batch_size}, "
+             f"{counted(args.num_workers, 'worker')}, "
              f"{args.image_size}px, local moto S3, {os.cpu_count()} cores")
     table = format_rows(rows)
     with open(os.path.join(args.out, "results.json"), "w") as f:

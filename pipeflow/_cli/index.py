@@ -10,6 +10,8 @@ import argparse
 import sys
 import time
 
+from .._words import counted
+
 __all__ = ["add_arguments", "run"]
 
 
@@ -41,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     except PipeflowError as exc:
         print(f"pipeflow index: {exc}", file=sys.stderr)
         return 2
-    print(f"{len(infos)} objects under {args.url} listed in {listed:.1f} s; index written to {args.output}")
+    print(f"{counted(len(infos), 'object')} under {args.url} listed in {listed:.1f} s; "
+          f"index written to {args.output}")
     return 0
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .._words import counted
+
 __all__ = ["add_arguments", "run"]
 
 
@@ -43,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     except PipeflowError as exc:
         print(f"pipeflow make-data: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {result.count} samples ({result.image_size}px) as {len(result.objects)} objects, "
+    print(f"wrote {counted(result.count, 'sample')} ({result.image_size}px) as "
+          f"{counted(len(result.objects), 'object')}, "
           f"{result.nbytes / 1e6:.1f} MB, to {result.url}")
     return 0

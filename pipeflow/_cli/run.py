@@ -7,6 +7,8 @@ import ast
 import sys
 from typing import Any
 
+from .._words import counted
+
 __all__ = ["add_arguments", "parse_options", "run"]
 
 
@@ -75,13 +77,17 @@ def run(args: argparse.Namespace) -> int:
         result = measure(pipeline, batch_size=batch_size, num_workers=args.num_workers,
                          epochs=args.epochs, steps=args.steps, report_every=args.report_every,
                          on_report=report, on_batch=bar.update)
+    except PipeflowError as exc:  # bad data or storage: one line (the stage in its note), no traceback
+        print(f"pipeflow run: {exc}", *getattr(exc, "__notes__", ()), sep="\n", file=sys.stderr)
+        return 2
     finally:
         bar.close()
     mean = "n/a (needs 2 intervals)" if result.mean is None else f"{result.mean:.4f}"
     var = "n/a (needs 3 intervals)" if result.variance is None else f"{result.variance:.6f}"
     cpu = "n/a (pip install psutil)" if result.cpu_percent is None else f"{result.cpu_percent:.1f}%"
-    print(f"mean {mean} variance {var}  (seconds per {args.report_every} steps, first interval excluded)")
-    print(f"{result.steps} steps, {result.samples} samples in {result.seconds:.2f} s: "
+    print(f"mean {mean} variance {var}  (seconds per {counted(args.report_every, 'step')}, "
+          "first interval excluded)")
+    print(f"{counted(result.steps, 'step')}, {counted(result.samples, 'sample')} in {result.seconds:.2f} s: "
           f"{result.samples_per_s:.1f} samples/s, first batch after {result.first_batch_s:.2f} s, "
           f"average CPU {cpu}")
     if args.profile:

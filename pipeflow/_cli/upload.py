@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .._words import counted
+
 __all__ = ["add_arguments", "run"]
 
 
@@ -51,7 +53,6 @@ def run(args: argparse.Namespace) -> int:
         bar.close()
     rate = result.uploaded / max(result.seconds, 1e-9)
     skipped = f", {result.skipped} unchanged skipped" if args.skip_unchanged else ""
-    files = "file" if result.uploaded == 1 else "files"
-    print(f"uploaded {result.uploaded} {files} ({result.bytes / 1e6:.1f} MB) to {result.url} in "
+    print(f"uploaded {counted(result.uploaded, 'file')} ({result.bytes / 1e6:.1f} MB) to {result.url} in "
           f"{result.seconds:.1f} s ({rate:.0f} files/s){skipped}")
     return 0

@@ -34,6 +34,7 @@ from urllib.parse import SplitResult, urlsplit
 from urllib.request import getproxies, proxy_bypass
 
 from .._checks import is_int
+from .._words import counted
 from ..errors import ConfigError, EndpointUnreachableError, PipeflowError, RetryExhaustedError
 from ..stats import note, take_turn
 
@@ -150,7 +151,7 @@ class RetryPolicy:
         """One line for ``explain()``: ``"60 s budget, backoff 0.1-5 s, fail fast 3 s"``."""
         parts = [f"{self.budget:g} s budget" if self.budget is not None else "no time budget"]
         if self.max_attempts is not None:
-            parts.append(f"at most {self.max_attempts} attempts")
+            parts.append(f"at most {counted(self.max_attempts, 'attempt')}")
         parts.append(f"backoff {self.base_delay:g}-{self.max_delay:g} s")
         if self.first_contact is not None:
             parts.append(f"fail fast {self.first_contact:g} s")
@@ -198,7 +199,7 @@ class RetryTimer:
 
     def describe(self) -> str:
         """``"after 12 attempts in 60.3 s"``, for error messages."""
-        return f"after {self.failures} attempts in {self.elapsed:.1f} s"
+        return f"after {counted(self.failures, 'attempt')} in {self.elapsed:.1f} s"
 
 
 def s3_error_code(exc: BaseException | None) -> tuple[str, int | None] | None:
@@ -288,7 +289,7 @@ def exhausted(timer: RetryTimer, exc: BaseException, *, what: str, url: str, bac
     budget = timer.policy.budget
     limit = f"retry budget {budget:g} s" if budget is not None else "no time budget"
     if timer.policy.max_attempts is not None:
-        limit += f", at most {timer.policy.max_attempts} attempts"
+        limit += f", at most {counted(timer.policy.max_attempts, 'attempt')}"
     return RetryExhaustedError(f"{what}{where}: gave up {timer.describe()} ({limit}): "
                                f"{type(exc).__name__}", url=url, backend=backend, op=op)
 

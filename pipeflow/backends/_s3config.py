@@ -18,9 +18,11 @@ Credentials never appear in a repr or an error message.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..errors import (
     AccessDeniedError,
@@ -31,14 +33,15 @@ from ..errors import (
     ObjectNotFoundError,
     PipeflowError,
     RetryExhaustedError,
+    install_line,
 )
 from ._optional import require
 from ._retry import RetryPolicy, s3_error_code
-from .base import BackendOptions
+from .base import BackendOptions, legacy_name_hint
 
 __all__ = [
-    "S3Options", "error_for_status", "is_invalid_range", "resolve_endpoint", "resolve_region",
-    "translate_s3_error",
+    "S3Options", "error_for_status", "is_invalid_range", "no_credentials_error", "resolve_endpoint",
+    "resolve_region", "translate_s3_error",
 ]
 
 DEFAULT_REGION = "us-east-1"
@@ -76,6 +79,23 @@ def on_s3_endpoint(url: str) -> str | None:
     if url[:len(endpoint)].lower() != endpoint.lower() or url[len(endpoint):len(endpoint) + 1] != "/":
         return None
     return "s3://" + url[len(endpoint) + 1:]
+
+
+#: AWS's S3 hosts, virtual-hosted (``bucket.s3[.-]region.amazonaws.com``) or path-style
+#: (``s3[.-]region.amazonaws.com/bucket``)
+_AWS_S3_HOST = re.compile(r"(?:(?P<bucket>[^/]+)\.)?s3(?:[.-][a-z0-9-]+)?\.amazonaws\.com", re.I)
+
+
+def on_aws_s3(url: str) -> str | None:
+    """The ``s3://bucket/key`` an ``https://`` URL of an object or prefix on AWS S3 names, or
+    None. Read over HTTPS such a URL works for a public object, but a listing cannot: S3
+    answers with XML, not the links an HTTP listing looks for."""
+    parts = urlsplit(url)
+    match = _AWS_S3_HOST.fullmatch(parts.hostname or "") if parts.scheme in ("http", "https") else None
+    if match is None:
+        return None
+    path = parts.path.lstrip("/")
+    return "s3://" + (f"{match['bucket']}/{path}" if match["bucket"] else path)
 
 
 def resolve_region(explicit: str | None = None) -> str:
@@ -241,8 +261,8 @@ def error_for_status(status: int | None, code: str, *, url: str, backend: str, o
     code = code or (str(status) if status else "")
     detail = f"{what or 'request failed'}: {code}" if code else (what or "request failed")
     if code in NOT_FOUND_CODES or status == 404:
-        return ObjectNotFoundError(f"no such object or bucket ({code or 404})", url=url, backend=backend,
-                                   op=op)
+        return ObjectNotFoundError(f"no such object or bucket ({code or 404}){legacy_name_hint(url)}",
+                                   url=url, backend=backend, op=op)
     if code in DENIED_CODES or status == 403:
         return AccessDeniedError(f"access denied ({code or 403})", url=url, backend=backend, op=op)
     if code == "PreconditionFailed" or status == 412:  # If-Match: the object was replaced
@@ -251,6 +271,18 @@ def error_for_status(status: int | None, code: str, *, url: str, backend: str, o
     if code in INVALID_CODES:
         return InvalidURLError(f"invalid bucket or key ({code})", url=url, backend=backend, op=op)
     return BackendError(detail, url=url, backend=backend, op=op)
+
+
+def no_credentials_error(*, url: str, backend: str, op: str,
+                         boto3_missing: bool = False) -> AccessDeniedError:
+    """The error for "no credentials anywhere", with how to give them: the first thing a new
+    user meets on a machine without AWS configuration, so it says what to set."""
+    how = "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or pass access_key= and secret_key= to open()"
+    if boto3_missing:
+        how += f"; a profile or ~/.aws/credentials is read through boto3: {install_line('boto3')}"
+    else:
+        how += ", or name a profile of ~/.aws/credentials (AWS_PROFILE or profile=)"
+    return AccessDeniedError(f"no usable credentials found: {how}", url=url, backend=backend, op=op)
 
 
 def translate_s3_error(exc: BaseException, *, url: str, backend: str, op: str) -> BaseException:
@@ -267,7 +299,7 @@ def translate_s3_error(exc: BaseException, *, url: str, backend: str, op: str) -
     bexc = sys.modules.get("botocore.exceptions")
     if bexc is not None:
         if isinstance(exc, (bexc.NoCredentialsError, bexc.PartialCredentialsError)):
-            return AccessDeniedError("no usable credentials found", url=url, backend=backend, op=op)
+            return no_credentials_error(url=url, backend=backend, op=op)
         if isinstance(exc, bexc.ProfileNotFound):
             return ConfigError(f"AWS profile not found ({backend}, {url})")
         if isinstance(exc, bexc.BotoCoreError):

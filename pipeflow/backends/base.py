@@ -37,7 +37,7 @@ from ..errors import ConfigError, InvalidURLError
 from ..items import ObjectInfo
 from .batch import BatchHandle, ThreadPoolBatch
 
-__all__ = ["Backend", "BackendOptions", "Publisher", "S3Location", "bucket_name_problem",
+__all__ = ["Backend", "BackendOptions", "Publisher", "S3Location", "bucket_name_problem", "legacy_name_hint",
            "malformed_scheme", "parse_s3_object_url", "parse_s3_url", "scheme_of"]
 
 #: schemes that only ever name remote stores; "s3:/x" is a typo for "s3://x", never a local path
@@ -103,13 +103,22 @@ class S3Location:
 
 _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 _IP_ADDRESS = re.compile(r"\d+\.\d+\.\d+\.\d+")
+#: what the us-east-1 rules before March 2018 allowed; such buckets can still be read
+_LEGACY_BUCKET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{1,253}[A-Za-z0-9]")
 
 
-def bucket_name_problem(name: str) -> str | None:
+def bucket_name_problem(name: str, *, legacy: bool = False) -> str | None:
     """Why ``name`` is not a valid S3 bucket name (S3's general-purpose bucket rules), or None.
 
     Checked before anything is started or sent, so a bad name is one line, not a server error.
+    With ``legacy=True`` (reading), a name only the pre-2018 us-east-1 rules allow (capitals,
+    ``_``, up to 255 characters) passes: such buckets still exist and path-style addressing
+    (and S3-compatible stores with relaxed names) can reach them; a "not found" for one then
+    says the name is the likely cause (:func:`legacy_name_hint`).
     """
+    if (legacy and isinstance(name, str) and _LEGACY_BUCKET_NAME.fullmatch(name) and ".." not in name
+            and not _IP_ADDRESS.fullmatch(name)):
+        return None
     if not isinstance(name, str) or not _BUCKET_NAME.fullmatch(name):
         return (f"invalid bucket name {name!r}: 3-63 characters of lowercase letters, digits, '.' "
                 "and '-', starting and ending with a letter or digit")
@@ -120,11 +129,22 @@ def bucket_name_problem(name: str) -> str | None:
     return None
 
 
+def legacy_name_hint(url: str) -> str:
+    """A clause for a "not found" answer about ``url`` whose bucket name only the legacy rules
+    allow (the likely mistake: capitals or ``_`` typed in a name), else ""."""
+    bucket = url.split("://", 1)[1].partition("/")[0] if url.startswith(("s3://", "S3://")) else ""
+    if not bucket or bucket_name_problem(bucket) is None:
+        return ""
+    return (f"; {bucket!r} is not a valid bucket name by S3's rules since 2018 (lowercase letters, "
+            "digits, '.' and '-'): check its spelling")
+
+
 def parse_s3_url(url: str, *, backend: str = "", op: str = "") -> S3Location:
     """Split ``s3://bucket/key`` into bucket and key (the key may be empty, a prefix).
 
     Raises:
-        InvalidURLError: not an ``s3://`` URL, or no bucket.
+        InvalidURLError: not an ``s3://`` URL, no bucket, or a bucket name no S3 rules ever
+            allowed (the legacy names of old us-east-1 buckets, capitals and ``_``, pass).
     """
     if scheme_of(url) != "s3":
         malformed = malformed_scheme(url, backend=backend, op=op)
@@ -135,6 +155,11 @@ def parse_s3_url(url: str, *, backend: str = "", op: str = "") -> S3Location:
     bucket, _, key = rest.partition("/")
     if not bucket or "?" in bucket or "#" in bucket:
         raise InvalidURLError("the URL names no bucket", url=url, backend=backend, op=op)
+    problem = bucket_name_problem(bucket, legacy=True)
+    if problem:
+        # a store asked about a name it could never have created answers "no such bucket",
+        # which sends the user looking for a bucket instead of at the name
+        raise InvalidURLError(problem, url=url, backend=backend, op=op)
     return S3Location(bucket, key)
 
 

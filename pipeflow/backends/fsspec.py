@@ -19,8 +19,14 @@ from typing import IO, Any, TypeVar
 
 from pipeflow.backends._resumable import ResumableStream
 from pipeflow.backends._retry import retry_call
-from pipeflow.backends._s3config import S3Options, is_invalid_range, on_s3_endpoint, translate_s3_error
-from pipeflow.backends.base import Backend, malformed_scheme, scheme_of
+from pipeflow.backends._s3config import (
+    S3Options,
+    is_invalid_range,
+    on_aws_s3,
+    on_s3_endpoint,
+    translate_s3_error,
+)
+from pipeflow.backends.base import Backend, bucket_name_problem, malformed_scheme, scheme_of
 from pipeflow.errors import (
     BackendError,
     ConfigError,
@@ -117,6 +123,10 @@ class FsspecBackend(Backend):
         if meant is not None:
             raise InvalidURLError(f"this URL is on the S3 endpoint: name it {meant!r} (the "
                                   "endpoint comes from AWS_ENDPOINT_URL)", url=url, backend=self.name)
+        bucket = url.split("://", 1)[1].partition("/")[0] if protocol in ("s3", "s3a") else ""
+        problem = bucket_name_problem(bucket, legacy=True) if bucket else None
+        if problem:  # S3 would answer "no such bucket"
+            raise InvalidURLError(problem, url=url, backend=self.name)
         cache = self._client()
         fs = cache.get(protocol)
         if fs is None:
@@ -179,6 +189,10 @@ class FsspecBackend(Backend):
             raise err from exc
 
     def list(self, url: str) -> Iterator[ObjectInfo]:
+        meant = on_aws_s3(url)
+        if meant is not None:
+            raise InvalidURLError(f"an S3 prefix cannot be listed over HTTP (S3 answers with XML, not "
+                                  f"links): name it {meant!r}", url=url, backend=self.name, op="list")
         fs, path = self._fs(url)
 
         def find() -> dict[str, Any]:

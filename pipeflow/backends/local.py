@@ -73,7 +73,7 @@ class LocalBackend(Backend):
                 return
             base, prefix = os.path.split(path)
             if base and not os.path.isdir(base):
-                raise ObjectNotFoundError("no such directory", url=url, backend=self.name, op="list")
+                raise ObjectNotFoundError(_no_directory(url), url=url, backend=self.name, op="list")
         root = base or "."
         found: list[str] = []
         for dirpath, dirnames, filenames in os.walk(root, followlinks=self.options.follow_symlinks):
@@ -177,3 +177,11 @@ class LocalBackend(Backend):
         except OSError as exc:
             raise self._error(exc, url, "upload") from exc
 
+
+def _no_directory(url: str) -> str:
+    """A relative path that does not exist is often a bucket written without its scheme
+    (``bucket/train/``): say how an S3 prefix is written."""
+    if scheme_of(url) or os.path.isabs(url):
+        return "no such directory"
+    return (f"no such directory (a local path, relative to {os.getcwd()}; an S3 prefix is "
+            f"written 's3://{url}')")

@@ -46,10 +46,10 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 
 from pipeflow._checks import check_int
 from pipeflow._pump import Pump
-from pipeflow.backends._optional import require
+from pipeflow.backends._obstore_auth import credential_provider
 from pipeflow.backends._resumable import ResumableStream
 from pipeflow.backends._retry import is_transient, mark_answered, retried_pages, retry_call
-from pipeflow.backends._s3config import S3Options, translate_s3_error
+from pipeflow.backends._s3config import S3Options
 from pipeflow.backends.base import Backend, S3Location, parse_s3_object_url, parse_s3_url
 from pipeflow.errors import (
     AccessDeniedError,
@@ -111,35 +111,6 @@ def usable_here() -> bool:
     return importlib.util.find_spec("obstore") is not None
 
 
-def _sdk_credentials(opts: ObstoreOptions, bucket: str) -> Any:
-    """A credential provider over the AWS SDK's chain (``profile=``/``AWS_PROFILE``, the shared
-    files, SSO, container and instance roles), or None to let object_store read keys from the
-    environment itself.
-
-    object_store alone reads only environment keys and instance metadata: keys in
-    ``~/.aws/credentials`` or a profile went unused, and the instance-metadata request that
-    followed failed as a generic error, retried for the whole budget (60 s) before an opaque
-    ``RetryExhaustedError``. Found once per bucket and process; refreshed by the provider.
-    """
-    import importlib.util
-
-    if opts.profile is None and (os.environ.get("AWS_ACCESS_KEY_ID")
-                                 or importlib.util.find_spec("boto3") is None):
-        return None
-    boto3 = require("boto3", extra="boto3")
-    from obstore.auth.boto3 import Boto3CredentialProvider
-
-    try:
-        session = boto3.session.Session(profile_name=opts.profile)
-        found = session.get_credentials()
-    except Exception as exc:
-        raise translate_s3_error(exc, url=f"s3://{bucket}/", backend="obstore", op="credentials") from exc
-    if found is None:
-        raise AccessDeniedError("no usable credentials found (environment, profile, shared files, "
-                                "instance role)", url=f"s3://{bucket}/", backend="obstore", op="credentials")
-    return Boto3CredentialProvider(session)
-
-
 def _seconds(value: float) -> _dt.timedelta:
     return _dt.timedelta(seconds=value)
 
@@ -193,7 +164,7 @@ class ObstoreBackend(Backend):
             if opts.session_token:
                 config["session_token"] = opts.session_token
         else:
-            provider = _sdk_credentials(opts, bucket)
+            provider = credential_provider(opts, bucket)
         client: ClientConfig = {"allow_http": bool(endpoint and endpoint.startswith("http://")),
                                 "timeout": _REQUEST_LIFETIME}
         if opts.timeout is not None:

@@ -29,6 +29,14 @@ share: as many as three quarters of the guess pays for, ``concurrency - 1`` at m
 are paid by the keys found. So the listing stays within 1% whenever the keys continue as spread
 as the first ones; keys that stop following the guess after its probe (a dense start and a block
 where the probe lands, nothing between) cost at most ``concurrency - 1`` requests over it.
+
+Keys numbered with gaps fill the space of their digits densely up to where they stop, so the
+guess would expect far too many; where they stop is searched instead (:meth:`_Parallel._gallop`):
+probes three, then nine times as far from the first number as the keys found reach, each a chain
+whose full page, as dense as the first keys, vouches for the keys below it and pays for the next
+probe, then for cuts in equal spans of numbers of the ranges known to hold keys. The same
+``concurrency - 1`` limit holds for keys placed to mislead it; the probes are about
+``log3(concurrency) + 1`` whatever the number of keys.
 Memory is the listing itself. Backends without ``pages_from_any_key`` list as one serial chain
 (:meth:`~pipeflow.backends.base.Backend.list`).
 """
@@ -105,6 +113,10 @@ class _Cutter:
 
     def __init__(self, sample: list[str], prefix: str, page_len: int | None = None) -> None:
         self.numbered = _Numbered.of([prefix + k for k in sample])
+        # the same form with gaps allowed: cuts between numbers are made in integers, where
+        # keys are as dense as their numbers (character positions would see a gap at each carry)
+        self.form = _Numbered.loose([prefix + k for k in sample])
+        self.per_number: float | None = None  # keys a number, once trusted (numbered keys)
         self.page_len = max(1, page_len or len(sample))
         self.alphabets = _alphabets(sample)
         self.fallback = "".join(sorted({c for key in sample for c in key})) or "0"
@@ -181,6 +193,9 @@ class _Cutter:
         exact = self._numbered_cuts(page, high, min_keys, parts)
         if exact is not None:
             return exact, True
+        between = self._form_cuts(page, high, min_keys, parts)
+        if between is not None:
+            return between, False
         return self._spread_cuts(page, high, min_keys, parts), False
 
     def left(self, page: list[ObjectInfo], high: str | None) -> float:
@@ -188,6 +203,10 @@ class _Cutter:
         one (the open-ended range: unknown, as many as can be)."""
         if high is None:
             return float("inf")
+        numbers = self._numbers(page, high)
+        if numbers is not None:
+            first, last, top = numbers
+            return max(0, top - last) * (self.per_number or len(page) / (last - first + 1))
         if self.density is not None:
             lo, hi = self.value(page[-1].url, self.width), self.value(high, self.width)
             return max(0, hi - lo) * self.density
@@ -221,6 +240,48 @@ class _Cutter:
                 out.append(key)
         return out
 
+
+    def _numbers(self, page: list[ObjectInfo], high: str | None) -> tuple[int, int, int] | None:
+        """The numbers of the page's first and last keys and of ``high``, when all three are
+        written in the numbered form (None otherwise, or for an open end)."""
+        form = self.form
+        if form is None or high is None:
+            return None
+        numbers = (form.number(page[0].url), form.number(page[-1].url), form.number(high))
+        first, last, top = numbers
+        if first is None or last is None or top is None or last < first:
+            return None
+        return first, last, top
+
+    def _form_cuts(self, page: list[ObjectInfo], high: str | None, min_keys: int,
+                   parts: int) -> list[str] | None:
+        """Cuts of ``(last key of page, high]`` in equal spans of numbers, for numbered keys
+        with gaps (None: not so numbered); the open end is cut where the listing so far would
+        end if doubled, as :meth:`_spread_cuts` does."""
+        form = self.form
+        if form is None:
+            return None
+        if high is None:
+            first, last = form.number(page[0].url), form.number(page[-1].url)
+            if first is None or last is None or last < first:
+                return None
+            per = self.per_number or len(page) / (last - first + 1)
+            ahead = max(last - form.start + 1, int(min_keys / per))
+            cut = form.key(last + ahead)
+            return [cut] if cut is not None else []
+        numbers = self._numbers(page, high)
+        if numbers is None:
+            return None
+        _, last, top = numbers
+        parts = min(parts, int(self.left(page, high) // max(1, min_keys)))
+        if parts < 2:
+            return []
+        keys = [form.key(last + (top - last) * k // parts) for k in range(1, parts)]
+        out: list[str] = []
+        for key in keys:
+            if key is not None and key > (out[-1] if out else page[-1].url) and key < high:
+                out.append(key)
+        return out
 
     def on_boundary(self, low: str, high: str | None) -> bool:
         """Whether ``(low, high]`` starts and ends where pages of consecutive numbers end."""
@@ -276,6 +337,16 @@ class _Numbered:
 
     @classmethod
     def of(cls, urls: list[str]) -> _Numbered | None:
+        """The form of ``urls`` when they are consecutive numbers (no gap)."""
+        form = cls.loose(urls)
+        if form is None or any(form.number(u) != form.start + i for i, u in enumerate(urls)):
+            return None
+        return form
+
+    @classmethod
+    def loose(cls, urls: list[str]) -> _Numbered | None:
+        """The form of ``urls`` when every one is the same head, a number of the same width and
+        the same tail, gaps allowed (None otherwise)."""
         if len(urls) < 2 or len(urls[0]) != len(urls[-1]):
             return None
         a, b = urls[0], urls[-1]
@@ -290,7 +361,7 @@ class _Numbered:
         if not (a[lo:hi].isdigit() and b[lo:hi].isdigit()):
             return None
         form = cls(a[:lo], hi - lo, a[hi:], int(a[lo:hi]))
-        if any(form.number(u) != form.start + i for i, u in enumerate(urls)):
+        if any(form.number(u) is None for u in urls):
             return None
         return form
 
@@ -386,6 +457,13 @@ class _Parallel:
         self.wasted = 0  # requests of probes that found nothing, no longer in self.ranges
         self.probe: _Range | None = None
         self.end: str | None = None  # the highest key the guess expects (trusted only)
+        # numbered keys (_gallop): keys a number in the first ones, the lowest a probe's page
+        # showed, and the number the probe in flight starts after
+        self.searching = False
+        self.per_number = 0.0
+        self.thinnest = 0.0
+        self.probe_at = 0
+        self.vouched = (0, 0)  # (keys, number): keys found up to that number when it began
         self.futures: list[Future[None]] = []
         self.pool: ThreadPoolExecutor | None = None
 
@@ -425,7 +503,7 @@ class _Parallel:
                     rng.found += keep
                     self.kept += len(keep)
                     if rng is self.probe and self.guess == "pending":
-                        self._judge(page, more)
+                        (self._judge_number if self.searching else self._judge)(page, more)
                     if self.regular and not self.cutter.follows(after, keep):
                         self.regular = False  # a gap: aligned ranges may cost a request too
                     # a page that ends on the range's last key ends the range without a request
@@ -471,7 +549,7 @@ class _Parallel:
         threads are free, each part is estimated to hold ``min_keys``, and the budget allows
         (cuts on page boundaries below a key seen, while the numbers run on, cost nothing)."""
         threads = min(self.concurrency - self.active, self.cuts_left)
-        if threads <= 0:
+        if threads <= 0 or (self.searching and self.guess == "pending"):
             return
         earned = self._budget()
         if (self.guess == "untested" and rng.high is None and earned >= 1 and not self.regular):
@@ -515,6 +593,10 @@ class _Parallel:
         step = max(1, len(found) // 2000)
         sample = [i.url[len(self.url):] for i in found[::step]] + [found[-1].url[len(self.url):]]
         cutter = _Cutter(sample, self.url, page_len=len(self.first))
+        if cutter.form is not None:
+            self.cutter = cutter
+            self._gallop(rng, page)
+            return
         estimate = cutter.estimate(self.highest, self.kept)
         cut = cutter.toward_end(page[-1].url, 1 - 1 / self.concurrency)
         if cut is None or estimate < 2 * self.kept:
@@ -543,6 +625,79 @@ class _Parallel:
         self.allowance = min(int(sure) // self.keys_per_request, earned + self.concurrency - 1)
         self.spending = True
 
+    def _gallop(self, rng: _Range, page: list[ObjectInfo]) -> None:
+        """Numbered keys (``train/0004711.jpg``) fill the space of their digits densely up to
+        where they stop, so the guess from the key space would expect ten times too many. The
+        end is found by galloping instead: a probe three times as far from the first number as
+        the keys found reach, then three times further while each probe's page is full and as
+        dense as the first keys. Each such page is the first page of a chain that goes on, and
+        vouches for the keys up to it (at the lowest density seen), which pays for the next
+        probe and then for the cuts that give every thread a part of the ranges known to hold
+        keys (:meth:`_settle`). A probe that finds nothing costs a request; one whose page is
+        thinner or further than expected stops the search (it is a chain all the same)."""
+        form = self.cutter.form
+        high = form.number(self.highest) if form else None
+        if form is None or high is None or high < form.start:
+            return
+        self.searching, self.vouched = True, (self.kept, high)
+        self.per_number = self.thinnest = self.kept / (high - form.start + 1)
+        self.cutter.per_number = self.per_number
+        self._probe_number(rng, page, form.start + 3 * (high - form.start + 1))
+
+    def _probe_number(self, rng: _Range, page: list[ObjectInfo], at: int) -> None:
+        """Cut the open-ended ``rng`` after number ``at`` (no further than ``(concurrency - 1) /
+        concurrency`` of the way to the highest number of the form), if the budget allows."""
+        form = self.cutter.form
+        assert form is not None
+        last = form.number(page[-1].url)
+        top = 10 ** form.width - 1
+        if last is None:
+            return self._settle(freeing=0)
+        at = min(at, last + (top - last) * (self.concurrency - 1) // self.concurrency)
+        cut = form.key(at)
+        if cut is None or cut <= page[-1].url or (self.ceiling and cut >= self.ceiling):
+            return self._settle(freeing=0)
+        plan = self._planned(rng, page, [cut], False)
+        if self._may_cost(plan) > self._budget():
+            return self._settle(freeing=0)
+        self._commit(rng, plan)
+        self.guess, self.probe_at = "pending", at
+        self.probe = self.ranges[self.ranges.index(rng) + 1]
+
+    def _judge_number(self, page: list[ObjectInfo], more: bool) -> None:
+        """A gallop probe's first page (:meth:`_gallop`)."""
+        form, at = self.cutter.form, self.probe_at
+        assert form is not None and self.probe is not None
+        if not page:  # no key past ``at``: the range before is the last again
+            self._unprobe()
+            return self._settle(freeing=1)
+        first, last = form.number(page[0].url), form.number(page[-1].url)
+        full = more and len(page) == len(self.first)
+        if first is None or last is None or not full:
+            return self._settle(freeing=0)  # other keys, or the last page of the listing
+        dense = len(page) / (last - first + 1)
+        # as dense as the first keys, and starting about where they would
+        if dense < 0.8 * self.per_number or (first - at) * self.per_number > len(page):
+            return self._settle(freeing=0)
+        self.thinnest = min(self.thinnest, dense)
+        keys, high = self.vouched
+        sure = (keys + self.thinnest * (at - high)) * (1 - 3 / self.kept ** 0.5)
+        earned = self.kept // self.keys_per_request
+        most = earned + self.concurrency - 1
+        self.allowance = max(self.allowance, min(int(sure) // self.keys_per_request, most))
+        if self.allowance >= most:
+            return self._settle(freeing=0)
+        self._probe_number(self.probe, page, form.start + 3 * (at - form.start))
+
+    def _settle(self, *, freeing: int) -> None:
+        """The search is over: what the probes vouched for pays for cuts of the ranges known to
+        hold keys (:meth:`_spread`); later cuts are paid by the keys found."""
+        self.guess = "trusted" if self.allowance else "refuted"
+        if self.ceiling is not None:
+            self.end = self.ceiling  # no key is past it
+        if self.allowance:
+            self._spread(freeing)
+
     def _unprobe(self) -> None:
         """The probe found no key: there are none past its start, so the range before it is
         the last one again, cut as an open-ended range is (where the listing so far would end
@@ -553,6 +708,59 @@ class _Parallel:
         self.ceiling = self.probe.low
         del self.ranges[at]
         self.wasted += 1
+
+    def _spread(self, freeing: int) -> None:
+        """Give each free thread a part of the bounded ranges still to list, more parts to the
+        longer ones (in numbers; they are about equally dense), as many as the budget allows.
+        The open-ended last range stays one chain: how far it goes is not known."""
+        form = self.cutter.form
+        assert form is not None
+        spans: dict[int, tuple[_Range, int, int]] = {}
+        for rng in self.ranges:
+            lo = form.number(rng.found[-1].url if rng.found else rng.low)
+            hi = form.number(rng.high) if rng.high is not None else None
+            if not rng.done and lo is not None and hi is not None and hi > lo:
+                spans[id(rng)] = (rng, lo, hi)
+        if not spans:
+            return
+        parts = dict.fromkeys(spans, 1)
+
+        def each(k: int, n: int) -> float:  # numbers a part of spans[k] if cut in n
+            return (spans[k][2] - spans[k][1]) / n
+
+        for _ in range(self.concurrency - self.active + freeing):
+            k = max(parts, key=lambda k: each(k, parts[k]))
+            if each(k, parts[k] + 1) * self.per_number < self.min_keys:
+                break
+            parts[k] += 1
+        while any(n > 1 for n in parts.values()):
+            plan = self.ranges
+            for k, n in parts.items():
+                plan = self._split(plan, spans[k], n)
+            if self._may_cost(plan) <= self._budget():
+                break
+            k = min((k for k in parts if parts[k] > 1), key=lambda k: each(k, parts[k] - 1))
+            parts[k] -= 1
+        for k, n in parts.items():
+            if n > 1:
+                self._commit(spans[k][0], self._split(self.ranges, spans[k], n))
+
+    def _split(self, ranges: list[_Range], span: tuple[_Range, int, int], n: int,
+               ) -> list[_Range]:
+        """``ranges`` with ``span``'s range cut in ``n`` parts of equal spans of numbers."""
+        form = self.cutter.form
+        rng, lo, hi = span
+        assert form is not None and rng.high is not None
+        bounds = [form.key(lo + (hi - lo) * i // n) for i in range(1, n)]
+        cuts = sorted({b for b in bounds if b is not None and rng.low < b < rng.high
+                       and (not rng.found or b > rng.found[-1].url)})
+        if not cuts:
+            return ranges
+        left = (hi - lo) * self.per_number / (len(cuts) + 1)
+        parts = [replace(rng, high=cuts[0], left=left)]
+        parts += [_Range(a, b, left=left) for a, b in zip(cuts, [*cuts[1:], rng.high])]
+        at = ranges.index(rng)
+        return [*ranges[:at], *parts, *ranges[at + 1:]]
 
     def _planned(self, rng: _Range, page: list[ObjectInfo], bounds: list[str],
                  aligned: bool) -> list[_Range]:

@@ -10,7 +10,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from .._usercache import dataset_cache_dir
-from ..errors import ConfigError
+from ..errors import ConfigError, MissingFieldError
 
 if TYPE_CHECKING:  # torch loads only when a recipe is built, not to list or look one up
     from ..pipeline import Pipeline
@@ -26,16 +26,15 @@ def _url(item: Any) -> str:
     return item if isinstance(item, str) else item.url
 
 
-def _has_suffix(suffix: str, item: Any) -> bool:
-    return _url(item).endswith(suffix)
-
-
 def list_with_suffix(url: str, suffix: str, *, backend: Any = None) -> Pipeline:
-    """The objects under ``url`` whose name ends with ``suffix``, sorted by URL."""
+    """The objects under ``url`` whose name ends with ``suffix``, sorted by URL.
+
+    A prefix with none of them (data of another layout) is an ``ObjectNotFoundError`` that
+    shows the names found there, not an epoch of no samples."""
     from ..pipeline import list_objects
 
     root = url if url.endswith("/") else url + "/"
-    return list_objects(root, backend=backend).filter(functools.partial(_has_suffix, suffix))
+    return list_objects(root, pattern="*" + suffix, backend=backend)
 
 
 def _companions(first: str, fields: tuple[str, ...], item: Any) -> list[str]:
@@ -51,6 +50,13 @@ def companions(fields: tuple[str, ...]) -> Any:
 
 
 def _to_sample(fields: tuple[str, ...], sample: dict[str, Any]) -> dict[str, Any]:
+    missing = [field for field in fields if field not in sample]
+    if missing:  # data of another layout: a typed error that says which, not a KeyError
+        present = tuple(k for k in sample if not k.startswith("__"))
+        raise MissingFieldError(
+            f"this recipe reads samples with the fields {', '.join(fields)} (the layout `pipeflow "
+            f"make-data` writes for it); this one has {', '.join(present) or 'none'}",
+            key=str(sample.get("__key__", "")), field=",".join(missing), fields=present)
     out = {"__key__": sample["__key__"], "__url__": sample.get("__url__", "")}
     for field in fields:
         out[field] = sample[field]

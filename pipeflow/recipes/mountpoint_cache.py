@@ -14,6 +14,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from .._usercache import human_bytes, register, usage
+from .._words import counted
 from ._common import PREPROCESS_BATCH, default_cache_dir, random_access_chain
 from ._info import RecipeInfo
 
@@ -43,7 +44,7 @@ def build(url: str, *, seed: int = 0, workers: int = 16, preprocess: bool = Fals
         register(directory, url, max_bytes)
     nbytes, files = usage(directory)
     # a cache that outlives the run is a surprise unless it is announced
-    print(f"mountpoint-cache: caching {url} in {directory}: {human_bytes(nbytes)} in {files} files "
-          f"now, budget {human_bytes(max_bytes)}; kept after the run (`pipeflow cache ls`, "
-          "`pipeflow cache clear`)", file=sys.stderr)
+    print(f"mountpoint-cache: caching {url} in {directory}: {human_bytes(nbytes)} in "
+          f"{counted(files, 'file')} now, budget {human_bytes(max_bytes)}; kept after the run "
+          "(`pipeflow cache ls`, `pipeflow cache clear`)", file=sys.stderr)
     return pipeline

@@ -56,6 +56,10 @@ class Stage(Generic[T]):
     #: True for stages that turn every input item into exactly one output item; ``equalize``
     #: counts the items of a known-length source through them
     one_to_one: bool = False
+    #: True for stages whose output items are input items, reordered, dropped, repeated or
+    #: held back but never made anew (``shuffle``, ``filter``, ``prefetch``, ``take``...): a
+    #: pipeline that batches and then runs only such stages still delivers batches
+    passes_items: bool = False
     #: True for stages that pull their sources on a thread of their own (``prefetch``): their
     #: consumer-side time is waiting on the input, not work
     pulls_in_background: bool = False

@@ -46,6 +46,8 @@ class Equalizer(Stage[Any]):
     State: items yielded, wrap-arounds, and the source's position.
     """
 
+    passes_items = True
+
     def __init__(self, source: Stage[Any], *, total: int | None = None, per_shard: int | None = None,
                  mode: Literal["drop", "pad"] = "drop") -> None:
         super().__init__(source)

@@ -21,6 +21,8 @@ class Filterer(Stage[T]):
         predicate: a plain callable; exceptions propagate with a note naming the stage and item.
     """
 
+    passes_items = True
+
     elastic_roles = frozenset({"before_shard", "to_drop_point", "after_drop_point"})
 
     def __init__(self, source: Stage[T], predicate: Callable[[T], Any]) -> None:

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .._braces import expand_braces, has_braces, literal_prefix
+from .._words import counted
 from ..backends._optional import installed
 from ..backends.base import Backend, Publisher, local_path, scheme_of
 from ..backends.parallel_list import list_parallel
@@ -110,13 +111,37 @@ def list_now(url: str, *, pattern: str | None = None, backend: str | Backend | N
         listed = list_parallel(be, url, concurrency=threads).objects
     else:
         listed = _listed(be, url, base)
-    infos = [i for i in listed
-             if pattern is None or fnmatch.fnmatchcase(_relative(i.url, base), pattern)]
+    infos, seen, names = _matching(listed, base, pattern)
     infos.sort(key=lambda i: i.url)  # backends list sorted already; make it a guarantee
     if not infos:
-        what = f" matching {pattern!r}" if pattern else ""
-        raise ObjectNotFoundError(f"no objects{what}", url=url, backend=be.name, op="list")
+        raise ObjectNotFoundError(_nothing_matched(pattern, seen, names), url=url, backend=be.name,
+                                  op="list")
     return infos
+
+
+def _matching(listed: Iterable[ObjectInfo], base: str, pattern: str | None
+              ) -> tuple[list[ObjectInfo], int, list[str]]:
+    """The objects whose name after ``base`` matches ``pattern``; how many were listed, and the
+    first few names (for an error that shows what the pattern was matched against)."""
+    infos: list[ObjectInfo] = []
+    names: list[str] = []
+    seen = 0
+    for info in listed:
+        seen += 1
+        name = _relative(info.url, base)
+        if len(names) < 3:
+            names.append(name)
+        if pattern is None or fnmatch.fnmatchcase(name, pattern):
+            infos.append(info)
+    return infos, seen, names
+
+
+def _nothing_matched(pattern: str | None, seen: int, names: list[str]) -> str:
+    if not pattern or not seen:
+        return f"no objects matching {pattern!r}" if pattern else "no objects"
+    # the usual slips: a regex for a glob, or the prefix repeated in the pattern
+    return (f"no objects matching {pattern!r} among the {counted(seen, 'object')} listed; the pattern "
+            f"is a glob (fnmatch) on the name after the URL, such as {', '.join(map(repr, names))}")
 
 
 def _held(infos: list[ObjectInfo], url: str, pattern: str | None) -> Objects:

@@ -34,6 +34,8 @@ class Prefetcher(Stage[Any]):
             the consumer keeps finding the queue empty and the producer finds it full.
     """
 
+    passes_items = True
+
     one_to_one = True
     pulls_in_background = True
     elastic_roles = frozenset({"to_drop_point", "after_drop_point"})

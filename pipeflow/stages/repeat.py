@@ -21,6 +21,8 @@ class Repeater(Stage[Any]):
         times: number of rounds, or None for endless.
     """
 
+    passes_items = True
+
     def __init__(self, source: Stage[Any], times: int | None = None) -> None:
         super().__init__(source)
         check_int(times, "repeat(times=...)", low=0, optional=True)

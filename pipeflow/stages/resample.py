@@ -35,6 +35,8 @@ class Resampler(Stage[Any]):
     and continues the same sequence exactly.
     """
 
+    passes_items = True
+
     is_sharder = True
 
     def __init__(self, source: Stage[Any], n: int | None = None, *, seed: int = 0) -> None:

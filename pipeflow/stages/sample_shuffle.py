@@ -50,6 +50,8 @@ class SampleShuffler(Stage[Any]):
         by: ``"key"`` (the only unit here; ``shuffle(by="item")`` is :class:`Shuffler`).
     """
 
+    passes_items = True
+
     one_to_one = True
 
     def __init__(self, source: Stage[Any], buffer_size: int, *, seed: int = 0,

@@ -63,6 +63,8 @@ class Sharder(Stage[Any]):
         auto: set by the builder for the automatic sharding it inserts (shown in explain()).
     """
 
+    passes_items = True
+
     is_sharder = True
     #: its split is a rule over source indices, which elastic resume re-deals
     elastic_roles = frozenset({"shard"})

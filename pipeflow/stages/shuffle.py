@@ -77,6 +77,8 @@ class Shuffler(Stage[Any]):
         seed: base seed.
     """
 
+    passes_items = True
+
     one_to_one = True
     replays_input = True
     #: before the shard (identical on every rank), or the one buffer after it (the drop point)

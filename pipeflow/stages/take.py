@@ -33,6 +33,8 @@ class Taker(Stage[T]):
             ``with_epoch()``; a shard that runs short yields what it has.
     """
 
+    passes_items = True
+
     def __init__(self, source: Stage[T], n: int, *, across: Literal["each", "all"] = "each") -> None:
         super().__init__(source)
         check_int(n, "take(n=...)", low=0)

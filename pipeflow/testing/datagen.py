@@ -39,7 +39,7 @@ from typing import IO, Any, NoReturn
 import numpy as np
 
 from .._fs import atomic_write
-from ..errors import ConfigError, InvalidURLError, ObjectNotFoundError
+from ..errors import ConfigError, ObjectNotFoundError
 
 __all__ = [
     "LAYOUTS",
@@ -210,9 +210,10 @@ def split_s3_url(url: str) -> tuple[str, str]:
     """``"s3://bucket/a/b"`` -> ``("bucket", "a/b")``; an invalid bucket name is refused here,
     before anything is generated (S3 would call it a bucket that does not exist)."""
     from ..backends.base import bucket_name_problem, parse_s3_url
+    from ..errors import InvalidURLError
 
     loc = parse_s3_url(url, op="make-data")
-    problem = bucket_name_problem(loc.bucket)
+    problem = bucket_name_problem(loc.bucket)  # the rules of today: no new data under a legacy name
     if problem:
         raise InvalidURLError(problem, url=url, op="make-data")
     return loc.bucket, loc.key.strip("/")
@@ -320,7 +321,11 @@ def _open_sink(url: str, *, create_bucket: bool) -> _Sink:
 # ---- progress -----------------------------------------------------------------------------------
 class _Progress:
     """A tqdm bar when the stream (stderr) is a terminal (items, rate, ETA), else one summary
-    line at the end; a hand-drawn bar only when tqdm is not installed."""
+    line at the end; a hand-drawn bar only when tqdm is not installed.
+
+    The bytes shown are those written to storage so far (whole shards, for shard layouts), so
+    the last figure is the one ``make-data`` reports. A finished tqdm bar stays as it is, with
+    nothing repeated under it."""
 
     def __init__(self, total: int, desc: str, enabled: bool, stream: IO[str] | None = None) -> None:
         self.total = max(total, 1)
@@ -343,9 +348,10 @@ class _Progress:
             else:
                 self._tqdm = tqdm(total=total, desc=desc, unit=" samples", file=self.stream)
 
-    def update(self, n: int = 1, nbytes: int = 0) -> None:
+    def update(self, n: int = 1, written: int = 0) -> None:
+        """``n`` more samples done; ``written`` bytes written to storage so far, in all."""
         self.done += n
-        self.nbytes += nbytes
+        self.nbytes = written
         if self._tqdm is not None:
             self._tqdm.update(n)
             return
@@ -365,7 +371,6 @@ class _Progress:
     def finish(self) -> None:
         if self._tqdm is not None:
             self._tqdm.close()
-            self.stream.write(self._line(time.perf_counter()).split("] ", 1)[-1] + "\n")
             return
         if self.enabled:
             self.stream.write(("\r" if self._tty else "") + self._line(time.perf_counter()) + "\n")
@@ -534,10 +539,10 @@ def _write_samples(samples: Iterable[tuple[str, dict[str, bytes]]], sink: _Sink,
             for name, data in fields.items():
                 sink.put(f"{key}.{name}", data)
                 names.append(f"{key}.{name}")
-        sample_bytes = sum(len(v) for v in fields.values())
-        nbytes += sample_bytes
-        bar.update(1, sample_bytes)
+        nbytes += sum(len(v) for v in fields.values())
+        bar.update(1, writer.nbytes if writer is not None else nbytes)
     if writer is not None:
         writer.flush()
+        bar.update(0, writer.nbytes)
         return writer.names, writer.nbytes
     return names, nbytes

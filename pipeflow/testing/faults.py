@@ -46,8 +46,8 @@ import pytest
 from ..pipeline import Pipeline, from_items
 from .proxy import Action, DelayProxy, Faults, RequestInfo
 
-__all__ = ["CUT_AT", "OUTAGE_S", "STALL_S", "STORM_S", "BackendFaults", "assert_met_outage", "check_epoch",
-           "digest", "fault_objects", "outage_after", "side_by_side", "through_outage"]
+__all__ = ["CUT_AT", "OUTAGE_S", "STALL_S", "STORM_S", "BackendFaults", "FailingStretch", "assert_met_outage",
+           "check_epoch", "digest", "fault_objects", "outage_after", "side_by_side", "through_outage"]
 
 #: objects read per epoch, and their size in bytes
 OBJECT_COUNT, OBJECT_SIZE = 16, 6000
@@ -100,26 +100,47 @@ class _FirstGets:
         return self.action
 
 
-class _Storm:
-    """A fault hook: from the ``after``-th request on, every request is answered 503 for
-    ``seconds``."""
+class FailingStretch:
+    """A fault hook (``DelayProxy(hook=...)``): from the ``after``-th request on, every request
+    fails for ``seconds``, then every request is served again.
 
-    def __init__(self, after: int, seconds: float) -> None:
-        self.after, self.seconds = after, seconds
-        self.count = 0
+    Args:
+        after: requests served before the stretch starts.
+        seconds: how long every request fails.
+        method: the requests ``after`` counts (``"GET"``: the reads, so the stretch starts
+            mid-epoch whatever a backend sends before its first read); None counts every one.
+        actions: how the failing requests fail, in turn: ``("error503",)`` is a 503 storm,
+            ``("error503", "reset")`` a store that is down or restarting (a reset lands
+            mid-body when the response has one).
+
+    Attributes:
+        failed: requests failed so far.
+        served_after: requests forwarded once the stretch was over (the epoch went on).
+    """
+
+    def __init__(self, after: int, seconds: float, *, method: str | None = None,
+                 actions: Sequence[Action] = ("error503",)) -> None:
+        if not actions:
+            raise ValueError("actions must name at least one failure")
+        self.after, self.seconds, self.method, self.actions = after, seconds, method, tuple(actions)
+        self.counted = 0
+        self.failed = 0
+        self.served_after = 0
         self.started: float | None = None
-        self.answered = 0  # 503s sent
         self.lock = threading.Lock()
 
     def __call__(self, info: RequestInfo) -> Action | None:
         with self.lock:
-            self.count += 1
-            if self.started is None and self.count > self.after:
+            self.counted += self.method is None or info.method == self.method
+            if self.started is None and self.counted > self.after:
                 self.started = time.monotonic()
-            if self.started is not None and time.monotonic() - self.started < self.seconds:
-                self.answered += 1
-                return "error503"
-        return None
+            if self.started is None:
+                return None
+            if time.monotonic() - self.started < self.seconds:
+                self.failed += 1
+                return self.actions[(self.failed - 1) % len(self.actions)]
+            self.served_after += 1
+            return None
 
 
 def outage_after(proxy: DelayProxy, seconds: float = OUTAGE_S) -> threading.Thread:
@@ -262,9 +283,9 @@ class BackendFaults:
 
     def storm(self, fault_data: dict[str, bytes], s3: Any) -> int:
         """A 503 storm; the 503s answered."""
-        storm = _Storm(after=2, seconds=STORM_S)
+        storm = FailingStretch(after=2, seconds=STORM_S)
         self.run(fault_data, s3, hook=storm, retry=QUICK_RETRY)
-        return storm.answered
+        return storm.failed
 
     def faulted(self, fault_data: dict[str, bytes], s3: Any, action: Action) -> dict[str, int]:
         """Cut or stalled first GETs (every object cut, two stalled); the faults the proxy made."""

@@ -81,7 +81,7 @@ def test_timeouts_reach_the_clients_and_default():
     cfg = s3fs_kwargs(opts)["config_kwargs"]
     assert (cfg["connect_timeout"], cfg["read_timeout"]) == (4.0, 4.0)
     assert cfg["retries"]["total_max_attempts"] == 1
-    fs = get_backend("s3fs", endpoint="http://127.0.0.1:1")._fs("s3://b/k")[0]
+    fs = get_backend("s3fs", endpoint="http://127.0.0.1:1")._fs("s3://bkt/k")[0]
     assert fs.retries == 1
     assert get_backend("boto3").options.timeout == DEFAULT_TIMEOUT
     assert get_backend("iopath", endpoint="http://127.0.0.1:1", timeout=5)._client()[1] \

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -98,6 +99,31 @@ def test_valid_bucket_names_pass(name):
     from pipeflow.backends.base import bucket_name_problem
 
     assert bucket_name_problem(name) is None
+
+
+@pytest.mark.parametrize("args", [("index", "s3://my..bucket/x/", "-o", "{tmp}/index"),
+                                  ("convert", "s3://my..bucket/x/", "{tmp}/out"),
+                                  ("upload", "{tmp}", "s3://my..bucket/x/"),
+                                  ("run", "wds-boto3", "--url", "s3://my..bucket/x/")])
+def test_an_invalid_bucket_name_is_one_line_before_any_request(tmp_path, args):
+    """Nothing listens at the endpoint: a request would fail as unreachable, not as the name."""
+    (tmp_path / "a.bin").write_bytes(b"abc")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = pipeflow(*(arg.format(tmp=tmp_path) for arg in args),
+                   env={"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+                        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_EC2_METADATA_DISABLED": "true"})
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()], out.stderr
+    assert "invalid bucket name 'my..bucket'" in out.stderr
+
+
+@pytest.mark.s3
+def test_a_mistyped_legacy_style_bucket_name_is_named_when_not_found(s3, tmp_path):
+    out = pipeflow("index", "s3://My_Bucket/x/", "-o", str(tmp_path / "index"), env=s3.env())
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "not a valid bucket name" in out.stderr and "'My_Bucket'" in out.stderr, out.stderr
 
 
 @pytest.mark.s3
@@ -248,6 +274,36 @@ def test_convert_draws_a_bar_on_a_terminal_and_plain_lines_into_a_pipe(tmp_path,
     if lines:
         assert err.strip().splitlines()[-1].endswith("samples/s")
     assert "wrote 12 samples from 24 objects as 3 tar shards" in out
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_make_data_bar_is_not_repeated_and_its_bytes_are_the_bytes_written(tmp_path, terminal):
+    # tiny images: the tar headers are most of the bytes written (0.1 MB of shards, 0.0 MB of samples)
+    code, out, err = pipeflow_cli("make-data", "wds", str(tmp_path / "d"), "--count", "24", "--image-size",
+                                  "8", "--shard-mb", "0.01", terminal=terminal)
+    assert code == 0, err
+    written = re.search(r"as \d+ objects?, ([0-9.]+ MB),", out)
+    assert written, out
+    if terminal:  # the finished bar stays; no summary line is printed under it
+        assert has_bar(err, "wds -> ") and " MB" not in err, err
+    else:  # one line at the end, with the bytes of the shards (not of the samples in them)
+        assert err.strip().splitlines() == [err.strip()] and f"24/24 {written.group(1)}" in err, err
+
+
+@pytest.mark.parametrize("recipe, layout, says", [
+    ("single-ffm", "wds", "no objects matching '*.image' among the 1 object listed"),
+    ("tfrecord-ffm", "single", "no objects matching '*.tfrecord' among the 8 objects listed"),
+    ("wds-ffm", "jpeg-shards", "sample lacks required field"),
+])
+def test_run_on_data_of_another_layout_is_one_typed_line(tmp_path, recipe, layout, says):
+    """It used to run an epoch of 0 samples (exit 0), or end in a KeyError traceback."""
+    data = tmp_path / "data"
+    made = pipeflow("make-data", layout, str(data), "--count", "4", "--image-size", "8", "--quiet",
+                    "--shard-mb", "0.002")
+    assert made.returncode == 0, made.stderr
+    out = pipeflow("run", recipe, "--url", str(data), "--steps", "2", "--quiet")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith("pipeflow run: ") and says in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize("terminal, quiet, drawn", BAR_MODES)

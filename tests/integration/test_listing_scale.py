@@ -66,6 +66,21 @@ def test_parallel_listing_is_exact_sorted_and_within_its_request_budget(filled, 
     assert (listing.ranges > 1) == (threads > 1)
 
 
+def test_numbers_with_gaps_are_searched_for_their_end_over_http(s3, s3_bucket, proxy) -> None:
+    # one number in 11 missing: pages of 50 and a budget of a request per page found, so that
+    # the search for where the numbers stop (probes at 3x and 9x) runs over 1,000 keys
+    keys = [f"g/{i:05d}.jpg" for i in range(1100) if i % 11 != 5]
+    _fill(s3, s3_bucket, keys)
+    be = get_backend("boto3", endpoint=proxy.url, page_size=50)
+    proxy.reset_counts()
+    listing = list_parallel(be, f"s3://{s3_bucket}/g/", concurrency=8, min_pages=1,
+                            pages_per_cut=1)
+    assert [i.url for i in listing.objects] == [f"s3://{s3_bucket}/{k}" for k in keys]
+    assert proxy.stats()["lists"] == listing.requests
+    assert listing.requests <= serial_requests(len(keys), 50) + len(keys) // 50
+    assert listing.ranges >= 8
+
+
 def test_a_manifest_in_the_store_is_written_once_and_read_instead_of_listing(s3, s3_bucket, proxy) -> None:
     _fill(s3, s3_bucket, [f"d/{i:03d}.bin" for i in range(250)])
     url, manifest = f"s3://{s3_bucket}/d/", f"s3://{s3_bucket}/_index/d.pfi"

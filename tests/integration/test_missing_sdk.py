@@ -103,3 +103,39 @@ def test_every_backend_with_its_sdk_missing_is_the_typed_error_with_its_extra(tm
         assert got[name] == (f"typed: {package} is required for this feature: "
                              f"pip install 'pipeflow-data[{extra}]' (from a source checkout: "
                              f"pip install -e '.[{extra}]')"), name
+
+
+@pytest.mark.parametrize("metadata", ["disabled", "unreachable"])
+def test_with_only_obstore_and_no_credentials_the_default_is_access_denied_before_any_request(
+        s3, s3_bucket, tmp_path, metadata):
+    """No keys, no boto3 to read profiles: the default backend used to retry its refused
+    instance-metadata call for the whole retry budget (60 s) and end in RetryExhaustedError."""
+    pytest.importorskip("obstore")
+    url = s3.put(s3_bucket, "a.bin", b"abc")
+    env = {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None, "AWS_SESSION_TOKEN": None,
+           "AWS_PROFILE": None, "AWS_EC2_METADATA_DISABLED": "true" if metadata == "disabled" else None,
+           # nothing listens on port 1 of the loopback: the metadata service does not answer
+           "AWS_METADATA_ENDPOINT": "http://127.0.0.1:1" if metadata == "unreachable" else None}
+    done = _run(tmp_path, f"""
+        import os
+        for name, value in {env!r}.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
+        import pipeflow as pf
+        from pipeflow.testing.proxy import DelayProxy
+        with DelayProxy(os.environ["AWS_ENDPOINT_URL"], delay_ms=0) as proxy:
+            os.environ["AWS_ENDPOINT_URL"] = proxy.url
+            for attempt in (lambda: pf.list_objects({url!r}),
+                            lambda: pf.from_items([{url!r}]).open(read=True)):
+                try:
+                    list(attempt())
+                except pf.AccessDeniedError as exc:
+                    print("typed:", exc.backend, exc)
+            print("requests:", sum(proxy.counts().values()))
+    """, block="boto3,botocore,s3transfer")
+    assert done.returncode == 0, done.stderr
+    typed = [line for line in done.stdout.splitlines() if line.startswith("typed:")]
+    assert len(typed) == 2, done.stdout + done.stderr
+    for line in typed:
+        assert line.startswith("typed: obstore no usable credentials found: set AWS_ACCESS_KEY_ID"), line
+        assert "pip install 'pipeflow-data[boto3]'" in line
+    assert "requests: 0" in done.stdout

@@ -164,12 +164,13 @@ def test_convert_cli_from_s3_prefix_to_s3_and_local(s3, s3_bucket, tmp_path):
     proc = _convert(src, str(local), "--format", "tfrecord", "--quiet", "--backend", "boto3")
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
+    assert "as 1 tfrecord shard," in proc.stdout, proc.stdout
     records = list(pf.from_items(sorted(str(p) for p in local.glob("*.tfrecord"))).read_tfrecord())
     assert [r["key"] for r in records] == [[f"{i:06d}".encode()] for i in range(23)]
     again = _convert(src, str(local), "--format", "tfrecord", "--quiet", "--backend", "boto3")
     assert again.returncode == 0, again.stderr
     assert again.stdout.startswith(f"nothing to do: {local} already holds this conversion, complete "
-                                   "(23 samples in 1 tfrecord shards")
+                                   "(23 samples in 1 tfrecord shard,")
     other = _convert(src, str(local), "--format", "tfrecord", "--max-count", "5", "--quiet")
     assert other.returncode == 2 and "Traceback" not in other.stderr
     assert "--overwrite" in other.stderr and "overwrite=True" not in other.stderr

@@ -31,7 +31,7 @@ from pipeflow.errors import (
     RetryExhaustedError,
 )
 from pipeflow.testing import local_s3
-from pipeflow.testing.faults import side_by_side
+from pipeflow.testing.faults import FailingStretch, side_by_side
 from pipeflow.testing.proxy import DelayProxy, Faults
 
 from . import _data
@@ -173,35 +173,6 @@ def test_past_the_retry_budget_a_typed_error_within_bounded_time(past_the_budget
 ALL_S3 = ["obstore", "boto3", "s3fs", "fsspec", "iopath", "s3torchconnector", "s5cmd"]
 
 
-class _Outage:
-    """A fault hook: from the ``after``-th GET on, every request fails for ``seconds``.
-
-    Failures alternate between ``503 SlowDown`` and a connection reset (mid-body when the
-    response has one), as a store that is down or restarting looks to its clients.
-    """
-
-    def __init__(self, after: int, seconds: float) -> None:
-        self.after, self.seconds = after, seconds
-        self.lock = threading.Lock()
-        self.gets = 0
-        self.failed = 0
-        self.started: float | None = None
-        self.served_after = 0  # requests forwarded once the outage was over
-
-    def __call__(self, info):
-        with self.lock:
-            self.gets += info.method == "GET"
-            if self.started is None and self.gets > self.after:
-                self.started = time.monotonic()
-            if self.started is None:
-                return None
-            if time.monotonic() - self.started < self.seconds:
-                self.failed += 1
-                return "error503" if self.failed % 2 else "reset"
-            self.served_after += 1
-            return None
-
-
 def _outage_cases():
     for seconds in (2, 10):
         for backend in ALL_S3:
@@ -211,7 +182,8 @@ def _outage_cases():
 
 def _epoch_through_outage(endpoint: str, shards: list[str], backend: str, seconds: float):
     # the default policy (no retry= option): a store that is down for seconds costs time, not data
-    outage = _Outage(after=2, seconds=seconds)
+    # every request fails, alternately 503 and a reset, from the third GET on
+    outage = FailingStretch(after=2, seconds=seconds, method="GET", actions=("error503", "reset"))
     with DelayProxy(endpoint, delay_ms=0, hook=outage) as proxy:
         pipe = (pf.from_items(shards).open(backend, workers=2, endpoint=proxy.url)
                 .untar().group_pairs(required=("bin", "cls")).map(_data.check_sample))

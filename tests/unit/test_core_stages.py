@@ -166,3 +166,25 @@ def test_bad_options_raise_config_errors():
         pf.from_items([1]).take(-1)
     with pytest.raises(ConfigError):
         list(pf.from_items([1]).map(lambda x: x, workers=1, method="process"))
+
+
+def test_a_pattern_that_matches_nothing_shows_what_it_was_matched_against(tmp_path):
+    for i in range(5):
+        (tmp_path / f"shard-{i}.tar").write_bytes(b"x")
+    for pattern in ("*.tgz", r".*\.tar", f"{tmp_path.name}/*.tar"):  # a glob slip, a regex, the prefix again
+        with pytest.raises(pf.ObjectNotFoundError) as info:
+            pf.list_objects(str(tmp_path) + "/", pattern=pattern)
+        assert f"no objects matching {pattern!r} among the 5 objects listed" in str(info.value)
+        assert "glob (fnmatch) on the name after the URL, such as 'shard-0.tar', 'shard-1.tar'" \
+            in str(info.value)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(pf.ObjectNotFoundError, match=r"^no objects matching '\*' \("):  # nothing to show
+        pf.list_objects(str(tmp_path / "empty") + "/", pattern="*")
+
+
+def test_a_missing_relative_directory_says_how_an_s3_prefix_is_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(pf.ObjectNotFoundError, match=r"an S3 prefix is written 's3://bucket/train/'"):
+        pf.list_objects("bucket/train/")
+    with pytest.raises(pf.ObjectNotFoundError, match=r"^no such directory \(url="):  # absolute: no guess
+        pf.list_objects(str(tmp_path / "bucket" / "train") + "/")

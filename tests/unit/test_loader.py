@@ -290,3 +290,21 @@ def test_pipeflow_threads_run_torch_single_threaded_and_leave_the_main_thread_al
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("tail", [
+    lambda p: p, lambda p: p.prefetch(2), lambda p: p.shuffle(4, seed=0).filter(bool).with_epoch(3),
+    lambda p: p.map(len)], ids=["batch", "prefetch", "shuffle-filter-with_epoch", "map"])
+def test_a_batched_pipeline_with_a_loader_batch_size_is_refused(tail):
+    """The default batch_size=1 used to wrap every batch of a batched pipeline in a batch of one."""
+    pipe = tail(pf.from_items(range(20)).batch(4))
+    with pytest.raises(pf.ConfigError, match=r"already makes batches \(batch\(4\)\).*batch_size=None"):
+        pipe.loader()
+    with pytest.raises(pf.ConfigError, match="2 batches to a batch"):
+        pipe.loader(batch_size=2)
+    assert len(list(pipe.loader(batch_size=None, collate=False))) in (3, 5)
+
+
+def test_batches_made_anew_after_a_batch_are_not_batches_of_it():
+    pipe = pf.from_items(range(20)).batch(4).unbatch()
+    assert _flat(list(pipe.loader(batch_size=5, collate=False))) == list(range(20))

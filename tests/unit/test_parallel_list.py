@@ -9,6 +9,7 @@ import base64
 import bisect
 import random
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -71,6 +72,12 @@ def _shapes(n: int) -> dict[str, list[str]]:
         "nested, uneven": [f"s3://b/d/{rng.choice('abc')}/{rng.randint(0, 10**rng.randint(1, 6))}-{i}"
                            for i in range(n)],
         "dated": [f"s3://b/d/2024/{i % 12 + 1:02d}/img_{i:06d}.jpg" for i in range(n)],
+        # numbered keys that mislead a search for where they stop: dense, then one in 97
+        "dense, then sparse": [f"s3://b/d/{i:07d}.jpg" for i in range(n // 2 * 11 // 10) if i % 11]
+                              + [f"s3://b/d/{n * 2 + 97 * i:07d}.jpg" for i in range(n - n // 2)],
+        # and two runs of numbers far apart
+        "two number ranges": [f"s3://b/d/{i:07d}.jpg" for i in range(n // 2)]
+                             + [f"s3://b/d/{5 * n + i:07d}.jpg" for i in range(0, 2 * (n - n // 2), 2)],
     }
 
 
@@ -103,6 +110,55 @@ def test_a_trusted_guess_gives_every_thread_a_chain_within_the_budget(shape: str
     assert listing.ranges >= 8
     serial = serial_requests(len(keys), 100)
     assert serial <= listing.requests <= serial + len(keys) // 1000
+
+
+@pytest.mark.parametrize("size", [1_500, 4_000, 13_000, 60_000])
+def test_numbers_with_gaps_find_their_end_and_give_every_thread_a_chain(size: int) -> None:
+    # one number in 11 missing, from 0 to where they stop: the search gallops (3x, 9x the
+    # numbers found) and cuts what its full pages vouch for; every size keeps the bound
+    keys = [f"s3://b/d/{i:07d}.jpg" for i in range(size * 11 // 10) if i % 11 != 5]
+    store = BigPageStore(keys)
+    listing = list_parallel(store, "s3://b/d/", concurrency=8, min_pages=2, pages_per_cut=10)
+    assert [i.url for i in listing.objects] == keys
+    serial = serial_requests(len(keys), 100)
+    assert serial <= listing.requests <= serial + len(keys) // 1000
+    if size == 60_000:  # at 1,000 keys found, the probes at 3x and 9x vouch for 8 chains
+        assert listing.ranges >= 8
+
+
+class InFlightStore(BigPageStore):
+    """Pages after a short wait, noting the most requests in flight at once while fewer than
+    ``early`` keys have been returned."""
+
+    def __init__(self, keys: list[str], early: int) -> None:
+        super().__init__(keys)
+        self.early, self.returned, self.now, self.most_early = early, 0, 0, 0
+        self.counting = threading.Lock()
+
+    def list_page(self, url: str, *, start_after: str | None, limit: int = PAGE,
+                  ) -> tuple[list[ObjectInfo], bool]:
+        with self.counting:
+            self.now += 1
+            if self.returned < self.early:
+                self.most_early = max(self.most_early, self.now)
+        time.sleep(0.002)
+        page, more = super().list_page(url, start_after=start_after, limit=limit)
+        with self.counting:
+            self.now -= 1
+            self.returned += len(page)
+        return page, more
+
+
+def test_numbers_with_gaps_give_every_thread_a_chain_soon_after_the_first_cut() -> None:
+    # 10^5 keys to 110,000, a cut earned per 10^4 keys found (1%): the search's two probes
+    # vouch for the cuts that run 8 chains before 30% of the keys are listed (one cut per 10^4
+    # keys found would reach 3 or 4 chains by then), within the budget
+    keys = [f"s3://b/d/{i:07d}.jpg" for i in range(110_000) if i % 11 != 5]
+    store = InFlightStore(keys, early=30_000)
+    listing = list_parallel(store, "s3://b/d/", concurrency=8, pages_per_cut=100)
+    assert [i.url for i in listing.objects] == keys
+    assert store.most_early == 8
+    assert listing.requests <= serial_requests(len(keys), 100) + len(keys) // 10_000
 
 
 def test_a_guess_its_probe_refutes_costs_what_the_keys_found_pay_for() -> None:
@@ -160,11 +216,16 @@ def test_random_key_sets_stay_exact_and_within_the_budget() -> None:
     rng = random.Random(7)
     for _ in range(60):
         n, per_cut = rng.randint(50, 6000), rng.choice([1, 2, 5, 20])
-        shape = rng.choice(["numbered", "gaps", "hashed", "nested"])
+        shape = rng.choice(["numbered", "gaps", "hashed", "nested", "dense gaps", "two runs"])
         if shape == "numbered":
             keys = [f"s3://b/d/{i:06d}.x" for i in range(n)]
         elif shape == "gaps":
             keys = [f"s3://b/d/{i:06d}.x" for i in rng.sample(range(n * 3), n)]
+        elif shape == "dense gaps":  # numbers that stop, at any of the points a search probes
+            keys = [f"s3://b/d/{i:06d}.x" for i in rng.sample(range(n * 10 // 9), n)]
+        elif shape == "two runs":
+            cut, far = rng.randint(1, n - 1), rng.randint(n, 20 * n)
+            keys = [f"s3://b/d/{i:06d}.x" for i in [*range(cut), *range(far, far + n - cut)]]
         elif shape == "hashed":
             keys = [f"s3://b/d/{rng.getrandbits(40):010x}" for _ in range(n)]
         else:

@@ -111,3 +111,17 @@ def test_recipes_that_differ_only_in_the_backend_are_one_table():
     # each shared chain is read with several backends
     assert all(len(backends) > 1 for backends in families.values()), families
     assert recipes.get("wds-s3fs").backend == "s3fs" and recipes.get("wds-ffm").backend == "local"
+
+
+def test_a_sample_of_another_layout_is_a_typed_error_naming_both_field_sets():
+    import pickle
+
+    from pipeflow.errors import MissingFieldError
+    from pipeflow.recipes._common import to_sample
+
+    with pytest.raises(MissingFieldError) as info:
+        to_sample(("image", "label"))({"__key__": "k7", "image.png": b"", "label.cls": b"1"})
+    assert "fields image, label" in str(info.value) and "has image.png, label.cls" in str(info.value)
+    err = info.value
+    assert (err.key, err.field, err.fields) == ("k7", "image,label", ("image.png", "label.cls"))
+    assert pickle.loads(pickle.dumps(info.value)).fields == ("image.png", "label.cls")  # crosses workers

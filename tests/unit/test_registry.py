@@ -62,11 +62,39 @@ def test_default_backend_by_scheme(url: str, expected: str) -> None:
 def test_scheme_parsing() -> None:
     assert scheme_of("C:\\data\\x") == ""
     assert scheme_of("s3a://b/k") == "s3a"
-    assert parse_s3_url("s3://b/some key/ü").key == "some key/ü"
+    assert parse_s3_url("s3://bkt/some key/ü").key == "some key/ü"
     with pytest.raises(InvalidURLError):
         parse_s3_url("s3:///key")
     with pytest.raises(InvalidURLError):
         parse_s3_url("/local/path")
+
+
+@pytest.mark.parametrize("url", ["s3://ab/x", "s3://192.168.0.1/k", "s3://a..b/k", "s3://-bucket/k",
+                                 "s3://my*bucket/k", "s3://" + "a" * 256 + "/k"])
+def test_an_invalid_bucket_name_is_refused_before_any_request(url) -> None:
+    """A store answers "no such bucket" for a name it could never hold: the user then looks
+    for a bucket instead of at the name."""
+    with pytest.raises(InvalidURLError, match="invalid bucket name") as info:
+        parse_s3_url(url)
+    assert info.value.url == url
+    with pytest.raises(InvalidURLError, match="invalid bucket name"):
+        get_backend("fsspec").info(url.replace("s3://", "s3a://") + "/k")
+
+
+@pytest.mark.parametrize("bucket", ["My_Bucket", "my_bucket", "Data", "a" * 64])
+def test_a_legacy_bucket_name_is_read_and_named_when_not_found(bucket) -> None:
+    """Buckets made under the pre-2018 us-east-1 rules still exist and path-style requests
+    reach them: reading one is allowed; a "not found" for one names the likely typo."""
+    from pipeflow.errors import ObjectNotFoundError
+    from pipeflow.testing.datagen import generate
+
+    assert parse_s3_url(f"s3://{bucket}/k").bucket == bucket
+    with pytest.raises(InvalidURLError, match="invalid bucket name"):  # never for new data
+        generate("jpeg", f"s3://{bucket}/x", count=1, image_size=8)
+    err = error_for_status(404, "NoSuchBucket", url=f"s3://{bucket}/k", backend="boto3", op="get")
+    assert isinstance(err, ObjectNotFoundError) and "not a valid bucket name" in str(err)
+    fine = error_for_status(404, "NoSuchBucket", url="s3://my-bucket/k", backend="boto3", op="get")
+    assert "not a valid bucket name" not in str(fine)
 
 
 def test_import_pipeflow_imports_no_sdk() -> None:
@@ -162,3 +190,20 @@ def test_error_codes_map_to_types(status: int, code: str, cls: type) -> None:
     assert type(err) is cls
     assert err.url == "s3://b/k" and "backend=x" in str(err)
     assert pickle.loads(pickle.dumps(err)).url == "s3://b/k"
+
+
+@pytest.mark.parametrize("url, meant", [
+    ("https://bkt.s3.amazonaws.com/train/", "s3://bkt/train/"),
+    ("https://my.bkt.s3.us-west-2.amazonaws.com/a/b", "s3://my.bkt/a/b"),
+    ("https://s3.us-east-1.amazonaws.com/bkt/train/", "s3://bkt/train/"),
+    ("https://s3-eu-west-1.amazonaws.com/bkt/x", "s3://bkt/x"),
+    ("https://example.com/bkt/x", None), ("http://127.0.0.1:9000/bkt/x", None),
+])
+def test_listing_an_s3_prefix_over_https_names_the_s3_url(url, meant) -> None:
+    """An HTTP listing of S3 finds no links and read "no objects"; nothing is sent now."""
+    from pipeflow.backends._s3config import on_aws_s3
+
+    assert on_aws_s3(url) == meant
+    if meant is not None:
+        with pytest.raises(InvalidURLError, match=f"name it '{meant}'"):
+            list(get_backend("fsspec").list(url))
