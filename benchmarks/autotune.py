@@ -20,8 +20,9 @@ inline by default, since running a user's function on threads is not safe for ev
 
 Every case runs in a fresh process (:mod:`benchmarks.harness`) for the same time on one long
 pass, so a tuner's climb is paid inside the measurement. With ``--repeats`` the whole grid
-runs again (interleaved, so load changes hit every row alike); the table shows the median per
-row, and auto/best per repeat gives the spread.
+runs again (interleaved, so load changes hit every row alike, and each group's rows rotated by
+one place per repeat, so no row is always the last of its group); the table shows the median
+per row, and auto/best per repeat gives the spread.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class _Reported:
 
 
 #: what the auto row reports per stage (per process): its choice, and the store's push-backs
-_REPORTED = ("workers", "inflight", "backoffs", "steady_errors")
+_REPORTED = ("workers", "inflight", "backoffs", "steady_errors", "steps_up", "probes", "settle_s")
 
 
 def _loaded(pipe: pf.Pipeline, workers: int, report: str | None) -> _Reported:
@@ -215,6 +216,15 @@ def _run_row(grid: Grid, label: str, seconds: float, workdir: Path, log: Callabl
     return float(row["samples_per_s"])
 
 
+def _order(labels: list[str], repeat: int) -> list[str]:
+    """The rows of a group in the order repeat ``repeat`` runs them: rotated by one each repeat.
+    Cases slow down as a run goes on (in the quiet run of 2026-11-25 23:09 every explicit row of
+    the plain S1 groups was 3-21% slower than in the repeat before), so a row always run last
+    (the auto row, before this) would carry that drift alone."""
+    shift = repeat % len(labels)
+    return labels[shift:] + labels[:shift]
+
+
 def _data(quick: bool, endpoint: str) -> tuple[dict[str, Any], dict[str, Any]]:
     count = 200 if quick else 400
     prefix = f"s3://{BUCKET}/autotune-s1/"
@@ -245,7 +255,7 @@ def run(quick: bool, repeats: int, log: Callable[[str], None] = print, only: str
         for r in range(repeats):
             log(f"== repeat {r + 1} of {repeats}")
             for grid in grids:
-                for label in grid.rows:
+                for label in _order(list(grid.rows), r):
                     grid.results.setdefault(label, []).append(_run_row(grid, label, seconds, workdir, log))
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)), "quick": quick,
             "repeats": repeats, "seconds_per_case": seconds, "machine": machine(), "cores": cpu_count(),
@@ -265,10 +275,13 @@ def _chosen(stages: dict[str, Any]) -> str:
 
 
 def table(result: dict[str, Any]) -> str:
+    """The summary (auto/best: against the fastest explicit row of each repeat, a maximum of
+    noisy draws that favours the grid; auto/best point: against the row with the best median,
+    in the same repeat) and every row's median."""
     lines = ["| workload | configuration | samples/s | vs best |", "|---|---|---:|---:|"]
     summary = ["| workload | best grid point | best | auto | auto/best (median) | auto/best per repeat "
-               "| auto chose (workers/in flight per process, per repeat) |",
-               "|---|---|---:|---:|---:|---|---|"]
+               "| auto/best point (median) | auto chose (workers/in flight per process, per repeat) |",
+               "|---|---|---:|---:|---:|---|---:|---|"]
     for g in result["grids"]:
         med = {label: statistics.median(v) for label, v in g["results"].items()}
         grid = {k: v for k, v in med.items() if k != AUTO}
@@ -282,9 +295,11 @@ def table(result: dict[str, Any]) -> str:
             best_r = max(v[r] for k, v in g["results"].items() if k != AUTO)
             ratios.append(g["results"][AUTO][r] / best_r if best_r else 0.0)
         per = ", ".join(f"{x:.2f}" for x in ratios)
+        pairs = zip(g["results"][AUTO], g["results"][best_label])
+        point = statistics.median(a / b if b else 0.0 for a, b in pairs)
         chosen = " / ".join(_chosen(c) for c in g["chosen"])
         summary.append(f"| {g['group']} | {best_label} | {best:.0f} | {med[AUTO]:.0f} | "
-                       f"{statistics.median(ratios):.2f} | {per} | {chosen} |")
+                       f"{statistics.median(ratios):.2f} | {per} | {point:.2f} | {chosen} |")
     m = result["machine"]
     head = (f"{result['date']}, {m['cpu_affinity']} cores ({m['processor']}), {m['memory_gb']} GB, "
             f"{'quick' if result['quick'] else 'full'} grid, {result['seconds_per_case']:g} s per case, "

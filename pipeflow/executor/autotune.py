@@ -21,10 +21,11 @@ A tuner of requests to a store (``store=True``: ``open``) also reads what the st
   step down to what carries the measured throughput at the old latency, and keep the lower
   value only if it delivers as much (a longer round trip, which needs more in flight, does not).
 * throttling: a rising share of retried requests (503 SlowDown, throttling codes, 5xx, resets)
-  lowers the limit (by a quarter to a half); the next judgement, at the lower limit, keeps the
-  backoff when fewer requests are refused less or deliver as much (a store limiting the request
-  rate), and undoes it when they meet as large a share and deliver less (a store failing a
-  share of requests whatever the rate: its own error rate, the new normal).
+  lowers the limit (by a quarter to a half); two fresh counts of requests, at the lower limit
+  and back at the one it left, judge it: the backoff stands when the higher limit meets a
+  clearly higher share (a store limiting the request rate), and is undone when both meet the
+  same share (a store failing a share of requests whatever the rate: its own error rate, the
+  new normal).
 
 A thread map's tuner sets the calls running at once (a :class:`Gate`), with twice as many items
 in flight, as ``map(workers=N)`` keeps ``2 * N``.
@@ -70,6 +71,10 @@ SHARE_FLOOR = 0.02
 BACKOFF_STEP = 0.25
 #: requests (at least) over which a share of retried requests is judged
 SHARE_ITEMS = 40
+#: standard deviations by which the share at the limit a backoff left must exceed the share at
+#: the lower limit for the backoff to stand: one paired judgement per backoff, not an alarm
+#: raised again and again over a run (which needs three)
+PAIRED = 2.0
 #: ... or fewer, once this many of them, and half, were retried
 SHARE_RETRIES = 8
 #: requests in flight an ``open`` may reach per process (latency-bound: well above cores)
@@ -203,14 +208,14 @@ class Tuner:
         self._risen = 0
         self._pressure: Callable[[], float] | None = None
         self._pushed = 0.0
-        self._share: float | None = 0.0  # the retried share taken as normal (None: measuring)
-        self._trigger = 1.0  # the share that caused the last backoff
-        self._hold = 4  # settled intervals before a waiting consumer makes it probe up
+        self._share = 0.0  # the retried share taken as normal
         self._throttled_at: int | None = None  # the limit at the last push-back
         self._seen_items, self._seen_retried = 0, 0.0  # since the share was last judged
-        self._seen_s = 0.0
-        self._trigger_rate = 0.0  # items/s delivered while the share that caused it was judged
-        self._trigger_items = 0  # ... and the requests it was judged over
+        #: a backoff being judged: None, "lower" (measuring the lower limit), "again" (the
+        #: limit it left, measured afresh); what the lower limit saw, and the lower limit
+        self._pending: str | None = None
+        self._lower: tuple[float, int] = (0.0, 0)
+        self._lowered = 0
         self._least_latency: float | None = None  # the lowest interval latency since settling
         self._normal_items, self._normal_retried = 0, 0.0  # since the last backoff
         self.pause()
@@ -258,13 +263,17 @@ class Tuner:
     def _judge(self, interval: Interval) -> None:
         """One interval's decision, and its record for ``stats()``."""
         before = self.value
-        if not self._pushed_back(interval):
+        if self._pushed_back(interval):  # a backoff and its judgement move the limit alone
+            self.latency_s = interval.latency_s
+            rechecked = self._pending == "again"  # back where it was, not a step up
+        else:
+            rechecked = False
             if self.store:
                 self._store_step(interval)
             else:
                 self._step(interval.rate)
         self.value = self._capped(self.value)
-        self.steps_up += self.value > before
+        self.steps_up += self.value > before and not rechecked
         self._tuned_s += interval.seconds
         if self.settled_after_s is None and self._phase == "steady":
             self.settled_after_s = self._tuned_s
@@ -278,27 +287,22 @@ class Tuner:
         return new
 
     def _pushed_back(self, interval: Interval) -> bool:
-        """Lower the limit and hold it (probing up again only after PROBE_EVERY quiet
-        intervals) when the share of retried requests rose beyond the normal one, beyond the
-        noise of a share: it is judged over SHARE_ITEMS requests at least (sooner when
-        SHARE_RETRIES of them were retried). The next judgement, at the lower limit, tells
-        a store limiting the request rate from one failing a share of requests whatever the
-        rate: see :meth:`_judge_backoff`."""
+        """Lower the limit when the share of retried requests rose beyond the normal one,
+        beyond the noise of a share: it is judged over SHARE_ITEMS requests at least (sooner when
+        SHARE_RETRIES of them were retried, and half). True while the interval belongs to the
+        judgement of a backoff (:meth:`_judge_backoff`): the limit then moves for it alone."""
         self._seen_items += interval.items
         self._seen_retried += interval.retried
-        self._seen_s += interval.seconds
-        items, retried, rate = self._seen_items, self._seen_retried, self._seen_items / self._seen_s
+        items, retried, pending = self._seen_items, self._seen_retried, self._pending
         share, normal = retried / items, self._share
-        # the judgement after a backoff compares rates too: it waits for SHARE_ITEMS requests
-        early = normal is not None and retried >= SHARE_RETRIES and retried >= 0.5 * items
+        early = pending is None and retried >= SHARE_RETRIES and retried >= 0.5 * items
         if items < SHARE_ITEMS and not early:
-            return False
-        self._seen_items, self._seen_retried, self._seen_s = 0, 0.0, 0.0
-        if normal is None:  # the first judgement after a backoff
-            if self._judge_backoff(share, items, rate):
-                return self._back_off(share, rate, items)
-        elif _rose(share, items, normal, self._normal_items) and self.value > self.low:
-            return self._back_off(share, rate, items)
+            return pending is not None
+        self._seen_items, self._seen_retried = 0, 0.0
+        if pending is not None:
+            return self._judge_backoff(share, items)
+        if _rose(share, items, normal, self._normal_items) and self.value > self.low:
+            return self._back_off(share)
         # the normal share: of every request since the last backoff (a long memory, so a lucky
         # stretch does not make the usual share look like a push-back)
         self._normal_items += items
@@ -306,50 +310,59 @@ class Tuner:
         self._share = self._normal_retried / self._normal_items
         return False
 
-    def _judge_backoff(self, share: float, items: int, rate: float) -> bool:
-        """At the lower limit since the last backoff, what the store says: True to
-        back off again. A store that limits the request rate refuses fewer of fewer requests,
-        or (when the rate sent stays above its limit) accepts as many per second as before; a
-        store that fails a share of requests whatever the rate fails as large a share of
-        fewer, and delivers fewer: that backoff bought nothing and is undone."""
-        lower = _rose(self._trigger, self._trigger_items, share, items)
-        if lower:  # rate-driven: back off again while a share beyond the floor is refused
-            return _rose(share, items, 0.0, 0)  # still more refused than the floor
-        # fewer delivered: at least half the cut in requests shows in the rate (a store's
-        # limit, shared with other processes, moves it too, but by less)
-        pushed = self._throttled_at or self.value
-        cut = 1.0 - self.value / pushed
-        if share > SHARE_FLOOR and rate < (1.0 - max(GAIN, cut / 2)) * self._trigger_rate:
-            self._undo_backoff()
-        return False
-
-    def _back_off(self, share: float, rate: float, items: int) -> bool:
+    def _back_off(self, share: float) -> bool:
         """Down to what the store accepted (the limit times the share not refused), by a
-        quarter at least and a half at most: a step deep enough that the next judgement can
-        tell a store limiting the rate from its own steady errors by the rate delivered (see
-        :meth:`_judge_backoff`), shallow enough that a store limiting the rate is not left far
-        below its limit."""
+        quarter at least and a half at most, and judge it: SHARE_ITEMS requests at the lower
+        limit, then as many at the limit it left (see :meth:`_judge_backoff`)."""
         self.backoffs += 1
-        self._share, self._trigger, self._trigger_rate, self._trigger_items = None, share, rate, items
-        self._normal_items, self._normal_retried = 0, 0.0
         self._throttled_at = value = self.value
         step = max(1, math.ceil(value * max(share, BACKOFF_STEP)))
         self._settle(max(self.low, value // 2, value - step), 0.0)
+        self._pending = "lower"
         self._hold = PROBE_EVERY  # the store asked for fewer: no quick probe up
         return True
 
-    def _undo_backoff(self) -> None:
-        """The share of retried requests did not fall with fewer requests, and fewer were
-        delivered: it is the store's own error rate (a share of requests it fails whatever the
-        rate), not a limit on the rate. Go back to where it was and grow again from there (the
-        share seen since becomes the normal one), instead of holding and probing up slowly."""
-        restored = self._throttled_at
-        self.steady_errors += 1
+    def _judge_backoff(self, share: float, items: int) -> bool:
+        """Why the store refused, from two fresh measurements of ``share`` (never the one that
+        set the backoff off: picked for being high, it would make any later share look lower):
+        SHARE_ITEMS requests at the lower limit, then as many back at the limit it left.
+
+        A store that limits the request rate refuses more of more requests: the share at the
+        higher limit is clearly above the one at the lower (PAIRED standard deviations), and
+        the backoff stands (again, while the lower limit still meets a share beyond the floor).
+        A store that fails a share of requests whatever the rate fails as large a share of
+        both (within one standard deviation): the backoff bought nothing, the tuner keeps the
+        higher limit and grows from there, and that share becomes the usual one
+        (``steady_errors``). In between, it keeps the lower limit but neither holds it nor
+        caps growth: a probe up that pays keeps its step. Both windows count requests, not
+        seconds, so the verdict comes as fast as the store answers; the delivered rate has
+        no say (it moves with the consumer and the other processes)."""
+        if self._pending == "lower":
+            self._pending, self._lower, self._lowered = "again", (share, items), self.value
+            self.value = self._throttled_at or self.value  # the limit it left, measured afresh
+            return True
+        self._pending = None
+        lower_share, lower_items = self._lower
+        if _rose(share, items, lower_share, lower_items, sigmas=PAIRED):  # rate-driven
+            self._normal(lower_share, lower_items)
+            self._settle(self._lowered, 0.0)
+            if _rose(lower_share, lower_items, 0.0, 0) and self.value > self.low:
+                return self._back_off(lower_share)  # still refused beyond the floor: lower again
+            self._hold = PROBE_EVERY
+            return True
+        self._normal((share * items + lower_share * lower_items) / (items + lower_items), items + lower_items)
         self._throttled_at = None
-        if restored is not None and restored > self.value:
-            self._phase, self._doubted = "grow", False
-            self._least_latency = None
-            self.value, self._base = restored, (restored, 0.0)  # measured afresh, then grows
+        if _rose(share, items, lower_share, lower_items, sigmas=1.0):  # undecided: lower, free
+            self._settle(self._lowered, 0.0)
+            return True
+        self.steady_errors += 1
+        self._phase, self._doubted, self._least_latency = "grow", False, None
+        self._base = (self.value, 0.0)  # measured afresh, then grows
+        return True
+
+    def _normal(self, share: float, items: int) -> None:
+        """Take ``share`` of ``items`` requests as the usual share of retried requests."""
+        self._share, self._normal_items, self._normal_retried = share, items, share * items
 
     def _capped(self, value: int) -> int:
         high = self.high
@@ -504,17 +517,17 @@ class Tuner:
         return self._phase == "steady"
 
 
-def _rose(share: float, items: int, before: float, before_items: int) -> bool:
+def _rose(share: float, items: int, before: float, before_items: int, *, sigmas: float = 3.0) -> bool:
     """A share of retried requests measured over ``items`` requests is higher than ``before``
-    (measured over ``before_items``; 0: taken as known) by more than SHARE_FLOOR plus three
-    standard deviations of the difference (judged again and again over a run: a rarer false
-    alarm than two), for a pooled share of at least SHARE_FLOOR. Both shares' noise counts: a
-    normal share learnt over a few dozen requests is as uncertain as the new one."""
+    (measured over ``before_items``; 0: taken as known) by more than SHARE_FLOOR plus ``sigmas``
+    standard deviations of the difference (three for an alarm judged again and again over a
+    run: a rarer false alarm than two), for a pooled share of at least SHARE_FLOOR. Both shares'
+    noise counts: a normal share learnt over a few dozen requests is as uncertain as the new one."""
     total = items + before_items
     pooled = (share * items + before * before_items) / max(1, total)
     pooled = min(max(pooled, SHARE_FLOOR), 1.0)
     spread = 1.0 / max(1, items) + (1.0 / before_items if before_items else 0.0)
-    return share - before > SHARE_FLOOR + 3.0 * math.sqrt(pooled * (1.0 - pooled) * spread)
+    return share - before > SHARE_FLOOR + sigmas * math.sqrt(pooled * (1.0 - pooled) * spread)
 
 
 class Gate:

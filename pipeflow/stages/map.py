@@ -90,10 +90,15 @@ class WindowedOptions:
 
     @property
     def _gated(self) -> bool:
-        """A thread map tuned whole (``workers="auto"``, no explicit bound on items in flight):
-        its tuner sets the calls running at once, with twice as many items in flight."""
+        """Work on threads tuned whole (``workers="auto"``, no explicit bound on items in flight:
+        a thread map, a decode on threads): its tuner sets the calls running at once, with
+        twice as many items in flight, as ``workers=N`` keeps ``2 * N``. A thread that finishes
+        then takes the next item at once, instead of idling until the consumer takes the oldest
+        result (with one core per DataLoader worker, a decode tuned to one call in flight
+        decoded nothing while its consumer collated)."""
         kind = self.kind or ("thread" if self.method == "thread" else "cpu")
-        return kind == "thread" and self.workers == AUTO and not is_int(self.max_inflight)
+        return (kind in ("thread", "cpu") and self.method == "thread" and self.workers == AUTO
+                and not is_int(self.max_inflight))
 
     def _tune(self) -> tuple[int, Tuner]:
         """The pool's size and the tuner that moves the limit below it."""

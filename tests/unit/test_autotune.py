@@ -364,3 +364,15 @@ def test_verdict_of_a_tuned_stage_says_more_did_not_help():
     assert stats.bottleneck == "map", str(stats)
     assert "tunes itself (workers='auto'" in stats.advice, stats.advice
     assert stats["map"]["busy_s"] >= 150 * 0.01 * 0.9  # the lock's time is the map's own work
+
+
+def test_a_tuned_decode_on_threads_keeps_the_next_sample_queued(monkeypatch):
+    # one core (a DataLoader worker's share of two): one decode at a time, and the next sample
+    # already in flight, as decode(workers=1) keeps two; never a thread idle while the consumer
+    # takes the last result
+    monkeypatch.setattr(autotune, "cpu_budget", lambda: 1)
+    samples = [{"__key__": str(i), "txt": str(i).encode()} for i in range(60)]
+    decoded = pf.from_items(samples).decode(workers="auto")
+    assert [s["txt"] for s in decoded] == [str(i) for i in range(60)]
+    numbers = decoded.stats()["decode"]
+    assert numbers["workers"] == 1 and numbers["inflight"] == 2, numbers
