@@ -240,7 +240,6 @@ class _Cutter:
                 out.append(key)
         return out
 
-
     def _numbers(self, page: list[ObjectInfo], high: str | None) -> tuple[int, int, int] | None:
         """The numbers of the page's first and last keys and of ``high``, when all three are
         written in the numbered form (None otherwise, or for an open end)."""
