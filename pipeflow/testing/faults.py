@@ -46,8 +46,9 @@ import pytest
 from ..pipeline import Pipeline, from_items
 from .proxy import Action, DelayProxy, Faults, RequestInfo
 
-__all__ = ["CUT_AT", "OUTAGE_S", "STALL_S", "STORM_S", "BackendFaults", "FailingStretch", "assert_met_outage",
-           "check_epoch", "digest", "fault_objects", "outage_after", "side_by_side", "through_outage"]
+__all__ = ["CUT_AT", "OUTAGE_S", "QUICK_RETRY", "STALL_S", "STORM_S", "BackendFaults", "FailingStretch",
+           "FirstGets", "assert_met_outage", "check_epoch", "digest", "fault_objects", "outage_after",
+           "side_by_side", "through_outage"]
 
 #: objects read per epoch, and their size in bytes
 OBJECT_COUNT, OBJECT_SIZE = 16, 6000
@@ -79,7 +80,7 @@ def digest(record: Any) -> tuple[str, str]:
     return record.url, hashlib.sha256(record.data).hexdigest()
 
 
-class _FirstGets:
+class FirstGets:
     """A fault hook: the first GET of each of the first ``limit`` objects gets ``action``
     (so every object is cut, or stalled, at most once, and the resumed request goes through)."""
 
@@ -289,7 +290,7 @@ class BackendFaults:
 
     def faulted(self, fault_data: dict[str, bytes], s3: Any, action: Action) -> dict[str, int]:
         """Cut or stalled first GETs (every object cut, two stalled); the faults the proxy made."""
-        hook = _FirstGets(action, limit=OBJECT_COUNT if action in _CUTS else 2)
+        hook = FirstGets(action, limit=OBJECT_COUNT if action in _CUTS else 2)
         options: dict[str, Any] = {"retry": QUICK_RETRY}
         if action in _STALLS:
             options["timeout"] = STALL_TIMEOUT

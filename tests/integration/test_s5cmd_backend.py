@@ -217,6 +217,11 @@ def test_classify_error_by_code_and_status():
     assert isinstance(classify("SlowDown: Please reduce status code: 503, request id: x"),
                       RetryExhaustedError)
     assert isinstance(classify("given object s3://b/k not found"), ObjectNotFoundError)
+    # a connection broken mid-body: Go's network error, no code; s5cmd gave up on it
+    for broken in ("unexpected EOF",
+                   "read tcp 127.0.0.1:52364->127.0.0.1:34653: read: connection reset by peer",
+                   "write tcp 127.0.0.1:1->127.0.0.1:2: write: broken pipe"):
+        assert isinstance(classify(broken), RetryExhaustedError), broken
     other = classify("something odd happened")
     assert type(other) is BackendError and "something odd" in str(other)
 

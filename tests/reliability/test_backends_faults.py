@@ -13,7 +13,17 @@ from typing import Any
 import pytest
 
 from pipeflow.pipeline import from_items
-from pipeflow.testing.faults import BackendFaults, assert_met_outage, digest, through_outage
+from pipeflow.testing.faults import (
+    CUT_AT,
+    QUICK_RETRY,
+    BackendFaults,
+    FirstGets,
+    assert_met_outage,
+    check_epoch,
+    digest,
+    through_outage,
+)
+from pipeflow.testing.proxy import DelayProxy, Faults
 
 pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]
 
@@ -62,3 +72,17 @@ class TestS5cmd(BackendFaults):
                 options={"endpoint": url, "retry": {"budget": 10.0}}).map(digest),
             s3, fault_data, at=1, seconds=BATCH_OUTAGE_S)  # batches 0 and 1 are in; 2 meets it
         assert_met_outage(pipe.stats().counters("fetch_batch"))
+
+    @pytest.mark.parametrize("action", ["reset", "close"])
+    def test_batched_run_fetches_again_the_bodies_cut_mid_object(
+            self, fault_data: dict[str, bytes], s3: Any, tmp_path: Any, action: str) -> None:
+        # the first GET of every object is cut after CUT_AT bytes: s5cmd's record for the file
+        # is Go's own network error ("unexpected EOF", "... connection reset by peer"), with no
+        # S3 code; it once ended the epoch as a final BackendError
+        hook = FirstGets(action, limit=len(fault_data))  # type: ignore[arg-type]
+        with DelayProxy(s3.endpoint, delay_ms=0, hook=hook, faults=Faults(reset_after=CUT_AT)) as proxy:
+            pipe = from_items(sorted(fault_data)).fetch_batch(
+                "s5cmd", batch_size=4, to=str(tmp_path),
+                options={"endpoint": proxy.url, "retry": QUICK_RETRY}).map(digest)
+            check_epoch(list(pipe), fault_data)
+            assert proxy.stats()["faults"].get(action, 0) == len(fault_data)

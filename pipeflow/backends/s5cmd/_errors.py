@@ -3,8 +3,10 @@
 s5cmd reports failures as JSON lines (``--json``) whose ``error`` field is either an S3 error
 (``"NoSuchKey: ... status code: 404, ..."``), a request-level error of the AWS SDK for Go
 (``"RequestError: send request failed ..."``: connection refused or reset), or one of s5cmd's own
-messages (``"given object ... not found"``, ``"no object found"``) that carry no code at all;
-only those two are recognised by their text.
+messages (``"given object ... not found"``, ``"no object found"``) that carry no code at all.
+A connection broken while a body is read reaches the record as Go's own network error, with no
+code either (``"unexpected EOF"``, ``"read tcp ...: read: connection reset by peer"``). These
+two kinds, and only these, are recognised by their text.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ __all__ = ["S5cmdTransientError", "answered_in", "classify_error", "error_from_o
 _S3_ERROR = re.compile(r"^\s*(?P<code>[A-Za-z][A-Za-z0-9.]*):.*?status code: (?P<status>\d{3})", re.S)
 #: request-level error codes of the AWS SDK for Go (no HTTP status: the request got no answer)
 _SDK_ERROR = re.compile(r"^\s*(?P<code>RequestError|ResponseTimeout):", re.S)
+#: a connection broken mid-body, in Go's words (io.ErrUnexpectedEOF, io.EOF, the errno texts):
+#: transient like the SDK's RequestError, under the code ``BrokenConnection``
+_BROKEN = re.compile(r"(?:^|: )(?:unexpected EOF|EOF|connection reset by peer|broken pipe"
+                     r"|use of closed network connection|i/o timeout)\s*$", re.S)
 _S5CMD_NOT_FOUND = re.compile(r"^(given object .* not found|no object found)$", re.S)
 
 
@@ -54,6 +60,8 @@ def transient_in(text: str) -> S5cmdTransientError | None:
     match = _SDK_ERROR.match(text)
     if match:
         return S5cmdTransientError(match["code"], None, text)
+    if _BROKEN.search(text):
+        return S5cmdTransientError("BrokenConnection", None, text)
     return None
 
 
