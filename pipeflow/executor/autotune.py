@@ -382,13 +382,20 @@ class Tuner:
             self._judge_shrink(interval)
         elif phase == "steady" and self._latency_rose(latency):
             self._shrink(interval)
-        elif phase == "grow" and (interval.idle or self._at_ceiling(interval)):
-            self._settle(self.value, interval.rate)  # the consumer does not wait, or may not get more
+        elif phase == "grow" and self._at_ceiling(interval):
+            self._settle(self.value, interval.rate)  # it may not get more
+        elif phase in ("grow", "probe", "refine") and interval.idle:
+            # the consumer stopped waiting: this stage is no longer its limit at this value,
+            # whatever the rate says. Under a DataLoader the job goes at the slower worker's
+            # pace: a worker's step up then delivers no more (the other worker is the limit
+            # now), and judged by its rate it went back down and held there
+            self._settle(self.value, interval.rate)
         elif phase == "steady" and interval.idle:
             self._settled = 0  # no probing up while the consumer does not wait
         elif (phase == "steady" and interval.starved and self._settled >= self._hold
               and self._flat(latency) and not self._at_ceiling(interval)):
-            self._probe()  # the consumer waits at a flat latency: more may help now
+            # the consumer waits at a flat latency: more may help now, as many as it would take
+            self._probe(self._little(interval, least, floor=self._half_up()))
         else:
             self._step(interval.rate, self._little(interval, least))
         if self._phase == "steady" and latency is not None and not self._risen and self.value == held:
@@ -427,26 +434,32 @@ class Tuner:
             self._settle(base_value, base_rate)
         self.base_latency_s, self._latency_at = interval.latency_s, self.value
 
-    def _little(self, interval: Interval, least: float | None) -> int | None:
+    def _little(self, interval: Interval, least: float | None, floor: int | None = None) -> int | None:
         """The next value to try when growing: Little's law, ``demand x latency`` with some
-        headroom, between two and four times the limit; None (double) unless the consumer
-        waits and the latency is flat against ``least``, the lowest of the earlier intervals
-        since settling (the first step has nothing to compare with: it doubles; a queue
-        doubles the latency with the requests, which rules a jump out)."""
+        headroom, between ``floor`` (default: two times the limit) and four times the limit;
+        None (double) unless the consumer waits and the latency is flat against ``least``, the
+        lowest of the earlier intervals since settling (the first step has nothing to compare
+        with: it doubles; a queue doubles the latency with the requests, which rules a jump
+        out)."""
         latency = interval.latency_s
         if latency is None or least is None or not interval.starved or latency > FLAT * least:
             return None
         demand = min(interval.demand, self.ceiling or math.inf)
         needed = math.ceil(demand * latency * HEADROOM)
-        return max(2 * self.value, min(4 * self.value, needed))
+        return max(floor or 2 * self.value, min(4 * self.value, needed))
 
     def _at_ceiling(self, interval: Interval) -> bool:
         return self.ceiling is not None and interval.rate >= (1 - GAIN) * self.ceiling
 
-    def _probe(self) -> None:
+    def _probe(self, grow_to: int | None = None) -> None:
+        """One step up from a settled value: by half, or to ``grow_to`` (Little's law's estimate,
+        when the consumer waits at a flat latency)."""
         self.probes += 1
         self._phase, self._settled = "probe", 0
-        self.value = self._up(max(self.value + 1, self.value * 3 // 2))
+        self.value = self._up(grow_to or self._half_up())
+
+    def _half_up(self) -> int:
+        return max(self.value + 1, self.value * 3 // 2)
 
     def _up(self, nxt: int) -> int:
         """The next value when growing to ``nxt``: below the limit at which the store last

@@ -187,6 +187,44 @@ def test_a_constant_share_at_the_store_s_capacity_is_undone_and_the_climb_stays_
     assert held(seen) <= 16, seen[-50:]
 
 
+class Lockstep:
+    """Two DataLoader workers, each tuning its own ``open``, under a training loop that takes
+    their batches in turn: the job delivers at the slower worker's pace. The slower one's
+    consumer waits for its results; the faster one's consumer finds them ready (it idles
+    between batches, waiting for its turn, which the tuner does not see as waiting). Worker 1's
+    requests take ``latency[1]`` (``slow`` times longer between ``spell`` seconds)."""
+
+    def __init__(self, latency=(0.05, 0.07), spell=(1.5, 2.5), slow=4.0):
+        self.latency, self.spell, self.slow = latency, spell, slow
+
+    def drive(self, tuners, clock, seconds):
+        seen = [[], []]
+        end = clock.now + seconds
+        while clock.now < end:
+            spell = self.spell[0] <= clock.now < self.spell[1]
+            latency = (self.latency[0], self.latency[1] * (self.slow if spell else 1.0))
+            rates = [t.value / lat for t, lat in zip(tuners, latency)]
+            dt = 1.0 / min(rates)  # one item of each worker per step
+            clock.now += dt
+            for tuner, lat, rate, out in zip(tuners, latency, rates, seen):
+                tuner.served(lat)
+                tuner.waited(dt if rate <= min(rates) else 0.0)
+                tuner.delivered()
+                out.append(tuner.value)
+        return seen
+
+
+def test_a_probe_while_the_other_dataloader_worker_sets_the_pace_keeps_its_step(clock):
+    # worker 0 probes up while worker 1 is slowed for a second: the job goes no faster, and
+    # worker 0's consumer stops waiting (the other worker is the limit now). That is no failed
+    # probe: judged by its rate, it went back down and held for 24 intervals, and when worker
+    # 1 recovered and climbed, worker 0 set the pace at 4 in flight for the rest of the run
+    tuners = [Tuner(1, 64, 4, store=True) for _ in range(2)]
+    seen = Lockstep().drive(tuners, clock, seconds=10.0)
+    assert tuners[0].probes >= 1
+    assert [held(s) for s in seen] == [64, 64], [held(s) for s in seen]
+
+
 def test_a_ceiling_stops_growth_where_the_budget_is_reached(clock):
     tuner = Tuner(1, 64, 4, store=True)
     tuner.ceiling = 300.0  # a request-rate budget: 300/s at 20 ms needs 6 in flight
