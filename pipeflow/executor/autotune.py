@@ -15,7 +15,10 @@ A tuner of requests to a store (``store=True``: ``open``) also reads what the st
 * Little's law: the requests in flight that a demand of ``D`` items/s needs at a latency of
   ``L`` seconds are ``D x L``. While the consumer waits for results and the latency stays flat,
   the tuner grows straight to that estimate (up to four times per interval) instead of
-  doubling; when the consumer does not wait, the stage is not the limit and it stops growing.
+  doubling, and a settled tuner probes up to it; when the consumer does not wait, the stage is
+  not the limit and it stops growing. A step up after which the consumer does not wait is
+  kept, whatever the delivered rate: under a DataLoader the job goes at the slower worker's
+  pace, so a worker's step up may deliver no more while it did relieve its consumer.
 * rising latency at the same concurrency: the store (or the link) is saturated, and more in
   flight only queue. Settled, a latency that doubles over the settled value's makes the tuner
   step down to what carries the measured throughput at the old latency, and keep the lower
