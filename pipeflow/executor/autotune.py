@@ -135,14 +135,22 @@ class Interval:
         latency_s: mean seconds an item spent in the function (None: none was timed).
         waited_s: seconds the consumer waited for the window's oldest result.
         retried: requests retried in the interval (503 SlowDown, throttling, 5xx, resets).
+        calls: calls of the function (requests) that finished in the interval (0: not timed).
     """
 
-    __slots__ = ("items", "latency_s", "retried", "seconds", "waited_s")
+    __slots__ = ("calls", "items", "latency_s", "retried", "seconds", "waited_s")
 
     def __init__(self, items: int, seconds: float, latency_s: float | None, waited_s: float,
-                 retried: float) -> None:
+                 retried: float, calls: int = 0) -> None:
         self.items, self.seconds, self.latency_s = items, seconds, latency_s
-        self.waited_s, self.retried = waited_s, retried
+        self.waited_s, self.retried, self.calls = waited_s, retried, calls
+
+    @property
+    def requests(self) -> int:
+        """Requests the interval's retries are a share of: the calls that finished, when they
+        were timed (delivered in order, an item may wait long after its request finished,
+        behind an older one being retried), else the items delivered."""
+        return self.calls or self.items
 
     @property
     def rate(self) -> float:
@@ -214,6 +222,7 @@ class Tuner:
         self._share = 0.0  # the retried share taken as normal
         self._throttled_at: int | None = None  # the limit at the last push-back
         self._seen_items, self._seen_retried = 0, 0.0  # since the share was last judged
+        self._unsettled = 0  # requests not counted in a share: the limit just moved
         #: a backoff being judged: None, "lower" (measuring the lower limit), "again" (the
         #: limit it left, measured afresh); what the lower limit saw, and the lower limit
         self._pending: str | None = None
@@ -260,7 +269,7 @@ class Tuner:
             if elapsed < INTERVAL_S or self._items < MIN_ITEMS:
                 return
             latency = self._served_s / self._served if self._served else None
-            self._judge(Interval(self._items, elapsed, latency, self._waited, self._retried()))
+            self._judge(Interval(self._items, elapsed, latency, self._waited, self._retried(), self._served))
             self.pause()
 
     def _judge(self, interval: Interval) -> None:
@@ -294,7 +303,12 @@ class Tuner:
         beyond the noise of a share: it is judged over SHARE_ITEMS requests at least (sooner when
         SHARE_RETRIES of them were retried, and half). True while the interval belongs to the
         judgement of a backoff (:meth:`_judge_backoff`): the limit then moves for it alone."""
-        self._seen_items += interval.items
+        unsettled = self._unsettled
+        if unsettled > 0:  # the window still turns over after the limit moved
+            self._unsettled -= interval.requests
+            if 2 * unsettled > interval.requests:  # the interval is mostly that turnover
+                return self._pending is not None
+        self._seen_items += interval.requests
         self._seen_retried += interval.retried
         items, retried, pending = self._seen_items, self._seen_retried, self._pending
         share, normal = retried / items, self._share
@@ -321,7 +335,7 @@ class Tuner:
         self._throttled_at = value = self.value
         step = max(1, math.ceil(value * max(share, BACKOFF_STEP)))
         self._settle(max(self.low, value // 2, value - step), 0.0)
-        self._pending = "lower"
+        self._pending, self._unsettled = "lower", value
         self._hold = PROBE_EVERY  # the store asked for fewer: no quick probe up
         return True
 
@@ -343,6 +357,7 @@ class Tuner:
         if self._pending == "lower":
             self._pending, self._lower, self._lowered = "again", (share, items), self.value
             self.value = self._throttled_at or self.value  # the limit it left, measured afresh
+            self._unsettled = self.value
             return True
         self._pending = None
         lower_share, lower_items = self._lower

@@ -4,7 +4,7 @@ ceiling, and the request-rate budget. Simulated stores on a fake clock: behaviou
 import random
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 
 import pytest
 
@@ -223,6 +223,50 @@ def test_a_probe_while_the_other_dataloader_worker_sets_the_pace_keeps_its_step(
     seen = Lockstep().drive(tuners, clock, seconds=10.0)
     assert tuners[0].probes >= 1
     assert [held(s) for s in seen] == [64, 64], [held(s) for s in seen]
+
+
+class Sent:
+    """A window of requests to a store that fails ``share`` of them whatever the rate, counted
+    as retried when they are sent (a 503 comes back at once), as the backend's counter does,
+    while their items are delivered a round trip later: a step up sends a burst of requests at
+    once, a step down sends none until the window drains to the lower limit."""
+
+    def __init__(self, latency=0.05, share=0.1, seed=3, retry_s=0.1):
+        self.latency, self.share, self.retry_s = latency, share, retry_s
+        self.retries = 0.0
+        self.rng = random.Random(seed)
+
+    def drive(self, tuner, clock, seconds):
+        seen, inflight = [], deque()  # (when each request in flight completes, its latency)
+        end = clock.now + seconds
+        while clock.now < end:
+            while len(inflight) < tuner.value:
+                retried = self.rng.random() < self.share
+                self.retries += retried
+                latency = self.latency + retried * self.retry_s  # the retry's backoff, its round trip
+                inflight.append((clock.now + latency, latency))
+            done, latency = inflight.popleft()  # in order: the oldest, whenever the others finished
+            tuner.waited(max(0.0, done - clock.now))
+            clock.now = max(clock.now, done)
+            tuner.served(latency)
+            tuner.delivered()
+            seen.append((tuner.value, tuner.backoffs, tuner.steady_errors))
+        return seen
+
+
+@pytest.mark.parametrize("latency", [0.05, 0.1])
+def test_a_backoff_is_judged_once_the_window_turned_over_at_each_limit(clock, latency):
+    # the share of 503s is the store's own, so no backoff may stand. Counted from the moment
+    # the limit moves, the count at the lower limit met the items of requests sent before the
+    # step down (none is sent until the window drains to it) and the count back at the limit
+    # it left met the retries of the burst sent at the step up: the two shares differed by the
+    # change alone, and a backoff stood in one run of eight (two backoffs, 36 in flight)
+    for seed in range(8):
+        store = Sent(latency=latency, retry_s=0.3, seed=seed)
+        tuner = Tuner(1, 64, 4, store=True)
+        tuner.watch(lambda store=store: store.retries)
+        store.drive(tuner, clock, seconds=10.0)
+        assert tuner.steady_errors == tuner.backoffs, (seed, tuner.backoffs, tuner.steady_errors)
 
 
 def test_a_ceiling_stops_growth_where_the_budget_is_reached(clock):
