@@ -21,8 +21,9 @@ A tuner of requests to a store (``store=True``: ``open``) also reads what the st
   pace, so a worker's step up may deliver no more while it did relieve its consumer.
 * rising latency at the same concurrency: the store (or the link) is saturated, and more in
   flight only queue. Settled, a latency that doubles over the settled value's makes the tuner
-  step down to what carries the measured throughput at the old latency, and keep the lower
-  value only if it delivers as much (a longer round trip, which needs more in flight, does not).
+  step down to what carries the measured throughput at the old latency (at most a quarter
+  off), and keep the lower value only if it delivers as much (a longer round trip, which needs
+  more in flight, does not); not while the consumer does not wait, which sets the rate then.
 * throttling: a rising share of retried requests (503 SlowDown, throttling codes, 5xx, resets)
   lowers the limit (by a quarter to a half); two fresh counts of requests, at the lower limit
   and back at the one it left, judge it: the backoff stands when the higher limit meets a
@@ -398,7 +399,9 @@ class Tuner:
             self._least_latency = latency if least is None else min(least, latency)
         if phase == "shrink":
             self._judge_shrink(interval)
-        elif phase == "steady" and self._latency_rose(latency):
+        elif phase == "steady" and self._latency_rose(latency) and not interval.idle:
+            # (a consumer that does not wait sets the rate: fewer in flight would "deliver as
+            # much" whatever they carry; under a DataLoader, because the other worker is slower)
             self._shrink(interval)
         elif phase == "grow" and self._at_ceiling(interval):
             self._settle(self.value, interval.rate)  # it may not get more
@@ -440,7 +443,7 @@ class Tuner:
         assert self.base_latency_s is not None
         needed = math.ceil(interval.rate * self.base_latency_s * HEADROOM)
         self._phase, self._base = "shrink", (self.value, interval.rate)
-        self.value = max(self.low, min(needed, self.value * 3 // 4))
+        self.value = max(self.low, min(self.value - 1, max(needed, self.value * 3 // 4)))
 
     def _judge_shrink(self, interval: Interval) -> None:
         base_value, base_rate = self._base

@@ -95,6 +95,19 @@ def test_latency_rising_at_the_same_concurrency_steps_down(clock):
     assert after < before, (before, after)
 
 
+def test_latency_rising_while_the_consumer_does_not_wait_is_no_reason_to_step_down(clock):
+    # the consumer sets the pace (under a DataLoader: the other worker is slower), so fewer in
+    # flight "deliver as much" whatever they carry: judged by that, the limit went from 64 to
+    # the 2 that carry the consumer's 100 items/s, and had to climb back from there as soon as
+    # the consumer wanted more
+    tuner = Tuner(1, 64, 4, store=True)
+    store = Store(latency=0.01, demand=20000.0)
+    assert held(drive(tuner, clock, store, seconds=5.0)) == 64
+    store.demand, store.latency = 100.0, 0.03
+    seen = drive(tuner, clock, store, seconds=10.0)
+    assert tuner.slowdowns == 0 and min(seen) == 64, Counter(seen)
+
+
 def test_a_longer_round_trip_is_no_reason_to_step_down(clock):
     # the latency rises because the link got longer, not because requests queue: fewer in
     # flight would deliver less, so the tuner keeps (or raises) its limit
