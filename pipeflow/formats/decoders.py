@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from .._checks import check_bool, is_int
 from ..errors import ConfigError
-from .images import Place, decode_image, resolve_jpeg_decoder
+from .images import decode_image, resolve_jpeg_decoder
 
 __all__ = ["BUILTIN_DECODERS", "DecodeOptions", "decode_sample", "decode_value", "extension_of"]
 
@@ -146,9 +146,9 @@ def extension_of(field_name: str) -> str:
     return field_name.rsplit(".", 1)[-1].lower()
 
 
-def _image(data: bytes, options: DecodeOptions, place: Place | None = None) -> Any:
+def _image(data: bytes, options: DecodeOptions) -> Any:
     return decode_image(data, mode=options.mode, resize=options.resize,  # type: ignore[arg-type]
-                        jpeg_decoder=options.jpeg_decoder, place=place)
+                        jpeg_decoder=options.jpeg_decoder)
 
 
 def _builtin(name: str, options: DecodeOptions) -> Handler:
@@ -161,12 +161,10 @@ def _builtin(name: str, options: DecodeOptions) -> Handler:
     return _SIMPLE[name]
 
 
-def decode_value(field_name: str, data: bytes, options: DecodeOptions, place: Place | None = None) -> Any:
+def decode_value(field_name: str, data: bytes, options: DecodeOptions) -> Any:
     """Decode one field's bytes according to its extension (see the module table).
 
-    ``place`` may give the memory an image decoded to a tensor is written to (images by
-    extension only: a handler's result is its own). Raises whatever the underlying decoder
-    raises; :func:`decode_sample` wraps it.
+    Raises whatever the underlying decoder raises; :func:`decode_sample` wraps it.
 
     Raises:
         PermissionError: a pickle field without ``allow_pickle=True``.
@@ -178,7 +176,7 @@ def decode_value(field_name: str, data: bytes, options: DecodeOptions, place: Pl
             return _builtin(handler, options)(data)
         return handler(data)
     if ext in IMAGE_EXTENSIONS:
-        return _image(data, options, place)
+        return _image(data, options)
     simple = _SIMPLE.get(ext)
     if simple is not None:
         return simple(data)
@@ -190,13 +188,8 @@ def decode_value(field_name: str, data: bytes, options: DecodeOptions, place: Pl
     return data
 
 
-def decode_sample(sample: Mapping[str, Any], options: DecodeOptions, *,
-                  place: Callable[[str], Place | None] | None = None) -> dict[str, Any]:
+def decode_sample(sample: Mapping[str, Any], options: DecodeOptions) -> dict[str, Any]:
     """Decode every ``bytes`` field of a sample dict; ``__key__``-style fields pass through.
-
-    ``place(field_name)``, when given, says where that field's image tensor may be written
-    (see :data:`~pipeflow.formats.images.Place`): how a decode followed by a collating
-    ``batch`` decodes straight into the batch.
 
     Raises:
         FieldDecodeError: carrying the field name and the original exception as ``__cause__``.
@@ -207,7 +200,7 @@ def decode_sample(sample: Mapping[str, Any], options: DecodeOptions, *,
             out[name] = value
             continue
         try:
-            out[name] = decode_value(name, bytes(value), options, place(name) if place else None)
+            out[name] = decode_value(name, bytes(value), options)
         except Exception as exc:  # noqa: BLE001 - re-raised typed by the stage
             raise FieldDecodeError(name, exc) from exc
     return out

@@ -24,18 +24,13 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Callable
 from functools import cache
 from typing import Any
 
 from ..errors import ConfigError, MissingDependencyError
 
-__all__ = ["JPEG_DECODERS", "RESIZE_TOLERANCE", "Place", "decode_image", "draft_size",
+__all__ = ["JPEG_DECODERS", "RESIZE_TOLERANCE", "decode_image", "draft_size",
            "resolve_jpeg_decoder"]
-
-#: ``(shape, dtype) -> tensor or None``: the memory a ``torch`` result of that CHW shape may be
-#: written to (a slot of the batch it will be collated into), or None for memory of its own
-Place = Callable[[tuple[int, ...], Any], Any]
 
 #: names accepted by ``decode(jpeg_decoder=...)``
 JPEG_DECODERS: tuple[str, ...] = ("auto", "pil", "simplejpeg")
@@ -84,28 +79,16 @@ def draft_size(width: int, height: int, target: tuple[int, int]) -> tuple[int, i
 
 
 def decode_image(data: bytes, *, mode: str, resize: tuple[int, int] | None,
-                 jpeg_decoder: str = "pil", place: Place | None = None) -> Any:
+                 jpeg_decoder: str = "pil") -> Any:
     """Decode image bytes to a PIL image, a ``uint8`` CHW tensor or a ``uint8`` HWC array.
 
-    ``jpeg_decoder`` is a resolved name (see :func:`resolve_jpeg_decoder`). ``place``, for
-    ``mode="torch"``, may give the memory the tensor is written to (see :data:`Place`).
+    ``jpeg_decoder`` is a resolved name (see :func:`resolve_jpeg_decoder`).
     """
     if jpeg_decoder == "simplejpeg" and mode != "pil" and data[:3] == _JPEG_MAGIC:
         array = _simplejpeg_array(data, resize)
         if array is not None:
-            return _to_mode(array, mode, resize, place)
-    return _pil_image(data, mode, resize, place)
-
-
-def _chw(tensor: Any, place: Place | None) -> Any:
-    """``tensor`` (CHW, any strides) made contiguous: written into the memory ``place`` gives
-    for it when it gives one (one copy, the one ``contiguous()`` would make), else a copy of
-    its own (none when it already is contiguous)."""
-    if place is not None:
-        slot = place(tuple(tensor.shape), tensor.dtype)
-        if slot is not None:
-            return slot.copy_(tensor)
-    return tensor.contiguous()
+            return _to_mode(array, mode, resize)
+    return _pil_image(data, mode, resize)
 
 
 def _simplejpeg_array(data: bytes, resize: tuple[int, int] | None) -> Any:
@@ -123,7 +106,7 @@ def _simplejpeg_array(data: bytes, resize: tuple[int, int] | None) -> Any:
         return None  # PIL gives the error (or decodes what libjpeg only warns about)
 
 
-def _to_mode(array: Any, mode: str, resize: tuple[int, int] | None, place: Place | None = None) -> Any:
+def _to_mode(array: Any, mode: str, resize: tuple[int, int] | None) -> Any:
     import torch
 
     hwc = torch.from_numpy(array)  # shares the decoder's buffer: no copy
@@ -133,17 +116,17 @@ def _to_mode(array: Any, mode: str, resize: tuple[int, int] | None, place: Place
                                               antialias=True, align_corners=False)[0]
         if mode == "numpy":
             return out.permute(1, 2, 0).contiguous().numpy()
-        return _chw(out, place)
+        return out.contiguous()
     if mode == "numpy":
         return array
-    return _chw(hwc.permute(2, 0, 1), place)
+    return hwc.permute(2, 0, 1).contiguous()
 
 
 def _rgb_mode(img: Any) -> str:
     return "RGBA" if "A" in img.getbands() or "transparency" in img.info else "RGB"
 
 
-def _pil_image(data: bytes, mode: str, resize: tuple[int, int] | None, place: Place | None = None) -> Any:
+def _pil_image(data: bytes, mode: str, resize: tuple[int, int] | None) -> Any:
     from PIL import Image
 
     img: Image.Image  # an ImageFile until converted
@@ -170,4 +153,4 @@ def _pil_image(data: bytes, mode: str, resize: tuple[int, int] | None, place: Pl
         return array
     import torch
 
-    return _chw(torch.from_numpy(array).permute(2, 0, 1), place)
+    return torch.from_numpy(array).permute(2, 0, 1).contiguous()

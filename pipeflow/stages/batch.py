@@ -25,10 +25,8 @@ class Batcher(Stage[Any]):
         source: the input stage.
         size: items per batch (>= 1).
         drop_last: drop a final batch shorter than ``size``.
-        collate: ``False`` for plain lists, ``True`` for ``torch.utils.data.default_collate``
-            (when ``source`` is a torch ``decode``, its images are decoded straight into the
-            batch: see :class:`~pipeflow.stages.decode.BatchSlots`), or any callable applied
-            to each list.
+        collate: ``False`` for plain lists, ``True`` for ``torch.utils.data.default_collate``,
+            or any callable applied to each list.
     """
 
     elastic_roles = frozenset({"drop_point", "after_drop_point"})
@@ -43,9 +41,7 @@ class Batcher(Stage[Any]):
         super().__init__(source)
         check_int(size, "batch(size=...)", low=1)
         if collate is True:
-            # a decode read directly writes its images into the batch's memory
-            into = getattr(source, "collate_into_batches", None)
-            collate = (into(size) if into is not None else None) or default_collate
+            collate = default_collate
         elif collate is not False and not callable(collate):
             raise ConfigError(f"batch(collate=...) must be a bool or a callable, got {collate!r}")
         self._size = size
