@@ -418,7 +418,9 @@ class Tuner:
         elif (phase == "steady" and interval.starved and self._settled >= self._hold
               and self._flat(latency) and not self._at_ceiling(interval)):
             # the consumer waits at a flat latency: more may help now, as many as it would take
-            self._probe(self._little(interval, least, floor=self._half_up()))
+            # (by half only below a limit the store pushed back at: it is near)
+            pushed = self._throttled_at is not None
+            self._probe(None if pushed else self._little(interval, least, floor=self._half_up()))
         else:
             self._step(interval.rate, self._little(interval, least))
         if self._phase == "steady" and latency is not None and not self._risen and self.value == held:
