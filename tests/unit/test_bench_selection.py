@@ -117,8 +117,8 @@ def test_cases_side_by_side_each_go_through_a_proxy_of_their_own_and_keep_their_
         runner.unavailable("s2", "4 MB shards", "LitData StreamingDataset", "side venv missing")
         runner.case(main, Case("s2", "4 MB shards", "pipeflow loader()", "m:f"))
         runner.settle()
-    assert [r["library"] for r in runner.rows] == (
-        [lib for lib in libraries for _ in range(2)] + ["LitData StreamingDataset"] + ["pipeflow loader()"] * 2)
+    expected = [lib for lib in libraries for _ in range(2)] + ["LitData StreamingDataset"]
+    assert [r["library"] for r in runner.rows] == expected + ["pipeflow loader()"] * 2
     assert [r.get("repeat") for r in runner.rows if "error" not in r] == [0, 1] * 6
     assert main.url not in through and len(set(through)) == 2  # the run's own proxy is the ceilings'
 
