@@ -15,11 +15,19 @@ Variants (``--variants``) alternate within one run, so load on the machine hits 
 Wall-clock figures depend on the machine's load; waits per MB and CPU per sample much less.
 
     python -m benchmarks.large_shard_trace --shard-mb 64 --shards 4 --repeats 5
+    python -m benchmarks.large_shard_trace --server s3rver --shard-mb 256 --shards 2 \
+        --variants ahead0,ahead2,chunk4
+
+``--server s3rver`` reads from the npm s3rver (:mod:`benchmarks.s3rver`), which serves a
+ranged GET at the cost of the range, instead of moto. Variants: ``aheadN`` (the body's
+read-ahead), ``chunkN`` (N MiB pieces instead of the default 1 MiB), ``local``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -28,13 +36,14 @@ import statistics
 import tarfile
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
 import torch
 
 import pipeflow as pf
+from benchmarks import s3rver
 from benchmarks.pipeflow_cases import tar_shards
 from pipeflow.backends import obstore as obstore_backend
 from pipeflow.testing.proxy import ProxyProcess
@@ -107,6 +116,16 @@ def _trace_bodies(pieces: list[tuple[float, float, int]]) -> None:
             kwargs["ahead"] = int(ahead)
         init(self, source, *args, **kwargs)
 
+    chunk = os.environ.get("PIPEFLOW_TRACE_CHUNK")
+    if chunk is not None:
+        get = obstore_backend.ObstoreBackend._get
+
+        def sized(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.options.chunk_size != int(chunk):
+                self.options = dataclasses.replace(self.options, chunk_size=int(chunk))
+            return get(self, *args, **kwargs)
+
+        obstore_backend.ObstoreBackend._get = sized  # type: ignore[method-assign]  # a tracing patch
     obstore_backend._Body._next = timed  # type: ignore[method-assign]
     obstore_backend._Body.__init__ = patched  # type: ignore[method-assign,assignment]  # a tracing patch
 
@@ -139,10 +158,12 @@ def run_once(urls: list[str], variant: str, out_dir: str, *, workers: int = 2) -
         os.unlink(os.path.join(out_dir, name))
     # "VARIANT+pfN": the DataLoader's prefetch_factor N instead of the benchmark's 2
     variant, _, pf_n = variant.partition("+pf")
+    os.environ.pop("PIPEFLOW_TRACE_AHEAD", None)
+    os.environ.pop("PIPEFLOW_TRACE_CHUNK", None)
     if variant.startswith("ahead"):  # ahead0: the body as before read-ahead
         os.environ["PIPEFLOW_TRACE_AHEAD"] = variant[len("ahead"):]
-    else:
-        os.environ.pop("PIPEFLOW_TRACE_AHEAD", None)
+    elif variant.startswith("chunk"):  # chunkN: pieces of N MiB
+        os.environ["PIPEFLOW_TRACE_CHUNK"] = str(int(variant[len("chunk"):]) << 20)
     backend = "local" if variant == "local" else None
     pipeline = tar_shards(urls, backend=backend)
     _time_queue_gets()  # inherited by the forked workers
@@ -193,6 +214,40 @@ def _quantiles(values: list[float]) -> dict[str, float] | None:
             "max": round(max(values), 2), "n_over_15ms": sum(v > 15 for v in values)}
 
 
+@contextlib.contextmanager
+def _server(kind: str) -> Iterator[tuple[str, Callable[[str, bytes], str]]]:
+    """The server's endpoint and a ``put(key, data) -> url`` into its bucket ``data``."""
+    if kind == "moto":
+        with local_s3(buckets=["data"]) as s3:
+            yield s3.endpoint, lambda key, data: s3.put("data", key, data)
+        return
+    import boto3
+
+    with s3rver.running() as endpoint, _environ({**s3rver.CREDENTIALS, "AWS_DEFAULT_REGION": "us-east-1"}):
+        client = boto3.client("s3", endpoint_url=endpoint)
+        client.create_bucket(Bucket="data")
+
+        def put(key: str, data: bytes) -> str:
+            client.put_object(Bucket="data", Key=key, Body=data)
+            return f"s3://data/{key}"
+
+        yield endpoint, put
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shard-mb", type=int, default=64)
@@ -201,12 +256,13 @@ def main() -> None:
     ap.add_argument("--delay-ms", type=float, default=20.0)
     ap.add_argument("--variants", default="default,local")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--server", choices=("moto", "s3rver"), default="moto")
     args = ap.parse_args()
     variants = args.variants.split(",")
     results: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory() as tmp, local_s3(buckets=["data"]) as s3:
+    with tempfile.TemporaryDirectory() as tmp, _server(args.server) as (endpoint, put):
         shards = [_shard(args.shard_mb, i) for i in range(args.shards)]
-        urls = [s3.put("data", f"s/{i:04d}.tar", d) for i, d in enumerate(shards)]
+        urls = [put(f"s/{i:04d}.tar", d) for i, d in enumerate(shards)]
         local = []
         for i, d in enumerate(shards):
             path = os.path.join(tmp, f"{i:04d}.tar")
@@ -218,7 +274,7 @@ def main() -> None:
         os.mkdir(out_dir)
         # "VARIANT@MS" runs VARIANT behind a proxy of MS ms delay instead of --delay-ms
         delays = {float(v.split("@")[1]) if "@" in v else args.delay_ms for v in variants}
-        proxies = {d: ProxyProcess(s3.endpoint, delay_ms=d).start() for d in delays}
+        proxies = {d: ProxyProcess(endpoint, delay_ms=d).start() for d in delays}
         try:
             for r in range(args.repeats):
                 for v in variants:

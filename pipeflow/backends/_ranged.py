@@ -21,9 +21,13 @@ chunk, so a server that stalls in the middle of a body becomes a :class:`Timeout
 (transient: the caller resumes with a new ranged request) instead of a hang.
 
 Versions: some clients' GET streams carry no ETag and take no ``If-Match``. A ``check``
-callback (a HEAD comparing the ETag with the first one seen) then runs before every range after
+callback (a HEAD comparing the ETag with the first one seen) then runs for every range after
 the first and once after the last range of a body of several, so an object replaced between
-two ranges fails the read instead of splicing two versions together.
+two ranges fails the read instead of splicing two versions together. The first check runs
+before the second range is requested (the size it reports bounds the ranges); each later one
+just after its range is requested, while the range before it is still being handed over, so
+no request waits a round trip for a HEAD and no byte of a range reaches the reader before its
+check has passed.
 
 The end of the object needs no HEAD request: a range that comes back shorter than asked is
 the last one, and a range that starts exactly at the end is refused by the server (HTTP 416),
@@ -60,6 +64,7 @@ class _Requests:
         self.is_past_end = is_past_end
         self.check = check
         self.check_first = check_first
+        self.checked = check is None  # whether a check has run (the first one fixes the size)
         self.cond = threading.Condition()
         self.stop = False
         self.pos = start    # next byte the reader gets
@@ -78,6 +83,7 @@ class _Requests:
         reports the object's size ends the body there: no range reaches past the object, and a
         range that comes back short of it was cut off."""
         if self.check is not None and (lo > self.start or self.check_first):
+            self.checked = True
             size = self.check()
             if size is not None and (self.end is None or size < self.end):
                 self.end = size
@@ -92,23 +98,41 @@ class _Requests:
         self._grow()
         return iter(self.fetch(lo, hi)), hi
 
+    def _checked_send(self, lo: int) -> tuple[Iterable[bytes], int]:
+        """Send the range at ``lo`` and run its version check.
+
+        The body's first check runs before the request: the size it reports bounds the range.
+        Every later check runs just after the request is sent, so the request does not wait a
+        round trip for the HEAD (on a busy server, behind other requests). That checks no less:
+        the range's bytes reach the reader only after those of the range before it, during
+        which this runs, so an object changed before the check fails the read before any byte
+        of this range is handed over, as when the check came first.
+        """
+        if not self.checked:
+            self._check(lo)
+            return self._send(lo)
+        sent = self._send(lo)
+        self._check(lo)
+        return sent
+
     def request(self, lo: int, after: int) -> tuple[Iterable[bytes], int]:
         """Request the range at ``lo`` once the reader has reached ``after``, the start of the
         range before it (never more than two ranges ahead of the reader)."""
-        self._check(lo)
+        first = not self.checked
+        if first:
+            self._check(lo)  # the first check bounds the range: run it while the reader gets there
         with self.cond:
             self.cond.wait_for(lambda: self.stop or self.pos >= after)
             if self.stop:
                 raise _Stopped
-        return self._send(lo)
+        return self._send(lo) if first else self._checked_send(lo)
 
     def try_request(self, lo: int, after: int) -> tuple[Iterable[bytes], int] | None:
         """Start the request of the range at ``lo`` now if the reader has reached ``after``."""
         with self.cond:
             if self.stop or self.pos < after:
                 return None
-        self._check(lo)
-        return self._send(lo)
+        return self._checked_send(lo)
 
     def _ended(self, lo: int, hi: int, got: int) -> bool:
         """Whether the range ``[lo, hi)`` that delivered ``got`` bytes was the last one: it
@@ -178,9 +202,10 @@ class RangedBody(io.RawIOBase):
         on_request_error: maps the failure of a request that delivered nothing of the body
             (the first range) to the error to raise; later failures are raised unchanged for
             the caller to resume.
-        check: called (on the request thread) before each range after the first and once
-            after the last one of a body of several; raises when the object has changed, and
-            returns the object's size (or None when unknown), which bounds the later ranges.
+        check: called (on the request thread) for each range after the first, before any of
+            its bytes is handed over, and once after the last one of a body of several; raises
+            when the object has changed, and returns the object's size (or None when unknown),
+            which bounds the later ranges.
         check_first: run ``check`` before the first range too (a body resuming a read).
     """
 

@@ -391,8 +391,9 @@ class S3TorchConnectorBackend(Backend):
 
 class _Version:
     """The ETag of the object a stream reads, fixed by the first check: the CRT's GET stream
-    carries none, so a HEAD before each range after the first (and after the last) compares.
-    The same HEAD gives the object's size, so no later range reaches past the object."""
+    carries none, so a HEAD for each range after the first (and after the last) compares,
+    before any byte of that range is handed over. The first HEAD gives the object's size, so
+    no later range reaches past the object."""
 
     def __init__(self, head: Callable[[], Any], url: str, backend: str) -> None:
         self._head = head

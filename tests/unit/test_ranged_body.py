@@ -167,6 +167,61 @@ def test_a_size_from_the_check_ends_the_ranges_at_the_object():
     assert len(checks) == 4  # before each range after the first, once after the last
 
 
+class Changed(Exception):
+    pass
+
+
+class Logged(Server):
+    """Logs every request and version check, in order, in ``events``."""
+
+    def __init__(self, data: bytes, **kw) -> None:
+        super().__init__(data, **kw)
+        self.events: list[str] = []
+
+    def fetch(self, lo, hi):
+        self.events.append(f"get {lo // W}")
+        return super().fetch(lo, hi)
+
+
+def test_later_checks_run_after_their_range_is_requested_the_first_one_before():
+    data = bytes(5 * W + 100)
+    server = Logged(data)
+
+    def check():
+        server.events.append("check")
+        return len(data)
+
+    with _body(server, max_range_size=2 * W, check=check) as body:
+        assert _read_slowly(body) == data
+    # the first check bounds range 2, so it comes first; the HEADs of ranges 3 and 4 follow
+    # their requests, which wait for no round trip; one more check after the last range
+    assert server.events == ["get 0", "check", "get 1", "get 3", "check", "get 5", "check", "check"]
+
+
+@pytest.mark.parametrize("failing", [2, 3])
+def test_a_change_seen_after_a_request_fails_the_read_before_that_range_is_handed_over(failing):
+    data = bytes((i * 7) % 253 for i in range(7 * W))
+    server = Logged(data)
+    calls = []
+
+    def check():
+        calls.append(1)
+        if len(calls) == failing:
+            raise Changed
+        return len(data)
+
+    body = _body(server, max_range_size=2 * W, check=check)
+    got = b""
+    with pytest.raises(Changed):
+        while chunk := body.read(16 << 10):
+            got += chunk
+    body.close()
+    # check 2 runs after the request of the range at 3W, check 3 after the one at 5W: none of
+    # that range's bytes reached the reader, and what did is the object's own prefix
+    assert data.startswith(got)
+    assert len(got) <= (3 * W if failing == 2 else 5 * W)
+
+
 def test_a_range_cut_short_of_a_known_size_is_a_transient_incomplete_read():
     import http.client
 

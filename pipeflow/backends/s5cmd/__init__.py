@@ -24,8 +24,9 @@ cannot read a byte range, so a resumption starts a new ``s5cmd cat`` and reads a
 bytes already delivered (costly for large objects; the other S3 backends use a ranged GET).
 Batched ``run`` downloads run with s5cmd's retries off too: the files that failed transiently
 (by the same codes, or a connection broken mid-body, which s5cmd reports as Go's own
-``unexpected EOF`` or ``connection reset by peer``) are downloaded again by another ``s5cmd run``, after the policy's backoff, until the budget's
-deadline (a round that downloads anything ends the outage); see ``_batch``.
+``unexpected EOF`` or ``connection reset by peer``) are downloaded again by another
+``s5cmd run``, after the policy's backoff, until the budget's deadline (a round that downloads
+anything ends the outage); see ``_batch``.
 
 Timeouts: s5cmd has no connect or read timeout flags. ``timeout`` (connect, read) is enforced
 from the outside instead: a ``cat`` that sends no byte for ``connect + read`` seconds is killed
