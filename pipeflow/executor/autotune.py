@@ -104,14 +104,16 @@ def cpu_budget() -> int:
 
 
 def bounds(kind: Kind) -> tuple[int, int]:
-    """``(start, high)`` concurrency for a stage's work: ``"cpu"`` (decode, process map) is
-    bounded by the cores; ``"thread"`` (a thread map, whose function may wait on I/O) starts
-    at the cores and is bounded by four per core; ``"io"`` (``open(read=True)``) by a request
-    budget; ``"stream"`` (``open()`` handing out streams) too, but starting from two: a stream
-    handed out leaves the window, so two in flight is one object being read and the next one
-    opened ahead, whose round trip to the first byte then overlaps the reading (a tar shard is
-    read for a long time after it is opened; starting from one, every DataLoader worker read
-    its first dozen shards strictly one after another while the tuner measured its first step)."""
+    """``(start, high)`` concurrency for a stage's work: ``"cpu"`` (decode, process map) is bounded
+    by the cores (on processes the stage starts there, not at one: see
+    :meth:`~pipeflow.stages.map.WindowedOptions.window`); ``"thread"`` (a thread map, whose
+    function may wait on I/O) starts at the cores and is bounded by four per core; ``"io"``
+    (``open(read=True)``) by a request budget; ``"stream"`` (``open()`` handing out streams)
+    too, but starting from two: a stream handed out leaves the window, so two in flight is one
+    object being read and the next one opened ahead, whose round trip to the first byte then
+    overlaps the reading (a tar shard is read for a long time after it is opened; starting from
+    one, every DataLoader worker read its first dozen shards strictly one after another while
+    the tuner measured its first step)."""
     if kind in ("io", "stream"):
         high = max(4, IO_HIGH // dataloader_workers())
         return (min(4, high) if kind == "io" else 2), high
