@@ -24,12 +24,14 @@ import http.client
 import json
 import os
 import platform
+import queue
 import shutil
 import subprocess
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,6 +118,13 @@ class Sizes:
     lean: bool = False  # the smoke test: no case twice where once shows it works
     #: seconds of the S1 raw GET ceiling (a rate: the smoke test needs only that it is measured)
     ceiling_seconds: float = 4.0
+    #: cases run at once, each through a proxy of its own (:class:`_Lanes`). Above 1 only for the
+    #: smoke test: cases side by side share the cores, so their figures are not comparable
+    side_by_side: int = 1
+
+    def __post_init__(self) -> None:
+        if self.side_by_side < 1:
+            raise ValueError(f"side_by_side must be >= 1, got {self.side_by_side}")
 
 
 FULL = Sizes(
@@ -191,6 +200,7 @@ TINY = Sizes(
     s5_items=2000,
     s5_repeats=1,
     max_seconds=3,
+    side_by_side=2,
 )
 
 
@@ -389,6 +399,46 @@ def _s1_case(group: str, budget: dict[str, Any], library: str, factory: str, kwa
 
 
 # ---- the run ------------------------------------------------------------------------------------
+class _Lanes:
+    """Cases side by side (the smoke test: dozens of cases, each mostly the start of a fresh
+    interpreter): ``n`` at once, each still in its own process, each through a delay proxy of its
+    own with the same delay, so every row's request counts are its own case's and nothing else
+    (the ceilings keep the run's proxies to themselves). Rows come back in the order the cases
+    were asked for."""
+
+    def __init__(self, stack: contextlib.ExitStack, endpoint: str, proxies: dict[float, Any], n: int) -> None:
+        from pipeflow.testing.proxy import ProxyProcess
+
+        self._own = {id(p): [stack.enter_context(ProxyProcess(endpoint, delay_ms=t)) for _ in range(n)]
+                     for t, p in proxies.items()}
+        self._free: queue.Queue[int] = queue.Queue()
+        for lane in range(n):
+            self._free.put(lane)
+        self._pool = ThreadPoolExecutor(n, thread_name_prefix="bench-lane")
+        # closed before the proxies (an exit stack unwinds in reverse): no case outlives its proxy
+        stack.callback(self._pool.shutdown, wait=True, cancel_futures=True)
+        self._pending: list[Future[list[dict[str, Any]]]] = []
+
+    def submit(self, measure: Callable[[Any, Case, Callable[[dict[str, Any]], None]], None],
+               proxy: Any, case: Case) -> None:
+        self._pending.append(self._pool.submit(self._run, measure, proxy, case))
+
+    def _run(self, measure: Callable[[Any, Case, Callable[[dict[str, Any]], None]], None],
+             proxy: Any, case: Case) -> list[dict[str, Any]]:
+        lane = self._free.get()
+        rows: list[dict[str, Any]] = []
+        try:
+            measure(self._own[id(proxy)][lane], case, rows.append)
+        finally:
+            self._free.put(lane)
+        return rows
+
+    def settle(self) -> list[dict[str, Any]]:
+        """Wait for every case asked for so far; their rows, in the order asked."""
+        pending, self._pending = self._pending, []
+        return [row for done in pending for row in done.result()]
+
+
 class _Runner:
     def __init__(self, cfg: BenchConfig, log: Callable[[str], None]) -> None:
         self.cfg = cfg
@@ -410,25 +460,41 @@ class _Runner:
         self.workdir = Path(".")
         #: told of every case before it runs (the command's progress bar)
         self.on_case: Callable[[Case], None] | None = None
+        #: cases side by side (``Sizes.side_by_side`` above 1), while the run's proxies are up
+        self.lanes: _Lanes | None = None
 
-    def case(self, proxy: Any, case: Case) -> dict[str, Any] | None:
+    def case(self, proxy: Any, case: Case) -> None:
+        """Measure ``case`` behind ``proxy`` (its repeats in a row), or hand it to the lanes."""
         if self.cfg.only and case.library not in self.cfg.only:
-            return None
+            return
         if self.sz.lean and case.library in NAMED_BACKEND_ROWS:
-            return None
+            return
         if self.on_case is not None:
             self.on_case(case)
+        if self.lanes is not None:
+            self.lanes.submit(self._measure, proxy, case)
+        else:
+            self._measure(proxy, case, self._keep)
+
+    def _measure(self, proxy: Any, case: Case, keep: Callable[[dict[str, Any]], None]) -> None:
         env = {"AWS_ENDPOINT_URL": proxy.url, "S3_ENDPOINT_URL": proxy.url}
-        row: dict[str, Any] | None = None
         for repeat in range(self.cfg.repeats):
             row = run_case(case, proxy_url=proxy.url, env=env, log=self.log,
                            others=self._others(proxy))
             row["latency_ms"] = proxy.delay_ms
             if self.cfg.repeats > 1:
                 row["repeat"] = repeat
-            self.rows.append(row)
-            self._checkpoint()
-        return row
+            keep(row)
+
+    def _keep(self, row: dict[str, Any]) -> None:
+        self.rows.append(row)
+        self._checkpoint()
+
+    def settle(self) -> None:
+        """Every case asked for has its rows (at once without lanes; with them, once they end)."""
+        if self.lanes is not None:
+            for row in self.lanes.settle():
+                self._keep(row)
 
     def _others(self, proxy: Any) -> dict[str, int]:
         """The server's and the proxy's pids, whose CPU each row reports beside the client's."""
@@ -759,6 +825,7 @@ class _Runner:
         return {"seconds": round(seconds, 2), "url": url, "shards_in": len(shards)}
 
     def unavailable(self, scenario: str, group: str, library: str, why: str) -> None:
+        self.settle()  # after the rows of the cases asked for before it
         self.rows.append({"scenario": scenario, "group": group, "library": library, "workers": S2_WORKERS,
                           "error": f"unavailable: {why}"})
 
@@ -784,6 +851,7 @@ class _Runner:
             ("pipeflow, local disk", {**common, "prefix": str(local), "cache_dir": None, "backend": "local"}),
         ):
             self.case(proxy, Case("s3", group, lib, "benchmarks.pipeflow_cases:make_cached", kwargs, 2, **kw))
+        self.settle()  # the cache case is done with its directory
         shutil.rmtree(cache_dir, ignore_errors=True)
 
     # -- scenario 4 --
@@ -953,8 +1021,6 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print,
         on_case: Callable[[Case], None] | None = None) -> dict[str, Any]:
     """Run the scenarios of ``cfg``; returns everything the report needs. ``on_scenario`` is
     called with each scenario's name (``"s1"``) as it starts, ``on_case`` with each case."""
-    from pipeflow.testing.proxy import ProxyProcess
-
     runner = _Runner(cfg, log)
     runner.on_case = on_case
     started_scenario = on_scenario or (lambda name: None)
@@ -976,21 +1042,7 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print,
         _make_bucket(endpoint)
         if cfg.server in SERVER_NOTES:
             runner.notes.append(SERVER_NOTES[cfg.server])
-        latencies = [cfg.latency_ms] + ([0.0] if cfg.sizes.s1_latencies_both and cfg.latency_ms else [])
-        with contextlib.ExitStack() as stack:
-            proxies = {t: stack.enter_context(ProxyProcess(endpoint, delay_ms=t)) for t in latencies}
-            main = proxies[cfg.latency_ms]
-            steps = [
-                ("s1", lambda: runner.s1(proxies)),
-                ("s2", lambda: runner.s2(main)),
-                ("s3", lambda: runner.s3(main, workdir)),
-                ("s4", lambda: runner.s4(main)),
-            ]
-            for name, step in steps:
-                if name in cfg.scenarios:
-                    started_scenario(name)
-                    log(f"== scenario {name[1:]}")
-                    step()
+        _s1_to_s4(runner, endpoint, started_scenario)
         if "s5" in cfg.scenarios:
             started_scenario("s5")
             log("== scenario 5 (per-stage overhead vs torchdata.nodes)")
@@ -1013,6 +1065,34 @@ def run(cfg: BenchConfig, log: Callable[[str], None] = print,
         "conversions": runner.conversions,
         "notes": runner.notes,
     }
+
+
+def _s1_to_s4(runner: _Runner, endpoint: str, started_scenario: Callable[[str], None]) -> None:
+    """The scenarios behind the delay proxies, each done (every case ended) before the next."""
+    from pipeflow.testing.proxy import ProxyProcess
+
+    cfg = runner.cfg
+    latencies = [cfg.latency_ms] + ([0.0] if cfg.sizes.s1_latencies_both and cfg.latency_ms else [])
+    with contextlib.ExitStack() as stack:
+        proxies = {t: stack.enter_context(ProxyProcess(endpoint, delay_ms=t)) for t in latencies}
+        if cfg.sizes.side_by_side > 1:
+            runner.lanes = _Lanes(stack, endpoint, proxies, cfg.sizes.side_by_side)
+        main = proxies[cfg.latency_ms]
+        steps = [
+            ("s1", lambda: runner.s1(proxies)),
+            ("s2", lambda: runner.s2(main)),
+            ("s3", lambda: runner.s3(main, runner.workdir)),
+            ("s4", lambda: runner.s4(main)),
+        ]
+        try:
+            for name, step in steps:
+                if name in cfg.scenarios:
+                    started_scenario(name)
+                    runner.log(f"== scenario {name[1:]}")
+                    step()
+                    runner.settle()
+        finally:
+            runner.lanes = None
 
 
 def save(result: dict[str, Any], out: Path) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import traceback
 from collections import Counter
 
 import pytest
@@ -15,7 +16,13 @@ from . import _data
 
 
 def _loader_items(pipe, nw):
-    return [x for x in DataLoader(pipe, batch_size=None, num_workers=nw)]
+    try:
+        return [x for x in DataLoader(pipe, batch_size=None, num_workers=nw)]
+    except Exception as exc:
+        # free the failed DataLoader now, not in a later test's garbage collection, where torch
+        # waited 5 s for each worker (docs/testing.md, "Keeping the suite fast")
+        traceback.clear_frames(exc.__traceback__)
+        raise
 
 
 @pytest.mark.parametrize("mode,expected_len", [("drop", 9), ("pad", 12)])

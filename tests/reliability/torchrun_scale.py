@@ -21,11 +21,11 @@ import operator
 import os
 import sys
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.distributed as dist
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 import pipeflow as pf
 from pipeflow.keytable import SHARE_MIN, KeyTable, keys_dir
@@ -36,7 +36,8 @@ from tests.reliability import _dist
 #: (DataLoader workers, start method): 2 and 3 workers split each rank's share evenly and not;
 #: spawn (3 workers, the uneven split) re-creates every source from its pickle in fresh
 #: interpreters. Spawn is nearly all of the launch's time (each worker imports torch), so it
-#: runs once per source, not once per worker count: the split does not depend on the start method.
+#: runs once, not once per worker count (the split does not depend on the start method), and one
+#: DataLoader reads every source (:class:`Sources`), not one DataLoader a source.
 CASES = [(0, None), (2, "fork"), (3, "fork"), (3, "spawn")]
 
 
@@ -61,6 +62,39 @@ def counted(proxy: str | None, make: Callable[[], Any]) -> tuple[Any, dict[str, 
 def run(pipe: pf.Pipeline, workers: int, context: str | None) -> list[str]:
     loader = DataLoader(pipe, batch_size=None, num_workers=workers, multiprocessing_context=context)
     return list(loader)
+
+
+class Sources(IterableDataset):
+    """Several pipelines read one after another by the same DataLoader workers: every pipeline is
+    still pickled, re-created and split over the workers as it would be alone, for the price of
+    one set of worker start-ups. Items travel to the training process in runs of up to ``CHUNK``
+    with their pipeline's name (tens of thousands of items one message each cost seconds)."""
+
+    CHUNK = 500
+
+    def __init__(self, pipes: dict[str, pf.Pipeline]) -> None:
+        self.pipes = pipes
+
+    def __iter__(self) -> Iterator[tuple[str, list[Any]]]:
+        for name, pipe in self.pipes.items():
+            run: list[Any] = []
+            for item in pipe:
+                run.append(item)
+                if len(run) == self.CHUNK:
+                    yield name, run
+                    run = []
+            if run:
+                yield name, run
+
+
+def run_each(pipes: dict[str, pf.Pipeline], workers: int, context: str | None) -> dict[str, list[Any]]:
+    """What each pipeline gave, read by one DataLoader (in the order it arrived)."""
+    loader = DataLoader(Sources(pipes), batch_size=None, num_workers=workers,
+                        multiprocessing_context=context)
+    seen: dict[str, list[Any]] = {name: [] for name in pipes}
+    for name, run in loader:
+        seen[name].extend(run)
+    return seen
 
 
 def held(table: KeyTable) -> dict[str, object]:
@@ -91,9 +125,9 @@ def scale(proxy: str, bucket: str) -> dict[str, object]:
     sources = {"listing": listing.map(url_of), "index": again.map(url_of), "items": pf.from_items(keys),
                "broadcast": pf.from_items(table)}
     before = requests(proxy)["lists"]
-    for name, pipe in sources.items():
-        for workers, context in CASES:
-            seen[f"{name}-w{workers}-{context or 'main'}"] = run(pipe, workers, context)
+    for workers, context in CASES:
+        for name, items in run_each(sources, workers, context).items():
+            seen[f"{name}-w{workers}-{context or 'main'}"] = items
     dist.barrier()
     lists = {"listing": listed["lists"], "parallel": listed_parallel["lists"],
              "index_cold": listed_index["lists"], "index_warm": listed_again["lists"],

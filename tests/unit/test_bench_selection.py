@@ -84,3 +84,47 @@ def test_only_converts_just_the_streaming_peers_it_runs(tmp_path, monkeypatch, o
     cases = runner._s2_streaming_peers("4 MB shards", ["s3://b/s-0.tar"], "s2-4mb", 4, {}, decode=False)
     assert calls == converted
     assert len(cases) == len(converted) and not runner.rows
+
+
+def test_cases_side_by_side_each_go_through_a_proxy_of_their_own_and_keep_their_order(tmp_path, monkeypatch):
+    import contextlib
+    import threading
+    import time
+
+    from pipeflow.testing.proxy import ProxyProcess
+
+    lock, running, through = threading.Lock(), set(), []
+
+    def run_case(case, *, proxy_url, env, **kwargs):
+        with lock:
+            assert proxy_url not in running, "two cases at once through one proxy"
+            running.add(proxy_url)
+            through.append(proxy_url)
+        assert env["AWS_ENDPOINT_URL"] == env["S3_ENDPOINT_URL"] == proxy_url
+        time.sleep(0.05 * (len(case.library) % 3))  # cases end out of order
+        with lock:
+            running.discard(proxy_url)
+        return {"library": case.library}
+
+    monkeypatch.setattr(scenarios, "run_case", run_case)
+    runner = _runner(tmp_path, repeats=2)
+    libraries = ["pipeflow", "S3IterableDataset", "webdataset pipe:s5cmd", "SPDL pipeline", "boto3 map-style"]
+    with contextlib.ExitStack() as stack:
+        main = stack.enter_context(ProxyProcess("http://127.0.0.1:9", delay_ms=20.0))
+        runner.lanes = scenarios._Lanes(stack, "http://127.0.0.1:9", {20.0: main}, 2)
+        for library in libraries:
+            runner.case(main, Case("s2", "4 MB shards", library, "m:f"))
+        runner.unavailable("s2", "4 MB shards", "LitData StreamingDataset", "side venv missing")
+        runner.case(main, Case("s2", "4 MB shards", "pipeflow loader()", "m:f"))
+        runner.settle()
+    expected = [lib for lib in libraries for _ in range(2)] + ["LitData StreamingDataset"]
+    assert [r["library"] for r in runner.rows] == expected + ["pipeflow loader()"] * 2
+    assert [r.get("repeat") for r in runner.rows if "error" not in r] == [0, 1] * 6
+    assert main.url not in through and len(set(through)) == 2  # the run's own proxy is the ceilings'
+
+
+def test_side_by_side_below_one_is_refused():
+    import dataclasses
+
+    with pytest.raises(ValueError, match="side_by_side must be >= 1"):
+        dataclasses.replace(scenarios.TINY, side_by_side=0)
