@@ -47,9 +47,10 @@ def test_the_job_budget_holds_over_ranks_and_workers_retries_included(s3, tmp_pa
         assert rank["request_rate"] == pytest.approx(RATE / 2)  # summed over its 2 workers
     # RATE for the job, RATE / 4 per process, each may send one at once: ~120 GETs (retries
     # included) span at least (gets - 4) / RATE when sent on time; arrivals are noted by the
-    # proxy's thread, so a stall of a process on a busy machine can bunch a few: at most
-    # 2 x RATE + 4 in any 2 s, plus 10%. Retries outside the budget add half as many again:
+    # proxy's thread, so a stall of a process (or of the proxy) on a busy machine can bunch a
+    # few: at most 2 x RATE + 4 in any 2 s, plus 20% (96 of 84 was seen once at load 3-7, all
+    # ~120 GETs still spanning their 3 s). Retries outside the budget add half as many again:
     # about 120 in the first 2 s
     span = max(hook.times) - min(hook.times)
     assert span >= 0.9 * (gets - PROCESSES) / RATE, (span, gets)
-    assert hook.most_in(2.0) <= 1.1 * (2 * RATE + PROCESSES), hook.most_in(2.0)
+    assert hook.most_in(2.0) <= 1.2 * (2 * RATE + PROCESSES), hook.most_in(2.0)
