@@ -95,10 +95,12 @@ def test_the_request_rate_budget_holds_across_dataloader_workers(s3, s3_bucket, 
     # 40/s for the job, 20/s per worker, each may start with one at once: 120 GETs span at least
     # (120 - 2) / 40 = 2.95 s when sent on time (without the budget, or with 40/s for each
     # worker, well under 2 s); arrivals are noted by the proxy's own thread, so a stall of either
-    # process (a busy 2-core CI machine) can bunch a few: at most 40 x 2 + 2 in any 2 s, plus 10%
+    # process (a busy 2-core CI machine) can bunch a few: at most 40 x 2 + 2 in any 2 s, plus 20%
+    # (the torchrun budget test once saw 14% on a loaded machine); without the budget all 120
+    # come within 2 s
     span = max(arrivals.times) - min(arrivals.times)
     assert span >= 2.6, span
-    assert arrivals.most_in(2.0) <= 90, arrivals.most_in(2.0)
+    assert arrivals.most_in(2.0) <= 98, arrivals.most_in(2.0)
     stats = pipe.stats()
     assert stats["open"]["request_rate"] == pytest.approx(40.0)  # summed: the job's budget
     assert stats.processes == 2
