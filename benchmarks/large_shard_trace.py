@@ -38,6 +38,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import mock
 
 import psutil
 import torch
@@ -223,7 +224,8 @@ def _server(kind: str) -> Iterator[tuple[str, Callable[[str, bytes], str]]]:
         return
     import boto3
 
-    with s3rver.running() as endpoint, _environ({**s3rver.CREDENTIALS, "AWS_DEFAULT_REGION": "us-east-1"}):
+    env = {**s3rver.CREDENTIALS, "AWS_DEFAULT_REGION": "us-east-1"}
+    with s3rver.running() as endpoint, mock.patch.dict(os.environ, env):
         client = boto3.client("s3", endpoint_url=endpoint)
         client.create_bucket(Bucket="data")
 
@@ -232,20 +234,6 @@ def _server(kind: str) -> Iterator[tuple[str, Callable[[str, bytes], str]]]:
             return f"s3://data/{key}"
 
         yield endpoint, put
-
-
-@contextlib.contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def main() -> None:
