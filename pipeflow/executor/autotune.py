@@ -233,6 +233,8 @@ class Tuner:
         self._lowered = 0
         self._least_latency: float | None = None  # the lowest interval latency since settling
         self._normal_items, self._normal_retried = 0, 0.0  # since the last backoff
+        #: (from, to) of a climb's first jump (:meth:`_first_jump`), while the limit stays there
+        self._jumped: tuple[int, int] | None = None
         self.pause()
 
     def watch(self, pressure: Callable[[], float]) -> None:
@@ -288,6 +290,8 @@ class Tuner:
             else:
                 self._step(interval.rate)
         self.value = self._capped(self.value)
+        if self._jumped is not None and self.value != self._jumped[1]:
+            self._jumped = None  # the limit moved on: a later push-back is not the jump's
         self.steps_up += self.value > before and not rechecked
         self._tuned_s += interval.seconds
         if self.settled_after_s is None and self._phase == "steady":
@@ -337,7 +341,10 @@ class Tuner:
         self.backoffs += 1
         self._throttled_at = value = self.value
         step = max(1, math.ceil(value * max(share, BACKOFF_STEP)))
-        self._settle(max(self.low, value // 2, value - step), 0.0)
+        lower = max(self.low, value // 2, value - step)
+        if self._jumped is not None:  # a jump of up to four times: by all it refused, to its start at most
+            lower, self._jumped = max(self.low, self._jumped[0], value - step), None
+        self._settle(lower, 0.0)
         self._pending, self._unsettled = "lower", value
         self._hold = PROBE_EVERY  # the store asked for fewer: no quick probe up
         return True
@@ -418,11 +425,16 @@ class Tuner:
         elif (phase == "steady" and interval.starved and self._settled >= self._hold
               and self._flat(latency) and not self._at_ceiling(interval)):
             # the consumer waits at a flat latency: more may help now, as many as it would take
-            # (by half only below a limit the store pushed back at: it is near)
-            pushed = self._throttled_at is not None
+            # (by half only below a limit the store pushed back at: it is near; and after a
+            # backoff neither kept nor undone, whose limit is forgotten but was near too: a jump
+            # of four times from there met three in four requests refused)
+            pushed = self._throttled_at is not None or self.backoffs > self.steady_errors
             self._probe(None if pushed else self._little(interval, least, floor=self._half_up()))
         else:
-            self._step(interval.rate, self._little(interval, least))
+            grow_to = self._little(interval, least)
+            self._step(interval.rate, grow_to)
+            if least is None and grow_to is not None and self.value > held:  # a first jump
+                self._jumped = (held, self.value)
         if self._phase == "steady" and latency is not None and not self._risen and self.value == held:
             base = self.base_latency_s if self._latency_at == held else None
             self.base_latency_s = latency if base is None else base + 0.1 * (latency - base)
@@ -463,15 +475,31 @@ class Tuner:
         """The next value to try when growing: Little's law, ``demand x latency`` with some
         headroom, between ``floor`` (default: two times the limit) and four times the limit;
         None (double) unless the consumer waits and the latency is flat against ``least``, the
-        lowest of the earlier intervals since settling (the first step has nothing to compare
-        with: it doubles; a queue doubles the latency with the requests, which rules a jump
-        out)."""
+        lowest of the earlier intervals since settling (a queue doubles the latency with the
+        requests, which rules a jump out). The first interval of a climb has nothing to
+        compare with and jumps all the same (:meth:`_first_jump`)."""
         latency = interval.latency_s
-        if latency is None or least is None or not interval.starved or latency > FLAT * least:
+        if latency is None or not interval.starved:
+            return None
+        flat = self._first_jump(interval) if least is None else latency <= FLAT * least
+        if not flat:
             return None
         demand = min(interval.demand, self.ceiling or math.inf)
         needed = math.ceil(demand * latency * HEADROOM)
         return max(floor or 2 * self.value, min(4 * self.value, needed))
+
+    def _first_jump(self, interval: Interval) -> bool:
+        """The first interval of a climb (nothing measured yet at the value it started from)
+        may jump by Little's law too, with a quarter of its requests retried beyond the usual
+        share at most. Doubling from the start cost a 6 s case a fifth of its samples under a
+        steady 10% of 503s: 4, 8, 32, then 64 in flight took 1.5-2.3 s, while a fixed limit
+        has its depth from the first request. Its latency is the start value's, before any
+        queue, and the jump stays within four times the limit; a store that refuses a quarter
+        of the first requests may be limiting the rate, which more requests only meet more
+        often: that climb doubles, and the push-back rule judges it."""
+        if self._phase != "grow" or self._base[1] != 0.0:
+            return False
+        return interval.retried <= (self._share + BACKOFF_STEP) * interval.requests
 
     def _at_ceiling(self, interval: Interval) -> bool:
         return self.ceiling is not None and interval.rate >= (1 - GAIN) * self.ceiling
