@@ -144,10 +144,11 @@ def test_a_steady_share_of_errors_is_not_a_request_rate_limit(clock):
 
 
 def test_a_backoff_that_lowers_no_share_is_undone_at_once(clock):
-    # the first sign of 503s makes the tuner back off; two counted judgements (the lower limit,
-    # then the limit it left, measured afresh) show the same share, and the tuner keeps the
-    # limit it left and grows from there, instead of holding and probing up by an eighth
-    store = Store(latency=0.01, demand=3000.0, retried=lambda n: 0.1)
+    # a burst of 503s in the first requests (half of them) makes the tuner back off, then the
+    # store fails a steady 10%; two counted judgements (the lower limit, then the limit it
+    # left, measured afresh) show the same share, and the tuner keeps the limit it left and
+    # grows from there, instead of holding and probing up by an eighth
+    store = Store(latency=0.01, demand=3000.0, retried=Burst(0.5, 100, 0.1))
     tuner = Tuner(1, 64, 4, store=True)
     tuner.watch(lambda: store.retries)
     trace = drive(tuner, clock, store, 10.0,
@@ -305,6 +306,30 @@ def test_the_first_jump_waits_when_a_quarter_of_the_first_requests_are_retried(c
         tuner = Tuner(1, 128, 4, store=True)
         tuner.watch(lambda store=store: store.retries)
         assert first_steps(drive(tuner, clock, store, seconds=0.3), count=1) == [first], share
+
+
+class Every:
+    """Every ``n``-th request retried: a share of ``1 / n``, the same in every count."""
+
+    def __init__(self, n):
+        self.n, self.seen = n, 0
+
+    def __call__(self, inflight):
+        self.seen += 1
+        return 1.0 if self.seen % self.n == 0 else 0.0
+
+
+def test_the_first_count_backs_off_only_beyond_a_quarter_retried(clock):
+    # the first count of a run has no usual share to compare with. Taken as a known share of
+    # none, a steady 20% of 503s (the store's own errors) set a backoff off at once, and its
+    # judgement held the limit low for a second or more; a store refusing half of the
+    # requests (a rate limit passed) still makes the tuner back off at once
+    for n, backs_off in ((5, False), (2, True)):
+        store = Store(latency=0.05, demand=2000.0, retried=Every(n))
+        tuner = Tuner(1, 64, 4, store=True)
+        tuner.watch(lambda store=store: store.retries)
+        drive(tuner, clock, store, seconds=0.6)
+        assert bool(tuner.backoffs) is backs_off, (n, tuner.backoffs)
 
 
 def test_a_push_back_right_after_the_first_jump_goes_down_by_all_it_refused(clock):
