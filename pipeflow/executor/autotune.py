@@ -26,7 +26,8 @@ A tuner of requests to a store (``store=True``: ``open``) also reads what the st
   off), and keep the lower value only if it delivers as much (a longer round trip, which needs
   more in flight, does not); not while the consumer does not wait, which sets the rate then.
 * throttling: a rising share of retried requests (503 SlowDown, throttling codes, 5xx, resets)
-  lowers the limit (by a quarter to a half); two fresh counts of requests, at the lower limit
+  lowers the limit (by a quarter to a half; the first count of a run, with no usual share yet,
+  only beyond a quarter retried); two fresh counts of requests, at the lower limit
   and back at the one it left, judge it: the backoff stands when the higher limit meets a
   clearly higher share (a store limiting the request rate), and is undone when both meet the
   same share (a store failing a share of requests whatever the rate: its own error rate, the
