@@ -506,9 +506,9 @@ class Tuner:
     def _first_jump(self, interval: Interval) -> bool:
         """The first interval of a climb (nothing measured yet at the value it started from)
         may jump by Little's law too, with a quarter of its requests retried beyond the usual
-        share at most. Doubling from the start, under a steady 10% of 503s, took 1.5-2.3 s to
-        go 4, 8, 32, 64 in flight, while a fixed limit has its depth from the first request
-        (0.81x of the best fixed limit in 6 s cases, 1.00x in 15 s ones). Its latency is the
+        share at most. Doubling from the start, under a steady 10% of 503s, the climb went 4, 8,
+        32, 64 in flight and settled after 1.5-2.3 s, while a fixed limit has its depth from the
+        first request (0.81x of the best fixed limit in 6 s cases, 1.00x in 15 s ones). Its latency is the
         start value's, before any queue, and the jump stays within four times the limit; a
         store that refuses a quarter of the first requests may be limiting the rate, which
         more requests only meet more often: that climb doubles, and the push-back rule judges
