@@ -42,12 +42,16 @@ CASES = ("dataloader", "loader-process", "loader-thread")
 
 
 def _cpu(proc: psutil.Process) -> tuple[float, float]:
-    """(CPU seconds of the whole tree, reaped children included; of ``proc`` alone)."""
+    """(CPU seconds of the whole tree, reaped children included; of ``proc`` alone). Children in
+    another session are not the case's work (the ``--compete`` loops) and are left out."""
     total = 0.0
+    session = os.getsid(0)
     for p in [proc, *proc.children(recursive=True)]:
         try:
+            if p.pid != proc.pid and os.getsid(p.pid) != session:
+                continue
             t = p.cpu_times()
-        except psutil.Error:  # a DataLoader worker that just ended
+        except (psutil.Error, OSError):  # a DataLoader worker that just ended
             continue
         total += t.user + t.system + t.children_user + t.children_system
     own = proc.cpu_times()
