@@ -40,6 +40,7 @@ from ..backends.registry import backend_for_url, get_backend
 from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError
 from ..items import ObjectInfo
 from ..keytable import SHARE_MIN, KeyTable, is_index_file, keys_dir, new_table_file, write_index
+from ._backends import check_backend_options
 from ._onejob import on_lead
 from .base import Stage
 
@@ -47,6 +48,7 @@ __all__ = ["LIST_THREADS", "ObjectLister", "default_backend", "list_now", "obtai
            "read_manifest", "write_manifest"]
 
 MANIFEST_VERSION = 1
+_OWN_OPTIONS = ("pattern", "backend", "manifest", "threads")
 #: list requests in flight when the backend can list ranges concurrently
 LIST_THREADS = 8
 
@@ -361,6 +363,9 @@ class ObjectLister(Stage[ObjectInfo]):
             raise ConfigError(f"pattern must be a glob string, got {pattern!r}")
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
             raise ConfigError(f"list_objects(threads=...) must be an int >= 1, got {threads!r}")
+        if options and not isinstance(backend, Backend):
+            # a misspelled option (patern=) lands among the backend options: name it as a slip
+            check_backend_options("list_objects", backend, options, stage_options=_OWN_OPTIONS)
         self.url = url
         self.pattern = pattern
         self.backend = backend

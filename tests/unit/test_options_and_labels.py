@@ -69,6 +69,21 @@ def test_a_misspelled_backend_option_suggests_the_backends_own():
         pf.from_items(["s3://bucket/key"]).open("boto3", page_sise=10)
 
 
+@pytest.mark.parametrize(("backend", "wrong", "right"), [(None, "patern", "pattern"),
+                                                         (None, "thread", "threads"),
+                                                         ("boto3", "endpoit", "endpoint")])
+def test_a_misspelled_list_objects_option_is_named_before_anything_is_listed(tmp_path, backend,
+                                                                             wrong, right):
+    # list_objects passes unknown keywords to the backend too: a slip there was a TypeError of
+    # the backend's options class, with no suggestion
+    with pytest.raises(OptionError) as err:
+        pf.list_objects(str(tmp_path / "missing") + "/", backend=backend, **{wrong: "*.tar"})
+    message = str(err.value)
+    assert f"list_objects() has no option '{wrong}' (did you mean '{right}'?)" in message
+    assert "pattern, backend, manifest, threads" in message
+    assert "__init__" not in message
+
+
 def test_a_real_backend_option_without_a_backend_asks_for_the_name():
     with pytest.raises(ConfigError) as err:
         pf.from_items(["s3://bucket/key"]).open(endpoint="http://127.0.0.1:1")
