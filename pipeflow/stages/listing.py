@@ -133,9 +133,18 @@ def _matching(listed: Iterable[ObjectInfo], base: str, pattern: str | None
         name = _relative(info.url, base)
         if len(names) < 3:
             names.append(name)
-        if pattern is None or fnmatch.fnmatchcase(name, pattern):
+        if pattern is None or _matches(name, pattern, base):
             infos.append(info)
     return infos, seen, names
+
+
+def _matches(name: str, pattern: str, base: str) -> bool:
+    """``pattern`` against the name after ``base``. Under a prefix written without its trailing
+    slash (``s3://bucket/train``) every name starts with ``/``: ``shard-*.tar`` matches there
+    as it does under ``s3://bucket/train/``, and ``/shard-*.tar`` still does."""
+    if fnmatch.fnmatchcase(name, pattern):
+        return True
+    return name[:1] == "/" and base[-1:] != "/" and fnmatch.fnmatchcase(name[1:], pattern)
 
 
 def _nothing_matched(pattern: str | None, seen: int, names: list[str]) -> str:

@@ -168,6 +168,20 @@ def test_bad_options_raise_config_errors():
         list(pf.from_items([1]).map(lambda x: x, workers=1, method="process"))
 
 
+def test_a_pattern_matches_under_a_url_written_without_its_trailing_slash(tmp_path):
+    train = tmp_path / "train"
+    train.mkdir()
+    for i in range(3):
+        (train / f"shard-{i}.tar").write_bytes(b"x")
+    (train / "notes.txt").write_bytes(b"x")
+    want = [f"{train}/shard-{i}.tar" for i in range(3)]
+    for url, pattern in ((str(train), "shard-*.tar"), (str(train), "/shard-*.tar"),
+                         (str(tmp_path), "train/shard-*.tar"), (str(train) + "/", "shard-*.tar")):
+        assert [o.url for o in pf.list_objects(url, pattern=pattern)] == want, (url, pattern)
+    with pytest.raises(pf.ObjectNotFoundError):   # the slash is not dropped inside a name
+        pf.list_objects(str(tmp_path), pattern="trainshard-*.tar")
+
+
 def test_a_pattern_that_matches_nothing_shows_what_it_was_matched_against(tmp_path):
     for i in range(5):
         (tmp_path / f"shard-{i}.tar").write_bytes(b"x")
