@@ -235,3 +235,18 @@ def test_listing_an_s3_prefix_over_https_names_the_s3_url(url, meant) -> None:
     if meant is not None:
         with pytest.raises(InvalidURLError, match=f"name it '{meant}'"):
             list(get_backend("fsspec").list(url))
+
+
+def test_a_protocol_whose_filesystem_is_missing_raises_missing_dependency_error() -> None:
+    # fsspec raises a bare ImportError; pipeflow's typed one keeps its hint and pickles
+    import importlib.util
+
+    pytest.importorskip("fsspec")
+    if importlib.util.find_spec("gcsfs") is not None:
+        pytest.skip("gcsfs is installed here")
+    import pipeflow as pf
+
+    with pytest.raises(MissingDependencyError, match=r"gcsfs is required .*pip install gcsfs") as info:
+        pf.list_objects("gs://bucket/train/")
+    clone = pickle.loads(pickle.dumps(info.value))
+    assert str(clone) == str(info.value) and clone.package == "gcsfs"
