@@ -384,7 +384,9 @@ class ObjectLister(Stage[ObjectInfo]):
         self._objects: Objects | None = None
         if objects is not None:
             self._objects = objects if isinstance(objects, (KeyTable, tuple)) else tuple(objects)
-        self._index = 0
+        self._index = self._first = 0
+        self._earlier = 0  # objects delivered by the runs before this one, and read by at()
+        self._sample_at = 0  # the index at which next() asks for a timing sample
 
     def objects(self) -> Objects:
         """The listing: from ``objects``, else the manifest, else the store (once)."""
@@ -396,21 +398,33 @@ class ObjectLister(Stage[ObjectInfo]):
 
     def start(self, state: dict[str, Any] | None) -> None:
         self.objects()
-        self._index = int(state["index"]) if state else 0
+        self._earlier += self._index - self._first
+        self._index = self._first = int(state["index"]) if state else 0
+        self._sample_at = self._index
+
+    def delivered(self) -> int:
+        # counted here, not by the meter: read by assignment (a sharded or shuffled listing,
+        # in every DataLoader worker) the objects leave through at(), which the meter never sees
+        return self._earlier + self._index - self._first
 
     def next(self) -> ObjectInfo:
         objects = self.objects()
-        if self._index >= len(objects):
+        i = self._index
+        if i >= len(objects):
             raise StopIteration
-        self._index += 1
-        return objects[self._index - 1]
+        if i >= self._sample_at:
+            self._sample_at = i + self._sample_soon()
+        self._index = i + 1
+        return objects[i]
 
     #: the listing gives object ``i`` directly: the builder reads it by assignment
     random_access = True
     elastic_roles = frozenset({"before_shard"})
 
     def at(self, i: int) -> ObjectInfo:
-        """Object ``i`` of the sorted listing (for reading by assignment)."""
+        """Object ``i`` of the sorted listing (for reading by assignment; counted as delivered
+        by this stage)."""
+        self._earlier += 1
         return self.objects()[i]
 
     def get_state(self) -> dict[str, Any]:
