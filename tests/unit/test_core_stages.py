@@ -202,3 +202,7 @@ def test_a_missing_relative_directory_says_how_an_s3_prefix_is_written(tmp_path,
         pf.list_objects("bucket/train/")
     with pytest.raises(pf.ObjectNotFoundError, match=r"^no such directory \(url="):  # absolute: no guess
         pf.list_objects(str(tmp_path / "bucket" / "train") + "/")
+    for written_as_a_path in ("./dat/train/", "../dat/train/"):   # no bucket to guess: no s3://./
+        with pytest.raises(pf.ObjectNotFoundError) as info:
+            pf.list_objects(written_as_a_path)
+        assert f"relative to {tmp_path}" in str(info.value) and "s3://" not in str(info.value)
