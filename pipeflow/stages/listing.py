@@ -116,9 +116,20 @@ def list_now(url: str, *, pattern: str | None = None, backend: str | Backend | N
     infos, seen, names = _matching(listed, base, pattern)
     infos.sort(key=lambda i: i.url)  # backends list sorted already; make it a guarantee
     if not infos:
-        raise ObjectNotFoundError(_nothing_matched(pattern, seen, names), url=url, backend=be.name,
-                                  op="list")
+        raise ObjectNotFoundError(_nothing_matched(pattern, seen, names) + _glob_hint(url, pattern),
+                                  url=url, backend=be.name, op="list")
     return infos
+
+
+def _glob_hint(url: str, pattern: str | None) -> str:
+    """For a glob written into the URL (``s3://bucket/train/*.tar``, as fsspec and shell users
+    write it), where list_objects takes a prefix: how to write it instead."""
+    at = min((i for i in (url.find(c) for c in "*?[") if i >= 0), default=-1)
+    if at < 0 or pattern is not None:
+        return ""
+    base = url[:url.rfind("/", 0, at) + 1]
+    return (f"; the URL is a prefix, not a glob: list_objects({base!r}, "
+            f"pattern={url[len(base):]!r})")
 
 
 def _matching(listed: Iterable[ObjectInfo], base: str, pattern: str | None

@@ -196,6 +196,17 @@ def test_a_pattern_that_matches_nothing_shows_what_it_was_matched_against(tmp_pa
         pf.list_objects(str(tmp_path / "empty") + "/", pattern="*")
 
 
+def test_a_glob_in_the_url_says_to_pass_it_as_pattern(tmp_path):
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "shard-0.tar").write_bytes(b"x")
+    with pytest.raises(pf.ObjectNotFoundError) as info:
+        pf.list_objects(f"{tmp_path}/train/*.tar")
+    assert f"list_objects('{tmp_path}/train/', pattern='*.tar')" in str(info.value)
+    # and the advice, followed, finds it
+    assert [o.url for o in pf.list_objects(f"{tmp_path}/train/", pattern="*.tar")] == \
+        [f"{tmp_path}/train/shard-0.tar"]
+
+
 def test_a_missing_relative_directory_says_how_an_s3_prefix_is_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(pf.ObjectNotFoundError, match=r"an S3 prefix is written 's3://bucket/train/'"):
