@@ -97,6 +97,13 @@ def test_a_custom_stage_option_is_checked_against_its_constructor():
     assert list(pf.from_items(range(6)).then(Every, step=2)) == [0, 2, 4]
 
 
+def test_an_option_given_by_position_and_by_keyword_names_both_values():
+    # decode's first argument is its output mode; mode="RGB" reads like an image mode
+    with pytest.raises(OptionError, match=r"^decode\(\): 'mode' is given twice: 'torch' by position "
+                                          r"and mode='RGB'$"):
+        pf.from_items(range(3)).decode("torch", resize=8, mode="RGB")
+
+
 def test_a_missing_argument_is_an_option_error_too():
     with pytest.raises(OptionError, match="buffer_size"):
         pf.from_items(range(3)).shuffle()
