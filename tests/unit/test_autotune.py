@@ -404,3 +404,41 @@ def test_a_tuned_decode_on_threads_keeps_the_next_sample_queued(monkeypatch):
     assert [s["txt"] for s in decoded] == [str(i) for i in range(60)]
     numbers = decoded.stats()["decode"]
     assert numbers["workers"] == 1 and numbers["inflight"] == 2, numbers
+
+
+def test_a_decode_settled_at_one_call_runs_in_the_consumers_thread(monkeypatch):
+    # one core: the tuner settles at one decode at a time after its first interval (0.25 s and
+    # 12 samples); from then on a decode thread would only add a hand-off per sample, so the
+    # samples are decoded in the thread that iterates, in order, counted and resumable as before
+    monkeypatch.setattr(autotune, "cpu_budget", lambda: 1)
+    consumer, threads = threading.get_ident(), []
+
+    def slow_txt(data):
+        threads.append(threading.get_ident())
+        time.sleep(0.01)
+        return data.decode()
+
+    samples = [{"__key__": str(i), "txt": str(i).encode()} for i in range(90)]
+    decoded = pf.from_items(samples).decode(workers="auto", handlers={"txt": slow_txt})
+    it = iter(decoded)
+    first = [next(it)["txt"] for _ in range(70)]
+    state = it.state_dict()
+    rest = [s["txt"] for s in it]
+    assert first + rest == [str(i) for i in range(90)]
+    assert threads[0] != consumer  # climbing: on the pool
+    assert set(threads[-20:]) == {consumer}, threads  # settled at one: inline
+    numbers = decoded.stats()["decode"]
+    assert numbers["workers"] == 1 and numbers["inflight"] == 1, numbers
+    assert numbers["items"] == 90 and numbers["busy_s"] >= 90 * 0.01 * 0.5, numbers
+    resumed = iter(pf.from_items(samples).decode(workers="auto", handlers={"txt": slow_txt}))
+    resumed.load_state_dict(state)
+    assert [s["txt"] for s in resumed] == rest
+
+
+def test_only_cpu_bound_work_on_gated_threads_may_run_in_the_consumers_thread():
+    # a thread map's function may wait (I/O): its one thread overlaps the wait with the consumer
+    assert WindowedOptions(what="decode", workers="auto", kind="cpu").window("d")[0].solo_inline
+    assert not WindowedOptions(what="map", workers="auto").window("m")[0].solo_inline
+    assert not WindowedOptions(what="decode", workers=2, kind="cpu").window("d")[0].solo_inline
+    assert not WindowedOptions(what="decode", workers="auto", kind="cpu",
+                               method="process").window("d")[0].solo_inline
