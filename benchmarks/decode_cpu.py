@@ -104,7 +104,7 @@ def child_main(spec: dict[str, Any]) -> None:
     for batch in batches:
         n += len(batch["jpg"]) if isinstance(batch, dict) else len(batch)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
-    result = {"samples": n, "cpu_s": cpu, "wall_s": wall}
+    result: dict[str, Any] = {"samples": n, "cpu_s": cpu, "wall_s": wall}
     if hasattr(source, "stats"):
         import pipeflow
 

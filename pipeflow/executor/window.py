@@ -192,13 +192,17 @@ class Window:
 
     @property
     def solo(self) -> bool:
-        """True while the calls run in the consumer's thread: CPU-bound work whose tuner settled
-        at one call at a time (the machine gave a second one no gain). A decode thread would then
-        cost a hand-off per item (a queue put, two wake-ups, a future: 0.05-0.08 ms of CPU at
-        ~1 ms an item) and overlap only the consumer's own share of the work, which the tuner
-        found not worth a second core. A probe one step up goes back to the threads."""
+        """True while the calls run in the consumer's thread: CPU-bound work whose tuner tried
+        two calls at once and settled back at one (the machine gave the second no gain). A
+        decode thread would then cost a hand-off per item (a queue put, wake-ups, a future: a
+        few percent of a ~1 ms JPEG decode) to overlap only the consumer's own share of the
+        work. The tuner's next probe one step up goes back to the threads, and stays there if it
+        pays. Not where one call is all the tuner may run (one core per DataLoader worker):
+        nothing would ever measure the thread's overlap with the consumer (its reads of a
+        stream from a store, its collate) against this."""
         tuner = self.tuner
-        return self._solo_inline and tuner is not None and tuner.value == 1 and tuner.settled
+        return (self._solo_inline and tuner is not None and tuner.value == 1 and tuner.high > 1
+                and tuner.settled)
 
     # ---- lifecycle ------------------------------------------------------------------------
     def restart(self, skip: Iterable[int] = ()) -> None:
