@@ -12,7 +12,10 @@ runs in a fresh interpreter, so what is left is the CPU pipeflow adds around the
   does (what every loader row also pays);
 * ``loader-inline`` / ``loader-2`` / ``loader-auto``: ``from_items(shards).open("local").untar()
   .group_pairs().map(strip).decode(..., workers=0 | 2 | "auto").loader(batch_size=4)``, the
-  decode group's pipeline (``benchmarks.pipeflow_cases.photo_shards``) on local files.
+  decode group's pipeline (``benchmarks.pipeflow_cases.photo_shards``) on local files;
+* ``loader-auto-at-one``: ``loader-auto`` with its tuner made to settle at one decode at a time
+  (no step up counts as a gain, so it tries two once and goes back), what ``"auto"`` does where
+  the second core is busy with other work; pipeflow's own measurement starts once it settled.
 
 CPU is the process's (every thread), from the first batch (warm-up, imports and pools
 excluded) to the last; cases alternate inside each repeat. A loader row also shows the decode
@@ -40,7 +43,10 @@ import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASES = ("bare", "bare-collate", "loader-inline", "loader-2", "loader-auto")
+CASES = ("bare", "bare-collate", "loader-inline", "loader-2", "loader-auto", "loader-auto-at-one")
+#: samples the ``loader-auto-at-one`` case lets pass before measuring: its tuner settles after
+#: three intervals of 0.25 s
+SETTLE_SAMPLES = 800
 BATCH = 4
 
 
@@ -91,7 +97,11 @@ def _loader(spec: dict[str, Any]) -> Any:
     import pipeflow as pf
     from benchmarks.pipeflow_cases import PHOTO_DECODE
 
-    workers: Any = {"loader-inline": 0, "loader-2": 2, "loader-auto": "auto"}[spec["case"]]
+    workers: Any = {"loader-inline": 0, "loader-2": 2}.get(spec["case"], "auto")
+    if spec["case"] == "loader-auto-at-one":
+        from pipeflow.executor import autotune
+
+        autotune.GAIN = float("inf")  # no step pays: it tries two at once, then holds one
     pipe = pf.from_items(spec["shards"]).open("local").untar().group_pairs().map(_strip)
     return pipe.decode(**PHOTO_DECODE, workers=workers).loader(batch_size=BATCH)
 
@@ -100,6 +110,9 @@ def child_main(spec: dict[str, Any]) -> None:
     source = _bare(spec) if spec["case"].startswith("bare") else _loader(spec)
     batches = iter(source)
     next(batches)  # warm: imports, pools, the first shard
+    if spec["case"] == "loader-auto-at-one":
+        for _ in range(SETTLE_SAMPLES // BATCH):
+            next(batches)
     cpu0, t0, n = time.process_time(), time.perf_counter(), 0
     for batch in batches:
         n += len(batch["jpg"]) if isinstance(batch, dict) else len(batch)
