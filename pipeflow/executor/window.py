@@ -123,6 +123,18 @@ def _done(fn: Callable[[Any], Any], item: Any) -> Future[Any]:
     return future
 
 
+def _done_as_on_a_thread(fn: Callable[[Any], Any], item: Any) -> Future[Any]:
+    """:func:`_done` for an item that would have gone to a thread worker: any exception, an
+    interrupt too, comes through the future, as a thread pool delivers it, so the item stays in
+    the window (the position stays before it) until the stage completes it."""
+    future: Future[Any] = Future()
+    try:
+        future.set_result(fn(item))
+    except BaseException as exc:
+        future.set_exception(exc)
+    return future
+
+
 class Window:
     """Up to ``limit`` applications of ``fn`` in flight on ``workers`` threads or processes.
 
@@ -352,7 +364,7 @@ class Window:
         if self._pool is None:
             task.future = _done(self.fn, item)
         elif solo:  # timed as a thread task would be: the stage's busy time counts it
-            task.future = _done(self.meter.thread_task(self.fn), item)
+            task.future = _done_as_on_a_thread(self.meter.thread_task(self.fn), item)
         elif self.chunk > 1 and self._pool.method == "process":
             batch.append(task)
             if len(batch) >= self.chunk:

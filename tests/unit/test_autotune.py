@@ -454,6 +454,10 @@ def test_a_decode_settled_at_one_call_runs_in_the_consumers_thread(monkeypatch):
     assert [s["txt"] for s in resumed] == rest
 
 
+class _Interrupt(BaseException):
+    """Not an ``Exception``, as ``KeyboardInterrupt`` (which would stop the test run if it escaped)."""
+
+
 def test_a_window_runs_in_the_consumers_thread_only_while_its_tuner_holds_one(clock):
     tuner = Tuner(1, 2, 1)
     _drive(tuner, clock, lambda n: 100.0, seconds=2.0)  # two at once gained nothing: settled at one
@@ -484,6 +488,31 @@ def test_a_window_runs_in_the_consumers_thread_only_while_its_tuner_holds_one(cl
         assert take(10) == [2 * i for i in range(10, 20)] and window.limit == 4
         assert threading.get_ident() not in set(threads[10:])
         assert window.position(source) == ({"index": 20}, [])
+    finally:
+        window.shutdown()
+    def fail_on_3(x):
+        if x == 3:
+            raise ValueError("bad item")
+        if x == 5:
+            raise _Interrupt
+        return x
+
+    tuner.value = 1  # the probe did not pay: back at one
+    window = Window(fail_on_3, WindowOptions(workers=2, gated=True, solo_inline=True), tuner=tuner)
+    source = Counting(10)
+    window.restart()
+    try:
+        assert window.solo and take(3) == [0, 1, 2]
+        task = window.next_task(source)
+        with pytest.raises(ValueError, match="bad item"):  # through the task, as from a thread
+            window.wait(task)
+        assert window.position(source) == ({"index": 3}, [])  # still before the failed item
+        window.complete(task)  # skipped
+        assert take(1) == [4]
+        task = window.next_task(source)
+        with pytest.raises(_Interrupt):
+            window.wait(task)
+        assert window.position(source) == ({"index": 5}, [])  # an interrupt loses nothing
     finally:
         window.shutdown()
     one_core = Tuner(1, 1, 1)  # one call is all it may run: the threads keep overlapping
