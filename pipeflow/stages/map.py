@@ -262,9 +262,10 @@ class WindowedStage(Stage[Any]):
 
     def close(self) -> None:
         super().close()
-        # the pool outlives restarts (repeat() resets this stage every round); close ends it
+        # the pool outlives restarts (repeat() resets this stage every round); close ends it,
+        # without waiting for the threads' current calls in a worker ending on Ctrl-C
         if self._window is not None:
-            self._window.shutdown()
+            self._window.shutdown(wait=not self.context.interrupted)
 
     def __del__(self) -> None:
         window = getattr(self, "_window", None)
