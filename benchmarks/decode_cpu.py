@@ -12,10 +12,18 @@ runs in a fresh interpreter, so what is left is the CPU pipeflow adds around the
   does (what every loader row also pays);
 * ``loader-inline`` / ``loader-2`` / ``loader-auto``: ``from_items(shards).open("local").untar()
   .group_pairs().map(strip).decode(..., workers=0 | 2 | "auto").loader(batch_size=4)``, the
-  decode group's pipeline (``benchmarks.pipeflow_cases.photo_shards``) on local files.
+  decode group's pipeline (``benchmarks.pipeflow_cases.photo_shards``) on local files;
+* ``loader-auto-at-one``: ``loader-auto`` with its tuner made to settle at one decode at a time
+  (no step up counts as a gain, so it tries two once and goes back), what ``"auto"`` does where
+  the second core is busy with other work; pipeflow's own measurement starts once it settled.
 
 CPU is the process's (every thread), from the first batch (warm-up, imports and pools
-excluded) to the last; cases alternate inside each repeat.
+excluded) to the last; cases alternate inside each repeat. A loader row also shows the decode
+calls the stage ran at once at the end (``workers`` in ``stats()``: what ``"auto"`` settled at).
+
+``--baseline DIR`` measures a change: every loader case runs twice in each repeat, alternated,
+the second time (``case@base``) importing ``pipeflow`` from ``DIR`` (a checkout of the commit
+to compare with, e.g. ``git worktree add /tmp/base main``); the bare loops are shared.
 
     python -m benchmarks.decode_cpu --kind imagenet photo --repeats 3
 """
@@ -35,7 +43,10 @@ import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASES = ("bare", "bare-collate", "loader-inline", "loader-2", "loader-auto")
+CASES = ("bare", "bare-collate", "loader-inline", "loader-2", "loader-auto", "loader-auto-at-one")
+#: samples the ``loader-auto-at-one`` case lets pass before measuring: its tuner settles after
+#: three intervals of 0.25 s
+SETTLE_SAMPLES = 800
 BATCH = 4
 
 
@@ -86,27 +97,45 @@ def _loader(spec: dict[str, Any]) -> Any:
     import pipeflow as pf
     from benchmarks.pipeflow_cases import PHOTO_DECODE
 
-    workers: Any = {"loader-inline": 0, "loader-2": 2, "loader-auto": "auto"}[spec["case"]]
+    workers: Any = {"loader-inline": 0, "loader-2": 2}.get(spec["case"], "auto")
+    if spec["case"] == "loader-auto-at-one":
+        from pipeflow.executor import autotune
+
+        autotune.GAIN = float("inf")  # no step pays: it tries two at once, then holds one
     pipe = pf.from_items(spec["shards"]).open("local").untar().group_pairs().map(_strip)
     return pipe.decode(**PHOTO_DECODE, workers=workers).loader(batch_size=BATCH)
 
 
 def child_main(spec: dict[str, Any]) -> None:
-    batches = iter(_bare(spec) if spec["case"].startswith("bare") else _loader(spec))
+    source = _bare(spec) if spec["case"].startswith("bare") else _loader(spec)
+    batches = iter(source)
     next(batches)  # warm: imports, pools, the first shard
+    if spec["case"] == "loader-auto-at-one":
+        for _ in range(SETTLE_SAMPLES // BATCH):
+            next(batches)
     cpu0, t0, n = time.process_time(), time.perf_counter(), 0
     for batch in batches:
         n += len(batch["jpg"]) if isinstance(batch, dict) else len(batch)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
-    print("RESULT " + json.dumps({"samples": n, "cpu_s": cpu, "wall_s": wall}), flush=True)
+    result: dict[str, Any] = {"samples": n, "cpu_s": cpu, "wall_s": wall}
+    if hasattr(source, "stats"):
+        import pipeflow
+
+        result["decode_workers"] = source.stats()["decode"].get("workers", 0)
+        result["pipeflow"] = os.path.dirname(os.path.dirname(pipeflow.__file__))
+    print("RESULT " + json.dumps(result), flush=True)
 
 
 # ---- parent side --------------------------------------------------------------------------------
-def run_one(spec: dict[str, Any]) -> dict[str, Any]:
+def run_one(spec: dict[str, Any], pipeflow_from: str | None = None) -> dict[str, Any]:
+    """One case in a fresh interpreter; ``pipeflow_from``: a directory to import ``pipeflow``
+    from instead of this tree's (the benchmark's own code still comes from this tree)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [pipeflow_from, ROOT, env.get("PYTHONPATH")]))
+    # not run from ROOT when importing another pipeflow: ``-m`` puts the working directory first
+    cwd = tempfile.gettempdir() if pipeflow_from else ROOT
     out = subprocess.run([sys.executable, "-m", "benchmarks.decode_cpu", "--child", json.dumps(spec)],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                         cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
     if not lines:
         raise RuntimeError(f"{spec['case']} failed: {out.stderr[-2000:]}")
@@ -123,6 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     p.add_argument("--json", help="write every row here")
+    p.add_argument("--baseline", metavar="DIR",
+                   help="also run each loader case with pipeflow imported from DIR (alternated)")
     args = p.parse_args(argv)
     if args.child:
         child_main(json.loads(args.child))
@@ -132,28 +163,43 @@ def main(argv: list[str] | None = None) -> None:
         shards = {kind: write_local_shards(tmp, kind, args.count, args.per_shard) for kind in args.kind}
         for r in range(args.repeats):
             for kind in args.kind:
-                for case in args.cases:
+                for case, base in _schedule(args.cases, args.baseline, reverse=bool(r % 2)):
                     spec = {"case": case, "kind": kind, "count": args.count, "shards": shards[kind]}
-                    row = {"case": case, "kind": kind, "repeat": r, "load": os.getloadavg()[0],
-                           **run_one(spec)}
+                    label = f"{case}@base" if base else case
+                    row = {"case": label, "kind": kind, "repeat": r, "load": os.getloadavg()[0],
+                           **run_one(spec, base)}
                     rows.append(row)
-                    print(f"[{r}] {kind:<8} {case:<14} {row['ms_per_sample']:.3f} CPU ms/sample "
-                          f"({row['samples']} samples, {row['wall_s']:.2f} s, load {row['load']:.1f})",
-                          flush=True)
+                    settled = f", decode workers {row['decode_workers']}" if "decode_workers" in row else ""
+                    print(f"[{r}] {kind:<8} {label:<19} {row['ms_per_sample']:.3f} CPU ms/sample "
+                          f"({row['samples']} samples, {row['wall_s']:.2f} s, load {row['load']:.1f}"
+                          f"{settled})", flush=True)
     _summary(rows, args)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)
 
 
+def _schedule(cases: list[str], baseline: str | None, *, reverse: bool) -> list[tuple[str, str | None]]:
+    """The runs of one repeat: ``(case, pipeflow directory or None)``; with a baseline each
+    loader case runs against it right after (or, on odd repeats, right before) this tree."""
+    runs: list[tuple[str, str | None]] = []
+    for case in cases:
+        pair: list[tuple[str, str | None]] = [(case, None)]
+        if baseline and not case.startswith("bare"):
+            pair.append((case, baseline))
+        runs += pair[::-1] if reverse else pair
+    return runs
+
+
 def _summary(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
     print("\nCPU ms/sample, median [min .. max]; / bare: the medians' ratio")
+    labels = list(dict.fromkeys(r["case"] for r in rows))
     for kind in args.kind:
         bare = statistics.median(r["ms_per_sample"] for r in rows if (r["kind"], r["case"]) == (kind, "bare"))
-        for case in args.cases:
+        for case in labels:
             ms = [r["ms_per_sample"] for r in rows if (r["kind"], r["case"]) == (kind, case)]
             med = statistics.median(ms)
-            print(f"  {kind:<8} {case:<14} {med:.3f} [{min(ms):.3f} .. {max(ms):.3f}]  "
+            print(f"  {kind:<8} {case:<19} {med:.3f} [{min(ms):.3f} .. {max(ms):.3f}]  "
                   f"/ bare {med / bare:.2f}")
 
 

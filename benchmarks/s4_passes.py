@@ -9,17 +9,29 @@ tree (the pool of ``map(method="process")`` stays warm across passes, as it does
 epochs); CPU is the whole tree's, and the training process's share is reported apart (with
 process workers it holds the hand-off of every input).
 
+Each row also says how much CPU the rest of the machine used meanwhile (``others_cpu_pct``), and
+how much ran at a positive nice (``niced_pct``: other people's niced jobs, and the benchmark's
+own CPU too when it runs niced). On a shared machine that is what moves a
+case's rate: with the kernel's autogroup scheduling every login session gets an equal share of
+the cores whatever its processes' nice values, so colleagues' niced jobs take cores from the
+benchmark, and a case that ran while they were busy got fewer. ``--compete N`` makes that
+competition steady instead: N busy loops in a session of their own, at nice 19, for the whole
+run, so every case meets the same.
+
     python -m benchmarks.s4_passes --layout single --count 400 --size 1024 --seconds 6 --repeats 3
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
@@ -30,16 +42,59 @@ CASES = ("dataloader", "loader-process", "loader-thread")
 
 
 def _cpu(proc: psutil.Process) -> tuple[float, float]:
-    """(CPU seconds of the whole tree, reaped children included; of ``proc`` alone)."""
+    """(CPU seconds of the whole tree, reaped children included; of ``proc`` alone). Children in
+    another session are not the case's work (the ``--compete`` loops) and are left out."""
     total = 0.0
+    session = os.getsid(0)
     for p in [proc, *proc.children(recursive=True)]:
         try:
+            if p.pid != proc.pid and os.getsid(p.pid) != session:
+                continue
             t = p.cpu_times()
-        except psutil.Error:  # a DataLoader worker that just ended
+        except (psutil.Error, OSError):  # a DataLoader worker that just ended
             continue
         total += t.user + t.system + t.children_user + t.children_system
     own = proc.cpu_times()
     return total, own.user + own.system
+
+
+#: the fields of /proc/stat's ``cpu`` line that count as busy (user, nice, system, irq,
+#: softirq): idle, iowait and steal do not; guest time is already inside user and nice
+_BUSY_FIELDS = (0, 1, 2, 5, 6)
+_NICE_FIELD = 1
+
+
+def machine_cpu(stat_line: str, ticks_per_s: float) -> tuple[float, float]:
+    """(busy CPU seconds of the whole machine since boot, of them at a positive nice) from the
+    ``cpu`` line of /proc/stat."""
+    fields = [int(x) for x in stat_line.split()[1:]]
+    return (sum(fields[i] for i in _BUSY_FIELDS if i < len(fields)) / ticks_per_s,
+            fields[_NICE_FIELD] / ticks_per_s)
+
+
+def _machine_now() -> tuple[float, float]:
+    """:func:`machine_cpu` now; zeros where there is no /proc/stat (not Linux)."""
+    try:
+        with open("/proc/stat") as fh:
+            line = fh.readline()
+    except OSError:
+        return 0.0, 0.0
+    return machine_cpu(line, os.sysconf("SC_CLK_TCK"))
+
+
+@contextlib.contextmanager
+def competing(count: int) -> Iterator[list[int]]:
+    """``count`` busy loops at nice 19 in a session of their own (their own autogroup, as a
+    colleague's job is) while the block runs; stopped and reaped after it. Yields their pids."""
+    loop = "import os\nos.nice(19)\nwhile True:\n    pass\n"
+    procs = [subprocess.Popen([sys.executable, "-c", loop], start_new_session=True) for _ in range(count)]
+    try:
+        yield [proc.pid for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
 
 
 def factory(case: str, layout: str, count: int, size: int) -> Callable[[], Any]:
@@ -56,18 +111,22 @@ def measure(make: Callable[[], Any], seconds: float) -> dict[str, float]:
     me = psutil.Process()
     samples = passes = 0
     tree0, own0 = _cpu(me)
+    busy0, niced0 = _machine_now()
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         passes += 1
         samples += sum(len(batch) for batch in iterable)
     elapsed = time.perf_counter() - t0
     tree1, own1 = _cpu(me)
+    busy1, niced1 = _machine_now()
     close = getattr(iterable, "close", None)
     if callable(close):
         close()
     return {"samples_per_s": samples / elapsed, "cpu_ms_per_sample": 1000 * (tree1 - tree0) / samples,
             "main_cpu_ms_per_sample": 1000 * (own1 - own0) / samples,
-            "cpu_pct": 100 * (tree1 - tree0) / elapsed, "passes": passes, "samples": samples,
+            "cpu_pct": 100 * (tree1 - tree0) / elapsed,
+            "others_cpu_pct": 100 * (busy1 - busy0 - (tree1 - tree0)) / elapsed,
+            "niced_pct": 100 * (niced1 - niced0) / elapsed, "passes": passes, "samples": samples,
             "load_1min": os.getloadavg()[0]}
 
 
@@ -79,8 +138,19 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seconds", type=float, default=6.0, help="per case and repeat")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
+    ap.add_argument("--compete", type=int, default=0, metavar="N",
+                    help="N busy loops at nice 19 in another session during the whole run")
     ap.add_argument("--out", help="write every row here as JSON")
     args = ap.parse_args(argv)
+    with competing(args.compete):
+        rows = _run(args)
+    _summary(rows, args.cases)
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump({"args": vars(args), "rows": rows}, fh, indent=1)
+
+
+def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for repeat in range(args.repeats):
         for case in args.cases:
@@ -88,15 +158,18 @@ def main(argv: list[str] | None = None) -> None:
                    **measure(factory(case, args.layout, args.count, args.size), args.seconds)}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    for case in args.cases:
+    return rows
+
+
+def _summary(rows: list[dict[str, Any]], cases: list[str]) -> None:
+    for case in cases:
         mine = [r for r in rows if r["case"] == case]
         rates = [r["samples_per_s"] for r in mine]
         cpu = [r["cpu_ms_per_sample"] for r in mine]
+        others = [r["others_cpu_pct"] for r in mine]
         print(f"{case:15s} median {statistics.median(rates):7.1f} samples/s "
-              f"({', '.join(f'{x:.1f}' for x in rates)}), CPU {min(cpu):.2f}-{max(cpu):.2f} ms a sample")
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump({"args": vars(args), "rows": rows}, fh, indent=1)
+              f"({', '.join(f'{x:.1f}' for x in rates)}), CPU {min(cpu):.2f}-{max(cpu):.2f} ms a sample, "
+              f"the rest of the machine {', '.join(f'{x:.0f}' for x in others)} % CPU")
 
 
 if __name__ == "__main__":

@@ -66,15 +66,20 @@ def install_line(extra: str) -> str:
 
 
 class MissingDependencyError(PipeflowError, ImportError):
-    """An optional dependency is not installed; the message is the ``pip install`` line."""
+    """An optional dependency is not installed; the message is the ``pip install`` line.
 
-    def __init__(self, package: str, extra: str) -> None:
+    ``extra`` names pipeflow's extra for the package; a package no extra provides (the
+    filesystem an fsspec protocol needs, such as ``gcsfs``) gives its own ``install`` line.
+    """
+
+    def __init__(self, package: str, extra: str, install: str | None = None) -> None:
         self.package = package
         self.extra = extra
-        super().__init__(f"{package} is required for this feature: {install_line(extra)}")
+        self.install = install
+        super().__init__(f"{package} is required for this feature: {install or install_line(extra)}")
 
     def __reduce__(self):  # keep pickling working despite the custom __init__
-        return (type(self), (self.package, self.extra))
+        return (type(self), (self.package, self.extra, self.install))
 
 
 class BackendError(PipeflowError):

@@ -182,6 +182,18 @@ def check_options(what: str, signature: inspect.Signature, kwargs: dict[str, Any
     raise OptionError(f"{what}() has no option {name!r}{hint}; valid options: {', '.join(valid) or 'none'}")
 
 
+def _check_given_once(what: str, signature: inspect.Signature, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> None:
+    """Name an option given both by position and by keyword, with the value its position gave:
+    ``decode("torch", mode="RGB")`` means an image mode, but ``mode`` is decode's first argument."""
+    positional = [p.name for p in signature.parameters.values()
+                  if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    for i, name in enumerate(positional[:len(args)]):
+        if name in kwargs:
+            raise OptionError(f"{what}(): {name!r} is given twice: {format_value(args[i])} by "
+                              f"position and {name}={format_value(kwargs[name])}")
+
+
 def checks_options(method: Callable[..., Any]) -> Callable[..., Any]:
     """Decorate a pipeline-building method so a misspelled keyword is an
     :class:`~pipeflow.errors.OptionError` with a suggestion, not a bare ``TypeError``."""
@@ -193,6 +205,7 @@ def checks_options(method: Callable[..., Any]) -> Callable[..., Any]:
             signature.bind(*args, **kwargs)
         except TypeError as exc:
             check_options(method.__name__, signature, kwargs)
+            _check_given_once(method.__name__, signature, args, kwargs)
             raise OptionError(f"{method.__name__}(): {exc}") from None
         return method(*args, **kwargs)
 

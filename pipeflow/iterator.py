@@ -122,6 +122,15 @@ class PipelineIterator:
         except StopIteration:
             self._finish()
             raise
+        except KeyboardInterrupt:
+            # Ctrl-C reaches every process of the group. A DataLoader worker then ends, but the
+            # main process, exiting, SIGTERMs the workers still alive, and a SIGTERM skips their
+            # exit handlers (multiprocessing's /tmp/pymp-* directories stay behind). Waiting
+            # here for threads to finish their current pull (up to the prefetch join timeout)
+            # lost that race every time: a worker stops them without waiting instead.
+            self._ctx.interrupted = self._ctx.in_dataloader_worker
+            self.close()
+            raise
         except BaseException:
             self.close()
             raise

@@ -10,8 +10,10 @@ with any number of workers and either start method.
 from __future__ import annotations
 
 import os
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from types import FrameType
 from typing import Any, Literal
 
 import torch.utils.data
@@ -19,8 +21,19 @@ import torch.utils.data
 from ._braces import expand_url_items
 from ._checks import check_choice, check_int
 from .elastic import resume_node
+from .errors import ConfigError
 from .formats.images import resolve_jpeg_decoder
-from .graph import Node, checks_options, draw, format_value, make_label, order_notes, stage_names, validate
+from .graph import (
+    Node,
+    batched_by,
+    checks_options,
+    draw,
+    format_value,
+    make_label,
+    order_notes,
+    stage_names,
+    validate,
+)
 from .iterator import PipelineIterator
 from .keytable import KeyTable, shareable
 from .loader import Loader, LoaderOptions
@@ -366,6 +379,7 @@ class Pipeline(torch.utils.data.IterableDataset):
             if pipeline is not None and pipeline.epoch == epoch:
                 pipeline.set_epoch(epoch + 1)
 
+        _refuse_dataloader_batching(self._node, sys._getframe(1))
         if self._stats.pid != os.getpid():
             # a copy in another process (a forked DataLoader worker inherits the owner's
             # counters): count afresh and publish to the owner
@@ -436,6 +450,35 @@ class Pipeline(torch.utils.data.IterableDataset):
         self.__dict__.update(state)
         channel = state["_channel"]
         self._stats = Stats(channel=None if channel.is_owner else channel)
+
+
+def _refuse_dataloader_batching(node: Node, caller: FrameType) -> None:
+    """A pipeline that ends in ``batch(n)`` under ``DataLoader(pipe)`` without
+    ``batch_size=None`` has its batches batched again (the DataLoader's default is
+    ``batch_size=1``): silently one dimension more, or torch's "each element in list of batch
+    should be of equal size" from inside ``default_collate`` at the first short batch.
+
+    A DataLoader does not tell its dataset how it batches. The one place that shows it is the
+    fetcher that calls ``iter()`` on the dataset (in each worker, or in the main process
+    without workers): its ``auto_collation`` is True when ``batch_size`` is not None. It is
+    read where it is, from the calling frame (torch has no public way to ask); should torch
+    rename it, this check falls silent and nothing else changes.
+
+    Raises:
+        ConfigError: the pipeline delivers batches and the DataLoader would batch them.
+    """
+    fetcher = caller.f_locals.get("self")
+    if type(fetcher).__name__ != "_IterableDatasetFetcher":
+        return
+    if getattr(fetcher, "auto_collation", None) is not True:
+        return
+    batch = batched_by(node)
+    if batch is not None:
+        size = batch.stage.step_size(batch.args, batch.kwargs)
+        raise ConfigError(
+            f"this pipeline already makes batches (batch({size})): a DataLoader with a batch_size (its "
+            "default is 1) would batch them again; pass DataLoader(pipe, batch_size=None, ...) to take "
+            "its batches as they are, or leave batching to the DataLoader")
 
 
 def _gather_ranks(parts: list[tuple[dict[str, Any], int]]) -> list[tuple[dict[str, Any], int]]:

@@ -60,6 +60,9 @@ class RunContext:
     worker_id: int = 0
     num_workers: int = 1
     stats: Stats = field(default_factory=Stats)
+    #: set when a DataLoader worker's pass ends in KeyboardInterrupt: the process is ending, and
+    #: stages stop their threads without waiting for them (see PipelineIterator.__next__)
+    interrupted: bool = False
 
     @classmethod
     def detect(cls, epoch: int = 0, stats: Stats | None = None) -> RunContext:

@@ -59,11 +59,27 @@ INVALID_CODES = frozenset({"InvalidBucketName", "InvalidURI", "KeyTooLongError",
 
 
 def resolve_endpoint(explicit: str | None = None) -> str | None:
-    """The S3 endpoint URL to use, or None for the SDK default (AWS)."""
-    for value in (explicit, os.environ.get("AWS_ENDPOINT_URL_S3"), os.environ.get("AWS_ENDPOINT_URL")):
+    """The S3 endpoint URL to use, or None for the SDK default (AWS).
+
+    Raises:
+        ConfigError: the endpoint found has no ``http://`` or ``https://`` scheme. Checked here,
+            where every backend reads it, because each SDK fails its own way on
+            ``AWS_ENDPOINT_URL=127.0.0.1:9000``: botocore with a bare ``ValueError``, the CRT
+            client as a request error, obstore with a Rust panic that is not an ``Exception``.
+    """
+    for source, value in (("endpoint=", explicit),
+                          ("AWS_ENDPOINT_URL_S3", os.environ.get("AWS_ENDPOINT_URL_S3")),
+                          ("AWS_ENDPOINT_URL", os.environ.get("AWS_ENDPOINT_URL"))):
         if value:
-            return value.rstrip("/")
+            return _checked_endpoint(source, value).rstrip("/")
     return None
+
+
+def _checked_endpoint(source: str, value: str) -> str:
+    if value[:8].lower().startswith(("http://", "https://")):
+        return value
+    hint = f" (did you mean 'http://{value}'?)" if "://" not in value else ""
+    raise ConfigError(f"{source} must be an http:// or https:// URL, got {value!r}{hint}")
 
 
 def on_s3_endpoint(url: str) -> str | None:
@@ -73,8 +89,10 @@ def on_s3_endpoint(url: str) -> str | None:
     Pasting the endpoint into the data URL is a common first mistake: read over plain HTTP,
     the store answers an unsigned GET with 403 and a listing with a page that holds no links.
     """
+    if not url.lower().startswith(("http://", "https://")):
+        return None
     endpoint = resolve_endpoint()
-    if not endpoint or not url.lower().startswith(("http://", "https://")):
+    if not endpoint:
         return None
     if url[:len(endpoint)].lower() != endpoint.lower() or url[len(endpoint):len(endpoint) + 1] != "/":
         return None

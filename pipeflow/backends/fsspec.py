@@ -31,6 +31,7 @@ from pipeflow.errors import (
     BackendError,
     ConfigError,
     InvalidURLError,
+    MissingDependencyError,
     ObjectNotFoundError,
     PipeflowError,
 )
@@ -100,6 +101,17 @@ def single_try(fs: Any) -> Any:
     return fs
 
 
+def _missing_filesystem(protocol: str) -> MissingDependencyError:
+    """The typed error for a protocol whose filesystem package is missing, with fsspec's own
+    hint (it knows which package each protocol needs, and pipeflow has no extra for most)."""
+    from fsspec.registry import known_implementations
+
+    known = known_implementations.get(protocol, {})
+    package = str(known.get("class", protocol)).partition(".")[0]
+    hint = known.get("err") or f"install the fsspec filesystem for {protocol!r}"
+    return MissingDependencyError(package, "fsspec", f"pip install {package} ({hint})")
+
+
 class FsspecBackend(Backend):
     """Objects through an fsspec filesystem chosen by the URL's protocol."""
 
@@ -159,6 +171,8 @@ class FsspecBackend(Backend):
         except ValueError as exc:  # fsspec: "Protocol not known"
             raise InvalidURLError(f"fsspec does not know the protocol {protocol!r}", url=url,
                                   backend=self.name, op="open") from exc
+        except ImportError as exc:  # the protocol's filesystem (gcs: gcsfs) is not installed
+            raise _missing_filesystem(protocol) from exc
         if protocol in ("s3", "s3a"):
             single_try(fs)
         return fs

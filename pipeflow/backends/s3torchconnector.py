@@ -64,7 +64,7 @@ from pipeflow.backends._retry import (
     retried_pages,
     retry_call,
 )
-from pipeflow.backends._s3config import S3Options, error_for_status
+from pipeflow.backends._s3config import S3Options, error_for_status, no_credentials_error
 from pipeflow.backends.base import Backend, S3Location, parse_s3_object_url, parse_s3_url
 from pipeflow.errors import (
     AccessDeniedError,
@@ -246,9 +246,10 @@ class S3TorchConnectorBackend(Backend):
     def _by_code(self, exc: BaseException, url: str, op: str) -> BackendError | None:
         """The typed, final error the CRT's codes name, None when they name none (or a transient one)."""
         codes = crt_error_codes(exc)
-        if codes.kind in ("Forbidden", "No signing credentials"):
-            what = "no usable credentials found" if codes.kind != "Forbidden" else "access denied (403)"
-            return AccessDeniedError(what, url=url, backend=self.name, op=op)
+        if codes.kind == "No signing credentials":  # said with what to set, as the other backends say it
+            return no_credentials_error(url=url, backend=self.name, op=op)
+        if codes.kind == "Forbidden":
+            return AccessDeniedError("access denied (403)", url=url, backend=self.name, op=op)
         if codes.kind in _MISSING_KINDS:
             return ObjectNotFoundError(f"no such object or bucket ({codes.kind.lower()})", url=url,
                                        backend=self.name, op=op)

@@ -72,6 +72,8 @@ class WindowOptions:
         size_of: ``result -> bytes`` of a delivered result, for a tuner's memory budget.
         gated: with a tuner and thread workers, the tuner's value is the calls running at once
             (a :class:`~pipeflow.executor.autotune.Gate`) and twice as many are in flight.
+        solo_inline: gated, CPU-bound work: while the tuner has settled at one call at a time,
+            the call runs in the consumer's thread (see :attr:`Window.solo`).
     """
 
     workers: int = 0
@@ -84,6 +86,7 @@ class WindowOptions:
     on_discard: Callable[[Future[Any]], None] | None = None
     size_of: Callable[[Any], int] | None = None
     gated: bool = False
+    solo_inline: bool = False
 
     def __post_init__(self) -> None:
         check_int(self.workers, "window workers", low=0)
@@ -120,6 +123,18 @@ def _done(fn: Callable[[Any], Any], item: Any) -> Future[Any]:
     return future
 
 
+def _done_as_on_a_thread(fn: Callable[[Any], Any], item: Any) -> Future[Any]:
+    """:func:`_done` for an item that would have gone to a thread worker: any exception, an
+    interrupt too, comes through the future, as a thread pool delivers it, so the item stays in
+    the window (the position stays before it) until the stage completes it."""
+    future: Future[Any] = Future()
+    try:
+        future.set_result(fn(item))
+    except BaseException as exc:
+        future.set_exception(exc)
+    return future
+
+
 class Window:
     """Up to ``limit`` applications of ``fn`` in flight on ``workers`` threads or processes.
 
@@ -144,6 +159,7 @@ class Window:
         self._limit = (options.limit or default_limit(workers, method)) if workers else 1
         self.tuner = tuner
         self.gate = Gate(tuner) if tuner is not None and options.gated and method == "thread" else None
+        self._solo_inline = self.gate is not None and options.solo_inline
         self.size_of = options.size_of
         #: items per process task: two tasks per worker fill the window, each carrying as many
         #: items as that leaves room for (1 with the default window; a deeper ``max_inflight``
@@ -174,7 +190,9 @@ class Window:
         tuner = self.tuner
         if tuner is None or not self.workers:
             return self._limit
-        return 2 * tuner.value if self.gate is not None else tuner.value
+        if self.gate is None:
+            return tuner.value
+        return 1 if self.solo else 2 * tuner.value
 
     @property
     def running(self) -> int:
@@ -183,6 +201,20 @@ class Window:
         if tuner is None or not self.workers:
             return self.workers
         return min(self.workers, tuner.value if self.gate is not None else self.limit)
+
+    @property
+    def solo(self) -> bool:
+        """True while the calls run in the consumer's thread: CPU-bound work whose tuner tried
+        two calls at once and settled back at one (the machine gave the second no gain). A
+        decode thread would then cost a hand-off per item (a queue put, wake-ups, a future: a
+        few percent of a ~1 ms JPEG decode) to overlap only the consumer's own share of the
+        work. The tuner's next probe one step up goes back to the threads, and stays there if it
+        pays. Not where one call is all the tuner may run (one core per DataLoader worker):
+        nothing would ever measure the thread's overlap with the consumer (its reads of a
+        stream from a store, its collate) against this."""
+        tuner = self.tuner
+        return (self._solo_inline and tuner is not None and tuner.value == 1 and tuner.high > 1
+                and tuner.settled)
 
     # ---- lifecycle ------------------------------------------------------------------------
     def restart(self, skip: Iterable[int] = ()) -> None:
@@ -286,7 +318,9 @@ class Window:
         return self.size_of(future.result())
 
     def _fill(self, source: Source) -> None:
-        limit = self.limit
+        # decided once per fill (only delivery, in this thread, moves the tuner): solo, one item
+        # at a time, in this thread, once the pool's items were delivered
+        solo, limit = self.solo, self.limit
         batch: list[Task] = []  # pulled, to be sent to a process worker as one task
         try:
             while not self._exhausted:
@@ -311,7 +345,7 @@ class Window:
                 task = Task(seq, snapshot, item, None)
                 self._pending.append(task)
                 try:
-                    self._start(task, batch)
+                    self._start(task, batch, solo)
                 except BaseException:
                     self._unsubmitted(batch if task in batch else [task])
                     raise
@@ -319,7 +353,7 @@ class Window:
             if batch:  # every task in the window has a future before anyone waits on one
                 self._submit(batch)
 
-    def _start(self, task: Task, batch: list[Task]) -> None:
+    def _start(self, task: Task, batch: list[Task], solo: bool = False) -> None:
         item = task.item
         if self.inline is not None:
             done, value = self.inline(item)
@@ -329,6 +363,8 @@ class Window:
                 return
         if self._pool is None:
             task.future = _done(self.fn, item)
+        elif solo:  # timed as a thread task would be: the stage's busy time counts it
+            task.future = _done_as_on_a_thread(self.meter.thread_task(self.fn), item)
         elif self.chunk > 1 and self._pool.method == "process":
             batch.append(task)
             if len(batch) >= self.chunk:

@@ -40,6 +40,7 @@ from ..backends.registry import backend_for_url, get_backend
 from ..errors import ConfigError, CorruptDataError, ObjectNotFoundError
 from ..items import ObjectInfo
 from ..keytable import SHARE_MIN, KeyTable, is_index_file, keys_dir, new_table_file, write_index
+from ._backends import check_backend_options
 from ._onejob import on_lead
 from .base import Stage
 
@@ -47,6 +48,7 @@ __all__ = ["LIST_THREADS", "ObjectLister", "default_backend", "list_now", "obtai
            "read_manifest", "write_manifest"]
 
 MANIFEST_VERSION = 1
+_OWN_OPTIONS = ("pattern", "backend", "manifest", "threads")
 #: list requests in flight when the backend can list ranges concurrently
 LIST_THREADS = 8
 
@@ -114,9 +116,20 @@ def list_now(url: str, *, pattern: str | None = None, backend: str | Backend | N
     infos, seen, names = _matching(listed, base, pattern)
     infos.sort(key=lambda i: i.url)  # backends list sorted already; make it a guarantee
     if not infos:
-        raise ObjectNotFoundError(_nothing_matched(pattern, seen, names), url=url, backend=be.name,
-                                  op="list")
+        raise ObjectNotFoundError(_nothing_matched(pattern, seen, names) + _glob_hint(url, pattern),
+                                  url=url, backend=be.name, op="list")
     return infos
+
+
+def _glob_hint(url: str, pattern: str | None) -> str:
+    """For a glob written into the URL (``s3://bucket/train/*.tar``, as fsspec and shell users
+    write it), where list_objects takes a prefix: how to write it instead."""
+    at = min((i for i in (url.find(c) for c in "*?[") if i >= 0), default=-1)
+    if at < 0 or pattern is not None:
+        return ""
+    base = url[:url.rfind("/", 0, at) + 1]
+    return (f"; the URL is a prefix, not a glob: list_objects({base!r}, "
+            f"pattern={url[len(base):]!r})")
 
 
 def _matching(listed: Iterable[ObjectInfo], base: str, pattern: str | None
@@ -131,9 +144,18 @@ def _matching(listed: Iterable[ObjectInfo], base: str, pattern: str | None
         name = _relative(info.url, base)
         if len(names) < 3:
             names.append(name)
-        if pattern is None or fnmatch.fnmatchcase(name, pattern):
+        if pattern is None or _matches(name, pattern, base):
             infos.append(info)
     return infos, seen, names
+
+
+def _matches(name: str, pattern: str, base: str) -> bool:
+    """``pattern`` against the name after ``base``. Under a prefix written without its trailing
+    slash (``s3://bucket/train``) every name starts with ``/``: ``shard-*.tar`` matches there
+    as it does under ``s3://bucket/train/``, and ``/shard-*.tar`` still does."""
+    if fnmatch.fnmatchcase(name, pattern):
+        return True
+    return name[:1] == "/" and base[-1:] != "/" and fnmatch.fnmatchcase(name[1:], pattern)
 
 
 def _nothing_matched(pattern: str | None, seen: int, names: list[str]) -> str:
@@ -361,6 +383,9 @@ class ObjectLister(Stage[ObjectInfo]):
             raise ConfigError(f"pattern must be a glob string, got {pattern!r}")
         if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
             raise ConfigError(f"list_objects(threads=...) must be an int >= 1, got {threads!r}")
+        if options and not isinstance(backend, Backend):
+            # a misspelled option (patern=) lands among the backend options: name it as a slip
+            check_backend_options("list_objects", backend, options, stage_options=_OWN_OPTIONS)
         self.url = url
         self.pattern = pattern
         self.backend = backend
@@ -370,7 +395,9 @@ class ObjectLister(Stage[ObjectInfo]):
         self._objects: Objects | None = None
         if objects is not None:
             self._objects = objects if isinstance(objects, (KeyTable, tuple)) else tuple(objects)
-        self._index = 0
+        self._index = self._first = 0
+        self._earlier = 0  # objects delivered by the runs before this one, and read by at()
+        self._sample_at = 0  # the index at which next() asks for a timing sample
 
     def objects(self) -> Objects:
         """The listing: from ``objects``, else the manifest, else the store (once)."""
@@ -382,21 +409,33 @@ class ObjectLister(Stage[ObjectInfo]):
 
     def start(self, state: dict[str, Any] | None) -> None:
         self.objects()
-        self._index = int(state["index"]) if state else 0
+        self._earlier += self._index - self._first
+        self._index = self._first = int(state["index"]) if state else 0
+        self._sample_at = self._index
+
+    def delivered(self) -> int:
+        # counted here, not by the meter: read by assignment (a sharded or shuffled listing,
+        # in every DataLoader worker) the objects leave through at(), which the meter never sees
+        return self._earlier + self._index - self._first
 
     def next(self) -> ObjectInfo:
         objects = self.objects()
-        if self._index >= len(objects):
+        i = self._index
+        if i >= len(objects):
             raise StopIteration
-        self._index += 1
-        return objects[self._index - 1]
+        if i >= self._sample_at:
+            self._sample_at = i + self._sample_soon()
+        self._index = i + 1
+        return objects[i]
 
     #: the listing gives object ``i`` directly: the builder reads it by assignment
     random_access = True
     elastic_roles = frozenset({"before_shard"})
 
     def at(self, i: int) -> ObjectInfo:
-        """Object ``i`` of the sorted listing (for reading by assignment)."""
+        """Object ``i`` of the sorted listing (for reading by assignment; counted as delivered
+        by this stage)."""
+        self._earlier += 1
         return self.objects()[i]
 
     def get_state(self) -> dict[str, Any]:

@@ -86,7 +86,11 @@ class WindowedOptions:
         return WindowOptions(workers=workers, method=self.method, in_order=self.in_order, limit=limit,
                              name=name, start_method=self.start_method, inline=self.inline,
                              on_discard=self.on_discard, size_of=self.size_of,
-                             gated=self._gated), tuner
+                             gated=self._gated, solo_inline=self._gated and self._kind == "cpu"), tuner
+
+    @property
+    def _kind(self) -> Kind:
+        return self.kind or ("thread" if self.method == "thread" else "cpu")
 
     @property
     def _gated(self) -> bool:
@@ -96,13 +100,13 @@ class WindowedOptions:
         then takes the next item at once, instead of idling until the consumer takes the oldest
         result (with one core per DataLoader worker, a decode tuned to one call in flight
         decoded nothing while its consumer collated)."""
-        kind = self.kind or ("thread" if self.method == "thread" else "cpu")
+        kind = self._kind
         return (kind in ("thread", "cpu") and self.method == "thread" and self.workers == AUTO
                 and not is_int(self.max_inflight))
 
     def _tune(self) -> tuple[int, Tuner]:
         """The pool's size and the tuner that moves the limit below it."""
-        kind = self.kind or ("thread" if self.method == "thread" else "cpu")
+        kind = self._kind
         workers, max_inflight = self.workers, self.max_inflight
         if workers == AUTO:
             start, high = bounds(kind)
@@ -258,9 +262,10 @@ class WindowedStage(Stage[Any]):
 
     def close(self) -> None:
         super().close()
-        # the pool outlives restarts (repeat() resets this stage every round); close ends it
+        # the pool outlives restarts (repeat() resets this stage every round); close ends it,
+        # without waiting for the threads' current calls in a worker ending on Ctrl-C
         if self._window is not None:
-            self._window.shutdown()
+            self._window.shutdown(wait=not self.context.interrupted)
 
     def __del__(self) -> None:
         window = getattr(self, "_window", None)

@@ -116,7 +116,11 @@ class Prefetcher(Stage[Any]):
 
     def stop(self) -> None:
         pump, self._pump = self._pump, None
-        if pump is not None and not pump.stop(join=JOIN_TIMEOUT):
+        if pump is None:
+            return
+        if self.context.interrupted:  # a worker ending on Ctrl-C: the daemon thread ends with it
+            pump.stop()
+        elif not pump.stop(join=JOIN_TIMEOUT):
             log.warning("pipeflow: %s: background thread still busy after %.0fs; abandoning it",
                         self.name, JOIN_TIMEOUT)
 

@@ -199,7 +199,11 @@ def s3_client(*, single_try: bool = False, **kwargs: Any) -> Any:
         from ..errors import MissingDependencyError
 
         raise MissingDependencyError("boto3", "boto3") from exc
-    endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get("S3_ENDPOINT_URL") or None
+    from ..backends._s3config import resolve_endpoint
+
+    # checked as every backend checks it: a ConfigError for an endpoint without its scheme,
+    # not botocore's bare ValueError('Invalid endpoint')
+    endpoint = resolve_endpoint() or os.environ.get("S3_ENDPOINT_URL") or None
     retries = {"total_max_attempts": 1} if single_try else {"max_attempts": 5}
     config = Config(s3={"addressing_style": "path"}, max_pool_connections=32,
                     retries={**retries, "mode": "standard"})

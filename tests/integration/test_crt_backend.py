@@ -146,7 +146,7 @@ def test_no_credentials_is_access_denied(s3, big, monkeypatch, tmp_path):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    with pytest.raises(AccessDeniedError):
+    with pytest.raises(AccessDeniedError, match="no usable credentials found: set AWS_ACCESS_KEY_ID"):
         get_backend("s3torchconnector").read(url)
 
 

@@ -12,6 +12,7 @@ from pipeflow.backends.local import LocalBackend
 from pipeflow.errors import ConfigError
 from pipeflow.executor import autotune
 from pipeflow.executor.autotune import BufferTuner, Tuner
+from pipeflow.executor.window import Window, WindowOptions
 from pipeflow.stages.map import WindowedOptions
 
 from ._autotune_helpers import fake_clock, held
@@ -21,6 +22,22 @@ from ._core_helpers import double, slow_double
 @pytest.fixture
 def clock(monkeypatch):
     return fake_clock(monkeypatch)
+
+
+class Counting:
+    """A source of 0, 1, 2, ... with a position (what a window pulls from)."""
+
+    def __init__(self, n):
+        self.i, self.n = 0, n
+
+    def __next__(self):
+        if self.i >= self.n:
+            raise StopIteration
+        self.i += 1
+        return self.i - 1
+
+    def state_dict(self):
+        return {"index": self.i}
 
 
 def _drive(tuner, clock, rate_at, seconds=20.0, nbytes=0):
@@ -404,3 +421,110 @@ def test_a_tuned_decode_on_threads_keeps_the_next_sample_queued(monkeypatch):
     assert [s["txt"] for s in decoded] == [str(i) for i in range(60)]
     numbers = decoded.stats()["decode"]
     assert numbers["workers"] == 1 and numbers["inflight"] == 2, numbers
+
+
+def test_a_decode_settled_at_one_call_runs_in_the_consumers_thread(monkeypatch):
+    # two cores, but no step counts as a gain: the tuner tries two decodes at once, finds no
+    # gain twice and settles at one (after ~0.75 s); from then on a decode thread would only add
+    # a hand-off per sample, so the samples are decoded in the thread that iterates, in order,
+    # counted and resumable as before
+    monkeypatch.setattr(autotune, "cpu_budget", lambda: 2)
+    monkeypatch.setattr(autotune, "GAIN", 100.0)
+    consumer, threads = threading.get_ident(), []
+
+    def slow_txt(data):
+        threads.append(threading.get_ident())
+        time.sleep(0.01)
+        return data.decode()
+
+    samples = [{"__key__": str(i), "txt": str(i).encode()} for i in range(200)]
+    decoded = pf.from_items(samples).decode(workers="auto", handlers={"txt": slow_txt})
+    it = iter(decoded)
+    first = [next(it)["txt"] for _ in range(170)]
+    state = it.state_dict()
+    rest = [s["txt"] for s in it]
+    assert first + rest == [str(i) for i in range(200)]
+    assert threads[0] != consumer  # climbing: on the pool
+    assert set(threads[-20:]) == {consumer}, threads  # settled at one: inline
+    numbers = decoded.stats()["decode"]
+    assert numbers["workers"] == 1 and numbers["inflight"] == 1 and numbers["steps_up"] == 1, numbers
+    assert numbers["items"] == 200 and numbers["busy_s"] >= 200 * 0.01 * 0.5, numbers
+    resumed = iter(pf.from_items(samples).decode(workers="auto", handlers={"txt": slow_txt}))
+    resumed.load_state_dict(state)
+    assert [s["txt"] for s in resumed] == rest
+
+
+class _Interrupt(BaseException):
+    """Not an ``Exception``, as ``KeyboardInterrupt`` (which would stop the test run if it escaped)."""
+
+
+def test_a_window_runs_in_the_consumers_thread_only_while_its_tuner_holds_one(clock):
+    tuner = Tuner(1, 2, 1)
+    _drive(tuner, clock, lambda n: 100.0, seconds=2.0)  # two at once gained nothing: settled at one
+    assert tuner.settled and tuner.value == 1
+    threads = []
+
+    def record(x):
+        threads.append(threading.get_ident())
+        return 2 * x
+
+    window = Window(record, WindowOptions(workers=2, gated=True, solo_inline=True), tuner=tuner)
+    source = Counting(30)
+    window.restart()
+
+    def take(n):
+        out = []
+        for _ in range(n):
+            task = window.next_task(source)
+            out.append(window.wait(task))
+            window.complete(task)
+        return out
+
+    try:
+        assert take(10) == [2 * i for i in range(10)] and window.limit == 1
+        assert set(threads) == {threading.get_ident()}
+        assert window.position(source) == ({"index": 10}, [])
+        tuner.value = 2  # a probe one step up: back to the pool, four in flight
+        assert take(10) == [2 * i for i in range(10, 20)] and window.limit == 4
+        assert threading.get_ident() not in set(threads[10:])
+        assert window.position(source) == ({"index": 20}, [])
+    finally:
+        window.shutdown()
+    def fail_on_3(x):
+        if x == 3:
+            raise ValueError("bad item")
+        if x == 5:
+            raise _Interrupt
+        return x
+
+    tuner.value = 1  # the probe did not pay: back at one
+    window = Window(fail_on_3, WindowOptions(workers=2, gated=True, solo_inline=True), tuner=tuner)
+    source = Counting(10)
+    window.restart()
+    try:
+        assert window.solo and take(3) == [0, 1, 2]
+        task = window.next_task(source)
+        with pytest.raises(ValueError, match="bad item"):  # through the task, as from a thread
+            window.wait(task)
+        assert window.position(source) == ({"index": 3}, [])  # still before the failed item
+        window.complete(task)  # skipped
+        assert take(1) == [4]
+        task = window.next_task(source)
+        with pytest.raises(_Interrupt):
+            window.wait(task)
+        assert window.position(source) == ({"index": 5}, [])  # an interrupt loses nothing
+    finally:
+        window.shutdown()
+    one_core = Tuner(1, 1, 1)  # one call is all it may run: the threads keep overlapping
+    _drive(one_core, clock, lambda n: 100.0, seconds=2.0)
+    assert one_core.settled
+    assert not Window(record, WindowOptions(workers=1, gated=True, solo_inline=True), tuner=one_core).solo
+
+
+def test_only_cpu_bound_work_on_gated_threads_may_run_in_the_consumers_thread():
+    # a thread map's function may wait (I/O): its one thread overlaps the wait with the consumer
+    assert WindowedOptions(what="decode", workers="auto", kind="cpu").window("d")[0].solo_inline
+    assert not WindowedOptions(what="map", workers="auto").window("m")[0].solo_inline
+    assert not WindowedOptions(what="decode", workers=2, kind="cpu").window("d")[0].solo_inline
+    assert not WindowedOptions(what="decode", workers="auto", kind="cpu",
+                               method="process").window("d")[0].solo_inline

@@ -168,6 +168,20 @@ def test_bad_options_raise_config_errors():
         list(pf.from_items([1]).map(lambda x: x, workers=1, method="process"))
 
 
+def test_a_pattern_matches_under_a_url_written_without_its_trailing_slash(tmp_path):
+    train = tmp_path / "train"
+    train.mkdir()
+    for i in range(3):
+        (train / f"shard-{i}.tar").write_bytes(b"x")
+    (train / "notes.txt").write_bytes(b"x")
+    want = [f"{train}/shard-{i}.tar" for i in range(3)]
+    for url, pattern in ((str(train), "shard-*.tar"), (str(train), "/shard-*.tar"),
+                         (str(tmp_path), "train/shard-*.tar"), (str(train) + "/", "shard-*.tar")):
+        assert [o.url for o in pf.list_objects(url, pattern=pattern)] == want, (url, pattern)
+    with pytest.raises(pf.ObjectNotFoundError):   # the slash is not dropped inside a name
+        pf.list_objects(str(tmp_path), pattern="trainshard-*.tar")
+
+
 def test_a_pattern_that_matches_nothing_shows_what_it_was_matched_against(tmp_path):
     for i in range(5):
         (tmp_path / f"shard-{i}.tar").write_bytes(b"x")
@@ -182,9 +196,24 @@ def test_a_pattern_that_matches_nothing_shows_what_it_was_matched_against(tmp_pa
         pf.list_objects(str(tmp_path / "empty") + "/", pattern="*")
 
 
+def test_a_glob_in_the_url_says_to_pass_it_as_pattern(tmp_path):
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "shard-0.tar").write_bytes(b"x")
+    with pytest.raises(pf.ObjectNotFoundError) as info:
+        pf.list_objects(f"{tmp_path}/train/*.tar")
+    assert f"list_objects('{tmp_path}/train/', pattern='*.tar')" in str(info.value)
+    # and the advice, followed, finds it
+    assert [o.url for o in pf.list_objects(f"{tmp_path}/train/", pattern="*.tar")] == \
+        [f"{tmp_path}/train/shard-0.tar"]
+
+
 def test_a_missing_relative_directory_says_how_an_s3_prefix_is_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(pf.ObjectNotFoundError, match=r"an S3 prefix is written 's3://bucket/train/'"):
         pf.list_objects("bucket/train/")
     with pytest.raises(pf.ObjectNotFoundError, match=r"^no such directory \(url="):  # absolute: no guess
         pf.list_objects(str(tmp_path / "bucket" / "train") + "/")
+    for written_as_a_path in ("./dat/train/", "../dat/train/"):   # no bucket to guess: no s3://./
+        with pytest.raises(pf.ObjectNotFoundError) as info:
+            pf.list_objects(written_as_a_path)
+        assert f"relative to {tmp_path}" in str(info.value) and "s3://" not in str(info.value)

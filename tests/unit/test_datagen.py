@@ -137,3 +137,14 @@ def test_make_data_cli(tmp_path, capsys):
                  "--shard-mb", "0.0001", "--quiet"]) == 0
     assert "wrote 4 samples" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["00000.tar", "00001.tar", "00002.tar", "00003.tar"]
+
+
+def test_the_data_tools_check_the_endpoint_as_the_backends_do(monkeypatch):
+    # make-data and upload went through botocore's bare ValueError('Invalid endpoint') traceback
+    pytest.importorskip("boto3")
+    from pipeflow.testing.datagen import s3_client
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "127.0.0.1:9000")
+    with pytest.raises(ConfigError, match="did you mean 'http://127.0.0.1:9000'"):
+        s3_client()

@@ -36,6 +36,27 @@ def test_dataloader_batching_with_pipeflow_collate():
     assert sorted(_flatten(loader)) == [2 * x for x in range(20)]
 
 
+@pytest.mark.parametrize("loader_kwargs", [{}, {"batch_size": 4, "num_workers": 1},
+                                           {"batch_size": 2, "drop_last": True}])
+def test_a_dataloader_batch_size_on_a_pipeline_that_batches_is_a_config_error(loader_kwargs):
+    # DataLoader's default batch_size=1 added a dimension silently; batch_size=4 failed inside
+    # default_collate at the first short batch, or stacked equal batches silently
+    pipe = pf.from_items(range(20)).map(double).batch(4, collate=True).prefetch(2)
+    with pytest.raises(pf.ConfigError, match=r"already makes batches \(batch\(4\)\).*batch_size=None"):
+        next(iter(DataLoader(pipe, **loader_kwargs)))
+    with pytest.raises(pf.ConfigError, match="already makes batches"):
+        next(iter(StatefulDataLoader(pipe, batch_size=2)))
+
+
+def test_a_dataloader_may_batch_what_the_pipeline_unbatched_or_never_batched():
+    unbatched = pf.from_items(range(8)).batch(4).unbatch()
+    assert _flatten(DataLoader(unbatched, batch_size=4)) == list(range(8))
+    assert _flatten(DataLoader(pf.from_items(range(8)), batch_size=4)) == list(range(8))
+    batched = pf.from_items(range(8)).batch(4, collate=True)
+    assert _flatten(DataLoader(batched, batch_size=None)) == list(range(8))
+    assert sum(1 for _ in batched) == 2   # iterated directly, as before
+
+
 def test_set_epoch_reshuffles_across_dataloader_epochs():
     pipe = pf.from_items(range(30)).shuffle(30)
     epochs = []

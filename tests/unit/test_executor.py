@@ -153,6 +153,54 @@ def test_keyboard_interrupt_shuts_down_cleanly():
     assert _settle(lambda: _threads() <= threads_before)
 
 
+def _interrupted_while_a_worker_is_busy(context, release_after: float):
+    """Raise KeyboardInterrupt in the consumer while the prefetch thread waits on a map worker
+    that is stuck until ``release_after`` seconds have passed; True when the interrupt came
+    out before the stuck call was released (close did not wait for it)."""
+    from pipeflow.iterator import PipelineIterator
+
+    gate = threading.Event()
+    releaser = threading.Timer(release_after, gate.set)
+
+    def stuck_from_2(x):
+        if x >= 2:
+            gate.wait()
+        return x
+
+    def interrupt_at_0(x):
+        if x == 0:
+            raise KeyboardInterrupt
+        return x
+
+    pipe = pf.from_items(range(50)).map(stuck_from_2, workers=1).prefetch(1).map(interrupt_at_0)
+    it = PipelineIterator(pipe.node, context=context)
+    releaser.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for _ in it:
+                pass
+        return not gate.is_set()
+    finally:
+        releaser.cancel()
+        gate.set()
+
+
+def test_a_dataloader_worker_interrupted_stops_without_waiting_for_its_threads():
+    # Ctrl-C: the exiting main process SIGTERMs the workers still alive, skipping their exit
+    # handlers (multiprocessing's /tmp/pymp-* directories stay); a worker must not wait on a
+    # busy thread before it ends (worker 0 of 2 reads items 0, 2, 4, ...).
+    from pipeflow.run_context import RunContext
+
+    in_worker = RunContext(worker_id=0, num_workers=2)
+    assert _interrupted_while_a_worker_is_busy(in_worker, release_after=30.0)
+
+
+def test_the_training_process_interrupted_still_stops_its_threads_before_returning():
+    from pipeflow.run_context import RunContext
+
+    assert not _interrupted_while_a_worker_is_busy(RunContext(), release_after=1.0)
+
+
 def test_prefetch_reraises_upstream_errors_with_type():
     with pytest.raises(KeyError):
         list(pf.from_items(range(20)).map(fail_on_13).prefetch(3))

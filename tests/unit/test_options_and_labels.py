@@ -69,6 +69,21 @@ def test_a_misspelled_backend_option_suggests_the_backends_own():
         pf.from_items(["s3://bucket/key"]).open("boto3", page_sise=10)
 
 
+@pytest.mark.parametrize(("backend", "wrong", "right"), [(None, "patern", "pattern"),
+                                                         (None, "thread", "threads"),
+                                                         ("boto3", "endpoit", "endpoint")])
+def test_a_misspelled_list_objects_option_is_named_before_anything_is_listed(tmp_path, backend,
+                                                                             wrong, right):
+    # list_objects passes unknown keywords to the backend too: a slip there was a TypeError of
+    # the backend's options class, with no suggestion
+    with pytest.raises(OptionError) as err:
+        pf.list_objects(str(tmp_path / "missing") + "/", backend=backend, **{wrong: "*.tar"})
+    message = str(err.value)
+    assert f"list_objects() has no option '{wrong}' (did you mean '{right}'?)" in message
+    assert "pattern, backend, manifest, threads" in message
+    assert "__init__" not in message
+
+
 def test_a_real_backend_option_without_a_backend_asks_for_the_name():
     with pytest.raises(ConfigError) as err:
         pf.from_items(["s3://bucket/key"]).open(endpoint="http://127.0.0.1:1")
@@ -80,6 +95,13 @@ def test_a_custom_stage_option_is_checked_against_its_constructor():
     with pytest.raises(OptionError, match=r"Every\(\) has no option 'stpe' \(did you mean 'step'\?\)"):
         pf.from_items(range(3)).then(Every, stpe=2)
     assert list(pf.from_items(range(6)).then(Every, step=2)) == [0, 2, 4]
+
+
+def test_an_option_given_by_position_and_by_keyword_names_both_values():
+    # decode's first argument is its output mode; mode="RGB" reads like an image mode
+    with pytest.raises(OptionError, match=r"^decode\(\): 'mode' is given twice: 'torch' by position "
+                                          r"and mode='RGB'$"):
+        pf.from_items(range(3)).decode("torch", resize=8, mode="RGB")
 
 
 def test_a_missing_argument_is_an_option_error_too():

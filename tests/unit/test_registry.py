@@ -181,6 +181,34 @@ def test_endpoint_resolution(monkeypatch) -> None:
     assert resolve_endpoint() is None and not S3Options().use_path_style()
 
 
+def test_an_endpoint_without_a_scheme_is_a_config_error_naming_its_source(monkeypatch) -> None:
+    # each SDK fails its own way on a bare host:port (obstore panics in Rust); one check for all
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "127.0.0.1:9000")
+    with pytest.raises(ConfigError, match=r"AWS_ENDPOINT_URL .*'http://127\.0\.0\.1:9000'"):
+        resolve_endpoint()
+    with pytest.raises(ConfigError, match="AWS_ENDPOINT_URL"):
+        S3Options().endpoint_label()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "ftp://h:1")
+    with pytest.raises(ConfigError, match="AWS_ENDPOINT_URL_S3") as info:
+        resolve_endpoint()
+    assert "did you mean" not in str(info.value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "HTTPS://h:1/")
+    assert resolve_endpoint() == "HTTPS://h:1"
+
+
+@pytest.mark.parametrize("backend", ["obstore", "boto3"])
+def test_a_pipeline_on_an_endpoint_without_a_scheme_fails_with_the_config_error(monkeypatch, backend) -> None:
+    pytest.importorskip(backend)
+    import pipeflow as pf
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "127.0.0.1:9")
+    pipe = pf.from_items(["s3://bucket/k"]).open(backend, read=True, workers=1)
+    with pytest.raises(ConfigError, match="did you mean 'http://127.0.0.1:9'"):
+        next(iter(pipe))
+
+
 @pytest.mark.parametrize(("status", "code", "cls"), [
     (404, "NoSuchKey", ObjectNotFoundError), (404, "", ObjectNotFoundError),
     (403, "AccessDenied", AccessDeniedError), (400, "InvalidBucketName", InvalidURLError),
@@ -207,3 +235,18 @@ def test_listing_an_s3_prefix_over_https_names_the_s3_url(url, meant) -> None:
     if meant is not None:
         with pytest.raises(InvalidURLError, match=f"name it '{meant}'"):
             list(get_backend("fsspec").list(url))
+
+
+def test_a_protocol_whose_filesystem_is_missing_raises_missing_dependency_error() -> None:
+    # fsspec raises a bare ImportError; pipeflow's typed one keeps its hint and pickles
+    import importlib.util
+
+    pytest.importorskip("fsspec")
+    if importlib.util.find_spec("gcsfs") is not None:
+        pytest.skip("gcsfs is installed here")
+    import pipeflow as pf
+
+    with pytest.raises(MissingDependencyError, match=r"gcsfs is required .*pip install gcsfs") as info:
+        pf.list_objects("gs://bucket/train/")
+    clone = pickle.loads(pickle.dumps(info.value))
+    assert str(clone) == str(info.value) and clone.package == "gcsfs"

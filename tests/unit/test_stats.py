@@ -105,6 +105,19 @@ def test_stats_are_summed_over_dataloader_workers(num_workers):
     assert pipe.stats()["map"]["items"] == 600
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_listing_counts_the_objects_it_gave_also_when_read_by_assignment(tmp_path, num_workers):
+    # in DataLoader workers the listing is read by place (at()), never by next(): it showed 0
+    for i in range(12):
+        (tmp_path / f"{i:02d}.bin").write_bytes(b"x")
+    pipe = pf.list_objects(str(tmp_path) + "/", pattern="*.bin").map(slow_identity)
+    assert _drain(DataLoader(pipe, batch_size=None, num_workers=num_workers)) == 12
+    stats = pipe.stats()
+    assert stats["list_objects"]["items"] == 12 == stats["map"]["items"]
+    assert _drain(DataLoader(pipe, batch_size=None, num_workers=num_workers)) == 12
+    assert pipe.stats()["list_objects"]["items"] == 24
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("context", ["spawn", "forkserver"])
 def test_stats_cross_spawn_and_forkserver_workers(context):
