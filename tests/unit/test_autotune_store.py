@@ -144,10 +144,11 @@ def test_a_steady_share_of_errors_is_not_a_request_rate_limit(clock):
 
 
 def test_a_backoff_that_lowers_no_share_is_undone_at_once(clock):
-    # the first sign of 503s makes the tuner back off; two counted judgements (the lower limit,
-    # then the limit it left, measured afresh) show the same share, and the tuner keeps the
-    # limit it left and grows from there, instead of holding and probing up by an eighth
-    store = Store(latency=0.01, demand=3000.0, retried=lambda n: 0.1)
+    # a burst of 503s in the first requests (half of them) makes the tuner back off, then the
+    # store fails a steady 10%; two counted judgements (the lower limit, then the limit it
+    # left, measured afresh) show the same share, and the tuner keeps the limit it left and
+    # grows from there, instead of holding and probing up by an eighth
+    store = Store(latency=0.01, demand=3000.0, retried=Burst(0.5, 100, 0.1))
     tuner = Tuner(1, 64, 4, store=True)
     tuner.watch(lambda: store.retries)
     trace = drive(tuner, clock, store, 10.0,
@@ -280,6 +281,83 @@ def test_a_backoff_is_judged_once_the_window_turned_over_at_each_limit(clock, la
         tuner.watch(lambda store=store: store.retries)
         store.drive(tuner, clock, seconds=10.0)
         assert tuner.steady_errors == tuner.backoffs, (seed, tuner.backoffs, tuner.steady_errors)
+
+
+def first_steps(seen, count=2):
+    """The first ``count`` values a run's limit moved to."""
+    moves = [b for a, b in zip(seen, seen[1:]) if b != a]
+    return moves[:count]
+
+
+def test_the_first_interval_jumps_by_littles_law(clock):
+    # a consumer that would take 2,000 items/s at a flat 50 ms needs 100 in flight: the first
+    # interval has no earlier latency to compare with, and used to double (4, 8, then 32 and
+    # 64); it jumps by the estimate too, within four times the limit
+    seen = drive(Tuner(1, 128, 4, store=True), clock, Store(latency=0.05, demand=2000.0), seconds=1.0)
+    assert first_steps(seen) == [16, 64], Counter(seen)
+
+
+def test_the_first_jump_waits_when_a_quarter_of_the_first_requests_are_retried(clock):
+    # 10% retried: the store's own errors, or a limit far off; the climb jumps. More than a
+    # quarter: the store may be limiting the rate, which a jump would meet four times as often;
+    # the climb doubles and the push-back rule judges it
+    for share, first in ((0.1, 16), (0.35, 8)):
+        store = Store(latency=0.05, demand=2000.0, retried=lambda n, share=share: share)
+        tuner = Tuner(1, 128, 4, store=True)
+        tuner.watch(lambda store=store: store.retries)
+        assert first_steps(drive(tuner, clock, store, seconds=0.3), count=1) == [first], share
+
+
+class Every:
+    """Every ``n``-th request retried: a share of ``1 / n``, the same in every count."""
+
+    def __init__(self, n):
+        self.n, self.seen = n, 0
+
+    def __call__(self, inflight):
+        self.seen += 1
+        return 1.0 if self.seen % self.n == 0 else 0.0
+
+
+def test_the_first_count_backs_off_only_beyond_a_quarter_retried(clock):
+    # the first count of a run has no usual share to compare with. Taken as a known share of
+    # none, a steady 20% of 503s (the store's own errors) set a backoff off at once, and its
+    # judgement held the limit low for a second or more; a store refusing half of the
+    # requests (a rate limit passed) still makes the tuner back off at once
+    for n, backs_off in ((5, False), (2, True)):
+        store = Store(latency=0.05, demand=2000.0, retried=Every(n))
+        tuner = Tuner(1, 64, 4, store=True)
+        tuner.watch(lambda store=store: store.retries)
+        drive(tuner, clock, store, seconds=0.6)
+        assert bool(tuner.backoffs) is backs_off, (n, tuner.backoffs)
+
+
+def test_a_push_back_right_after_the_first_jump_goes_down_by_all_it_refused(clock):
+    # a store that accepts what 4 in flight send and refuses the rest: the jump to 16 meets
+    # three in four refused. A backoff goes down by half at most (to 8, still twice what the
+    # store takes, judged at 8 and 16 before going lower); right after the jump, it goes down
+    # by the share refused, to where the climb started at most
+    store = Store(latency=0.05, demand=2000.0, retried=lambda n: max(0.0, 1.0 - 4 / n))
+    tuner = Tuner(1, 64, 4, store=True)
+    tuner.watch(lambda: store.retries)
+    seen = drive(tuner, clock, store, seconds=1.0)
+    jump, backoff = first_steps(seen)
+    assert jump == 16 and tuner.backoffs >= 1
+    assert backoff < 8, Counter(seen)
+
+
+def test_no_jump_after_a_backoff_neither_kept_nor_undone(clock):
+    # a store refusing what exceeds 12 in flight: a backoff whose two counts differ, but by
+    # less than a rate limit's, keeps the lower limit and forgets the higher one; a settled
+    # tuner's probe then jumped four times (9 to 36 in flight: three requests in four
+    # refused). Below a push-back, neither kept nor undone, it probes by half
+    for seed in range(10):
+        store = Store(latency=0.01, retried=lambda n: max(0.0, 1.0 - 12 / n))
+        store.rng = random.Random(seed)
+        tuner = Tuner(1, 64, 4, store=True)
+        tuner.watch(lambda store=store: store.retries)
+        seen = drive(tuner, clock, store, seconds=40.0)
+        assert max(seen[len(seen) // 4:]) <= 18, (seed, Counter(seen[len(seen) // 4:]))
 
 
 def test_a_ceiling_stops_growth_where_the_budget_is_reached(clock):
