@@ -250,3 +250,16 @@ def test_a_protocol_whose_filesystem_is_missing_raises_missing_dependency_error(
         pf.list_objects("gs://bucket/train/")
     clone = pickle.loads(pickle.dumps(info.value))
     assert str(clone) == str(info.value) and clone.package == "gcsfs"
+
+
+def test_a_named_backend_without_its_sdk_reports_the_sdk_not_its_options() -> None:
+    # its options are unknowable without the SDK: "no option 'endpoint'" would be a false lead
+    code = ("import sys; sys.modules['obstore'] = None\n"
+            "import pipeflow as pf\n"
+            "from pipeflow.errors import MissingDependencyError\n"
+            "try:\n"
+            "    pf.list_objects('s3://bucket/train/', backend='obstore', endpoint='http://127.0.0.1:1')\n"
+            "except MissingDependencyError as exc:\n"
+            "    print('MISSING', exc.package)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0 and out.stdout.strip() == "MISSING obstore", out.stdout + out.stderr
