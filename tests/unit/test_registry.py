@@ -263,3 +263,27 @@ def test_a_named_backend_without_its_sdk_reports_the_sdk_not_its_options() -> No
             "    print('MISSING', exc.package)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0 and out.stdout.strip() == "MISSING obstore", out.stdout + out.stderr
+
+
+def test_a_malformed_endpoint_leaves_unrelated_http_urls_readable(monkeypatch, tmp_path) -> None:
+    # AWS_ENDPOINT_URL only matters to S3 reads; a plain web file does not use it
+    import functools
+    import http.server
+    import threading
+
+    pytest.importorskip("aiohttp")
+    (tmp_path / "a.bin").write_bytes(b"hello")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "127.0.0.1:9")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    backend = get_backend("fsspec")
+    try:
+        assert backend.read(f"http://127.0.0.1:{server.server_port}/a.bin") == b"hello"
+    finally:
+        backend.close()
+        server.shutdown()
+        server.server_close()
+        thread.join()
