@@ -287,3 +287,31 @@ def test_a_malformed_endpoint_leaves_unrelated_http_urls_readable(monkeypatch, t
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+@pytest.mark.parametrize(("url", "package"), [("sftp://h/x/", "paramiko"), ("hdfs://h/x/", "pyarrow")])
+def test_a_filesystem_inside_fsspec_names_the_package_it_misses(url, package) -> None:
+    # the filesystem class is fsspec's own: installing fsspec again would not help
+    pytest.importorskip("fsspec")
+    code = (f"import sys; sys.modules[{package!r}] = None\n"
+            "import pipeflow as pf\n"
+            "from pipeflow.errors import MissingDependencyError\n"
+            "try:\n"
+            f"    pf.list_objects({url!r})\n"
+            "except MissingDependencyError as exc:\n"
+            "    print(exc.package); print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    first, _, message = out.stdout.partition("\n")
+    assert first == package and f"pip install {package} (" in message, out.stdout
+    assert "pip install fsspec" not in message
+
+
+def test_a_missing_filesystem_with_no_module_named_gives_fsspecs_hint_alone() -> None:
+    pytest.importorskip("fsspec")
+    from pipeflow.backends.fsspec import _missing_filesystem
+
+    err = _missing_filesystem("sftp", ImportError("SFTPFileSystem requires paramiko"))
+    assert "pip install" not in str(err) and "requires \"paramiko\"" in str(err)
+    assert err.package != "fsspec"
+    assert pickle.loads(pickle.dumps(err)).package == err.package
