@@ -156,7 +156,7 @@ def _matches(name: str, pattern: str, base: str) -> bool:
 
     The other names of that S3 prefix (``ing/...`` from ``training/``) are matched as they are,
     not dropped: the URL is a prefix by the documented S3 semantics (``s3://bucket/train/part-``
-    with ``*.tar`` relies on it), and a pattern must not list less than no pattern would."""
+    with ``*.tar`` relies on it), and ``*`` must list what no pattern lists."""
     if fnmatch.fnmatchcase(name, pattern):
         return True
     return name[:1] == "/" and base[-1:] != "/" and fnmatch.fnmatchcase(name[1:], pattern)
