@@ -462,23 +462,31 @@ def _refuse_dataloader_batching(node: Node, caller: FrameType) -> None:
     fetcher that calls ``iter()`` on the dataset (in each worker, or in the main process
     without workers): its ``auto_collation`` is True when ``batch_size`` is not None. It is
     read where it is, from the calling frame (torch has no public way to ask); should torch
-    rename it, this check falls silent and nothing else changes.
+    rename it, this check falls silent and nothing else changes. A ``collate_fn`` of the user's
+    own is left alone: it may take the pipeline's batch as it is (``lambda b: b[0]``).
 
     Raises:
         ConfigError: the pipeline delivers batches and the DataLoader would batch them.
     """
+    code = caller.f_code
+    if code.co_name != "__init__" or os.path.basename(code.co_filename) != "fetch.py":
+        return  # not torch's fetcher; and ``f_locals`` is read nowhere else, since on Python
+        # 3.11 reading it keeps a snapshot of the caller's variables alive with its frame
     fetcher = caller.f_locals.get("self")
     if type(fetcher).__name__ != "_IterableDatasetFetcher":
         return
     if getattr(fetcher, "auto_collation", None) is not True:
         return
+    if getattr(fetcher, "collate_fn", None) is not torch.utils.data.default_collate:
+        return  # a collate_fn of the user's own (e.g. ``lambda b: b[0]``) decides what a batch is
     batch = batched_by(node)
     if batch is not None:
         size = batch.stage.step_size(batch.args, batch.kwargs)
         raise ConfigError(
             f"this pipeline already makes batches (batch({size})): a DataLoader with a batch_size (its "
             "default is 1) would batch them again; pass DataLoader(pipe, batch_size=None, ...) to take "
-            "its batches as they are, or leave batching to the DataLoader")
+            "its batches as they are, or leave batching to the DataLoader; to batch its batches "
+            "on purpose, add a second .batch() to the pipeline and pass batch_size=None")
 
 
 def _gather_ranks(parts: list[tuple[dict[str, Any], int]]) -> list[tuple[dict[str, Any], int]]:

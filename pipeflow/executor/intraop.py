@@ -19,7 +19,7 @@ import functools
 import sys
 from collections.abc import Callable
 
-__all__ = ["one_intraop_thread"]
+__all__ = ["one_intraop_thread", "single_intraop_thread"]
 
 
 @functools.cache
@@ -44,3 +44,12 @@ def one_intraop_thread() -> None:
         return
     torch.get_num_threads()  # torch's per-thread set-up first, so it does not undo the next line
     setter(1)
+
+
+def single_intraop_thread() -> bool:
+    """True when torch operators called from this thread run on this thread alone (or torch is
+    not imported: nothing here calls one then)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "get_num_threads"):
+        return True
+    return bool(torch.get_num_threads() == 1)

@@ -34,6 +34,7 @@ from ..errors import WorkerCrashedError
 from ..items import describe_item
 from ._bootstrap import crashed_error
 from .autotune import Gate, Tuner
+from .intraop import single_intraop_thread
 from .pool import WorkerPool, lease_pool, return_pool
 
 __all__ = ["Source", "Task", "Window", "WindowOptions", "default_limit"]
@@ -211,10 +212,14 @@ class Window:
         work. The tuner's next probe one step up goes back to the threads, and stays there if it
         pays. Not where one call is all the tuner may run (one core per DataLoader worker):
         nothing would ever measure the thread's overlap with the consumer (its reads of a
-        stream from a store, its collate) against this."""
+        stream from a store, its collate) against this. Nor where the consumer's thread runs torch
+        operators on a team of threads (the training thread iterating a pipeline itself, or
+        ``DataLoader(num_workers=0)``): a decode's resize there would run on that team, which
+        on busy cores waits on its barriers (see :mod:`~pipeflow.executor.intraop`), where a
+        decode thread runs it alone."""
         tuner = self.tuner
         return (self._solo_inline and tuner is not None and tuner.value == 1 and tuner.high > 1
-                and tuner.settled)
+                and tuner.settled and single_intraop_thread())
 
     # ---- lifecycle ------------------------------------------------------------------------
     def restart(self, skip: Iterable[int] = ()) -> None:

@@ -10,7 +10,8 @@ import pytest
 import pipeflow as pf
 from pipeflow.backends.local import LocalBackend
 from pipeflow.errors import ConfigError
-from pipeflow.executor import autotune
+from pipeflow.executor import autotune, intraop
+from pipeflow.executor import window as window_module
 from pipeflow.executor.autotune import BufferTuner, Tuner
 from pipeflow.executor.window import Window, WindowOptions
 from pipeflow.stages.map import WindowedOptions
@@ -439,10 +440,19 @@ def test_a_decode_settled_at_one_call_runs_in_the_consumers_thread(monkeypatch):
 
     samples = [{"__key__": str(i), "txt": str(i).encode()} for i in range(200)]
     decoded = pf.from_items(samples).decode(workers="auto", handlers={"txt": slow_txt})
-    it = iter(decoded)
-    first = [next(it)["txt"] for _ in range(170)]
-    state = it.state_dict()
-    rest = [s["txt"] for s in it]
+    out = {}
+
+    def consume():  # as a loader's thread: torch operators on this thread alone
+        nonlocal consumer
+        consumer = threading.get_ident()
+        intraop.one_intraop_thread()
+        it = iter(decoded)
+        out["first"] = [next(it)["txt"] for _ in range(170)]
+        out["state"] = it.state_dict()
+        out["rest"] = [s["txt"] for s in it]
+
+    _in_a_thread(consume)
+    first, state, rest = out["first"], out["state"], out["rest"]
     assert first + rest == [str(i) for i in range(200)]
     assert threads[0] != consumer  # climbing: on the pool
     assert set(threads[-20:]) == {consumer}, threads  # settled at one: inline
@@ -454,11 +464,60 @@ def test_a_decode_settled_at_one_call_runs_in_the_consumers_thread(monkeypatch):
     assert [s["txt"] for s in resumed] == rest
 
 
+def _in_a_thread(fn):
+    """Run ``fn`` in a fresh thread (its torch intra-op setting its own) and re-raise its error."""
+    errors = []
+
+    def run():
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive()
+    if errors:
+        raise errors[0]
+
+
+def test_a_consumer_whose_torch_runs_a_team_of_threads_keeps_the_decode_threads(clock):
+    # the training thread iterating a pipeline itself: a resize there would run on its team of
+    # intra-op threads, which on busy cores wait on each other; a decode thread runs it alone
+    import torch  # noqa: F401 - OpenMP is found once torch loaded it (and the lookup is cached)
+
+    setter = intraop._omp_set_num_threads()
+    if setter is None:
+        pytest.skip("torch without OpenMP: one intra-op thread everywhere")
+    tuner = Tuner(1, 2, 1)
+    _drive(tuner, clock, lambda n: 100.0, seconds=2.0)
+    assert tuner.settled and tuner.value == 1
+    window = Window(double, WindowOptions(workers=2, gated=True, solo_inline=True), tuner=tuner)
+    seen = {}
+
+    def team_of(n):
+        def check():
+            intraop.one_intraop_thread()
+            if n > 1:
+                setter(n)
+            seen[n] = window.solo
+        return check
+
+    try:
+        _in_a_thread(team_of(1))
+        _in_a_thread(team_of(2))
+    finally:
+        window.shutdown()
+    assert seen == {1: True, 2: False}
+
+
 class _Interrupt(BaseException):
     """Not an ``Exception``, as ``KeyboardInterrupt`` (which would stop the test run if it escaped)."""
 
 
-def test_a_window_runs_in_the_consumers_thread_only_while_its_tuner_holds_one(clock):
+def test_a_window_runs_in_the_consumers_thread_only_while_its_tuner_holds_one(clock, monkeypatch):
+    monkeypatch.setattr(window_module, "single_intraop_thread", lambda: True)  # as a loader's thread
     tuner = Tuner(1, 2, 1)
     _drive(tuner, clock, lambda n: 100.0, seconds=2.0)  # two at once gained nothing: settled at one
     assert tuner.settled and tuner.value == 1

@@ -57,6 +57,32 @@ def test_a_dataloader_may_batch_what_the_pipeline_unbatched_or_never_batched():
     assert sum(1 for _ in batched) == 2   # iterated directly, as before
 
 
+def test_a_dataloader_with_a_collate_fn_of_its_own_takes_the_batches_as_it_says():
+    # the idiom of taking a dataset's batches with a collate_fn that unwraps them
+    batched = pf.from_items(range(8)).batch(4, collate=True)
+    got = [b.tolist() for b in DataLoader(batched, batch_size=1, collate_fn=lambda b: b[0])]
+    assert got == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_iterating_a_pipeline_keeps_none_of_the_callers_variables_alive():
+    # reading a frame's f_locals on Python 3.11 keeps a snapshot of its variables with the frame:
+    # the last epoch's batch (or a model's outputs) must not live on through the next epoch
+    import gc
+    import weakref
+
+    class Held:
+        pass
+
+    pipe = pf.from_items(range(4)).batch(2)
+    held = Held()
+    ref = weakref.ref(held)
+    it = iter(pipe)
+    held = None  # noqa: F841 - the caller rebinds its variable, as a loop does
+    gc.collect()
+    assert ref() is None
+    assert sum(len(b) for b in it) == 4
+
+
 def test_set_epoch_reshuffles_across_dataloader_epochs():
     pipe = pf.from_items(range(30)).shuffle(30)
     epochs = []
