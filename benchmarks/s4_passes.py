@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -82,19 +83,46 @@ def _machine_now() -> tuple[float, float]:
     return machine_cpu(line, os.sysconf("SC_CLK_TCK"))
 
 
+#: a competing busy loop: nice 19, and it ends by itself once the process that started it
+#: (argv[1]) is gone, checking every ~100k iterations (milliseconds of CPU), so a benchmark
+#: killed outright leaves no loop spinning under init
+_LOOP = ("import os, sys\nos.nice(19)\nparent = int(sys.argv[1])\n"
+         "while os.getppid() == parent:\n    for _ in range(100_000):\n        pass\n")
+
+
 @contextlib.contextmanager
 def competing(count: int) -> Iterator[list[int]]:
     """``count`` busy loops at nice 19 in a session of their own (their own autogroup, as a
-    colleague's job is) while the block runs; stopped and reaped after it. Yields their pids."""
-    loop = "import os\nos.nice(19)\nwhile True:\n    pass\n"
-    procs = [subprocess.Popen([sys.executable, "-c", loop], start_new_session=True) for _ in range(count)]
+    colleague's job is) while the block runs; stopped and reaped after it. Yields their pids.
+
+    Each loop is recorded as soon as it starts, so a later start that fails still stops the
+    earlier ones; a loop whose parent dies without reaching this ``finally`` ends by itself.
+    """
+    procs: list[subprocess.Popen[bytes]] = []
     try:
+        for _ in range(count):
+            procs.append(subprocess.Popen([sys.executable, "-c", _LOOP, str(os.getpid())],
+                                          start_new_session=True))
         yield [proc.pid for proc in procs]
     finally:
         for proc in procs:
             proc.kill()
         for proc in procs:
             proc.wait()
+
+
+@contextlib.contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """SIGTERM raises :class:`SystemExit` while the block runs, so ``finally`` blocks (the
+    competing loops' stop) run on ``kill`` as they do on Ctrl-C; the old handler comes back."""
+    def _exit(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, _exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def factory(case: str, layout: str, count: int, size: int) -> Callable[[], Any]:
@@ -142,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="N busy loops at nice 19 in another session during the whole run")
     ap.add_argument("--out", help="write every row here as JSON")
     args = ap.parse_args(argv)
-    with competing(args.compete):
+    with sigterm_exits(), competing(args.compete):
         rows = _run(args)
     _summary(rows, args.cases)
     if args.out:

@@ -88,10 +88,15 @@ def on_s3_endpoint(url: str) -> str | None:
 
     Pasting the endpoint into the data URL is a common first mistake: read over plain HTTP,
     the store answers an unsigned GET with 403 and a listing with a page that holds no links.
+    A malformed ``AWS_ENDPOINT_URL`` counts as no endpoint here: this is only a hint for
+    http(s) URLs, which do not use it; the S3 paths that do raise the :class:`ConfigError`.
     """
     if not url.lower().startswith(("http://", "https://")):
         return None
-    endpoint = resolve_endpoint()
+    try:
+        endpoint = resolve_endpoint()
+    except ConfigError:
+        return None
     if not endpoint:
         return None
     if url[:len(endpoint)].lower() != endpoint.lower() or url[len(endpoint):len(endpoint) + 1] != "/":

@@ -101,15 +101,35 @@ def single_try(fs: Any) -> Any:
     return fs
 
 
-def _missing_filesystem(protocol: str) -> MissingDependencyError:
+def _missing_filesystem(protocol: str, exc: ImportError) -> MissingDependencyError:
     """The typed error for a protocol whose filesystem package is missing, with fsspec's own
-    hint (it knows which package each protocol needs, and pipeflow has no extra for most)."""
+    hint (it knows which package each protocol needs, and pipeflow has no extra for most).
+
+    The package to install is the module the import missed (``sftp``'s filesystem class lives
+    inside fsspec, which is installed: the missing piece is ``paramiko``), else the top package
+    of the filesystem class; with neither known, fsspec's hint alone is the advice.
+    """
     from fsspec.registry import known_implementations
 
     known = known_implementations.get(protocol, {})
-    package = str(known.get("class", protocol)).partition(".")[0]
     hint = known.get("err") or f"install the fsspec filesystem for {protocol!r}"
+    package = _missed_module(exc) or str(known.get("class", "")).partition(".")[0]
+    if not package or package == "fsspec":
+        return MissingDependencyError(f"a package for {protocol}://", "fsspec", str(hint))
     return MissingDependencyError(package, "fsspec", f"pip install {package} ({hint})")
+
+
+def _missed_module(exc: BaseException | None) -> str:
+    """The top package of the module an import failed on (fsspec raises its own ImportError
+    from the original one), or "" when the chain names none other than fsspec."""
+    seen = 0
+    while exc is not None and seen < 8:  # a short chain; the bound guards a cycle
+        name = getattr(exc, "name", None) if isinstance(exc, ImportError) else None
+        if name and name.split(".")[0] != "fsspec":
+            return str(name.split(".")[0])
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return ""
 
 
 class FsspecBackend(Backend):
@@ -172,7 +192,7 @@ class FsspecBackend(Backend):
             raise InvalidURLError(f"fsspec does not know the protocol {protocol!r}", url=url,
                                   backend=self.name, op="open") from exc
         except ImportError as exc:  # the protocol's filesystem (gcs: gcsfs) is not installed
-            raise _missing_filesystem(protocol) from exc
+            raise _missing_filesystem(protocol, exc) from exc
         if protocol in ("s3", "s3a"):
             single_try(fs)
         return fs

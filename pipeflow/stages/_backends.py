@@ -11,7 +11,7 @@ from typing import Any
 
 from ..backends.base import Backend
 from ..backends.registry import backend_class, backend_for_url, get_backend, known_backends
-from ..errors import ConfigError, OptionError
+from ..errors import ConfigError, MissingDependencyError, OptionError
 from ..items import ObjectInfo
 
 __all__ = ["BackendsByScheme", "url_of"]
@@ -29,13 +29,21 @@ def url_of(item: Any, what: str) -> str:
     raise ConfigError(f"{what}() needs URL strings or ObjectInfo items, got {type(item).__name__}")
 
 
-def _backend_option_names(names: Iterable[str]) -> set[str]:
+def _backend_option_names(names: Iterable[str], *, strict: bool = False) -> set[str]:
     """The option fields of these backends; one that cannot be imported here adds none (its
-    missing SDK is reported when it is used, not while checking a spelling)."""
+    missing SDK is reported when it is used, not while checking a spelling).
+
+    With ``strict`` (a single backend the caller named) its missing SDK is raised now: its
+    options are unknowable without it, and "no option 'endpoint'" would send the user after a
+    spelling mistake they did not make.
+    """
     found: set[str] = set()
     for name in names:
         try:
             found.update(f.name for f in dataclasses.fields(backend_class(name).Options))
+        except MissingDependencyError:
+            if strict:
+                raise
         except (ImportError, ConfigError):
             continue
     return found
@@ -52,8 +60,12 @@ def check_backend_options(what: str, backend: str | None, options: Mapping[str, 
 
     Raises:
         OptionError: an option no candidate has, with a suggestion when one is close.
+        MissingDependencyError: the named backend's SDK is not installed.
     """
-    valid = _backend_option_names([backend] if backend is not None else known_backends())
+    if backend is not None:
+        valid = _backend_option_names([backend], strict=True)
+    else:
+        valid = _backend_option_names(known_backends())
     own = list(stage_options)
     for key in options:
         if key in valid:

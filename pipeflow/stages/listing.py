@@ -151,8 +151,12 @@ def _matching(listed: Iterable[ObjectInfo], base: str, pattern: str | None
 
 def _matches(name: str, pattern: str, base: str) -> bool:
     """``pattern`` against the name after ``base``. Under a prefix written without its trailing
-    slash (``s3://bucket/train``) every name starts with ``/``: ``shard-*.tar`` matches there
-    as it does under ``s3://bucket/train/``, and ``/shard-*.tar`` still does."""
+    slash (``s3://bucket/train``) the names below ``train/`` start with ``/``: ``shard-*.tar``
+    matches them as it does under ``s3://bucket/train/``, and ``/shard-*.tar`` still does.
+
+    The other names of that S3 prefix (``ing/...`` from ``training/``) are matched as they are,
+    not dropped: the URL is a prefix by the documented S3 semantics (``s3://bucket/train/part-``
+    with ``*.tar`` relies on it), and ``*`` must list what no pattern lists."""
     if fnmatch.fnmatchcase(name, pattern):
         return True
     return name[:1] == "/" and base[-1:] != "/" and fnmatch.fnmatchcase(name[1:], pattern)

@@ -3,7 +3,10 @@ competition ``--compete`` starts (no server, no decode)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,3 +69,91 @@ def test_the_competing_loops_are_not_counted_as_the_case_s_cpu():
         assert _loop_cpu(pids[0]) - start >= 0.2  # the loop did run meanwhile
     # the children's part of the tree grew by nothing like the loop's 0.2 s
     assert (total1 - own1) - (total0 - own0) < 0.05
+
+
+_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def _gone_within(pids: list[int], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                   for pid in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _competing_child(count: int, *, handle_sigterm: bool) -> tuple[subprocess.Popen[str], list[int]]:
+    """A process holding ``count`` competing loops (the block sleeps), and their pids."""
+    block = "s4_passes.sigterm_exits()" if handle_sigterm else "contextlib.nullcontext()"
+    code = (f"import contextlib, sys, time; sys.path.insert(0, {_ROOT!r})\n"
+            "from benchmarks import s4_passes\n"
+            f"with {block}, s4_passes.competing({count}) as pids:\n"
+            "    print(*pids, flush=True); time.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    return child, [int(pid) for pid in child.stdout.readline().split()]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sessions as on Linux")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_the_loops_end_when_their_parent_is_killed_without_cleaning_up(sig):
+    # no handler: the parent's finally never runs; each loop must notice the parent is gone
+    child, pids = _competing_child(2, handle_sigterm=False)
+    try:
+        assert len(pids) == 2 and all(psutil.pid_exists(pid) for pid in pids)
+        child.send_signal(sig)
+        child.wait(timeout=10)
+        assert _gone_within(pids, 3.0)
+    finally:
+        child.kill()
+        child.wait()
+        for pid in pids:  # never leave a spinning loop behind, even when the test fails
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals as on Linux")
+def test_sigterm_in_the_benchmark_runs_its_finally():
+    child, pids = _competing_child(1, handle_sigterm=True)
+    try:
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=10) == 128 + signal.SIGTERM  # SystemExit, not death by signal
+        assert _gone_within(pids, 3.0)
+    finally:
+        child.kill()
+        child.wait()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_sigterm_exits_puts_the_old_handler_back():
+    before = signal.getsignal(signal.SIGTERM)
+    with s4_passes.sigterm_exits():
+        assert signal.getsignal(signal.SIGTERM) is not before
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sessions as on Linux")
+def test_a_loop_that_fails_to_start_stops_the_ones_already_started(monkeypatch):
+    started: list[subprocess.Popen[bytes]] = []
+    real = subprocess.Popen
+
+    def second_fails(*args, **kwargs):
+        if started:
+            raise OSError("no more processes")
+        started.append(real(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(s4_passes.subprocess, "Popen", second_fails)
+    try:
+        with pytest.raises(OSError, match="no more processes"):
+            with s4_passes.competing(3):
+                pass
+        assert len(started) == 1 and started[0].returncode is not None  # killed and reaped
+    finally:
+        for proc in started:  # a loop the code under test left behind must not spin on
+            proc.kill()
+            proc.wait()

@@ -182,6 +182,26 @@ def test_a_pattern_matches_under_a_url_written_without_its_trailing_slash(tmp_pa
         pf.list_objects(str(tmp_path), pattern="trainshard-*.tar")
 
 
+def test_a_url_without_its_slash_is_a_prefix_on_s3_and_a_directory_locally(s3, s3_bucket, tmp_path):
+    # as docs/backends.md says: on S3 "train" also names training/ and train-old/, and a pattern
+    # starting with "*" keeps them; a name-anchored pattern, a leading "/" or the slash do not
+    client = s3.client()
+    keys = ["train/shard-0.tar", "train/sub/shard-1.tar", "training/shard-2.tar", "train-old/x.tar"]
+    for key in keys:
+        client.put_object(Bucket=s3_bucket, Key=key, Body=b"x")
+        (tmp_path / key).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / key).write_bytes(b"x")
+    under = ["train/shard-0.tar", "train/sub/shard-1.tar"]
+    for root in (f"s3://{s3_bucket}/", f"{tmp_path}/"):
+        def found(url, pattern, root=root):
+            return sorted(o.url[len(root):] for o in pf.list_objects(root + url, pattern=pattern))
+
+        assert found("train/", "*.tar") == under
+        assert found("train", "/*.tar") == under
+        assert found("train", "shard-*.tar") == ["train/shard-0.tar"]
+        assert found("train", "*.tar") == (sorted(keys) if root.startswith("s3") else under)
+
+
 def test_a_pattern_that_matches_nothing_shows_what_it_was_matched_against(tmp_path):
     for i in range(5):
         (tmp_path / f"shard-{i}.tar").write_bytes(b"x")

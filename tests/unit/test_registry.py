@@ -250,3 +250,68 @@ def test_a_protocol_whose_filesystem_is_missing_raises_missing_dependency_error(
         pf.list_objects("gs://bucket/train/")
     clone = pickle.loads(pickle.dumps(info.value))
     assert str(clone) == str(info.value) and clone.package == "gcsfs"
+
+
+def test_a_named_backend_without_its_sdk_reports_the_sdk_not_its_options() -> None:
+    # its options are unknowable without the SDK: "no option 'endpoint'" would be a false lead
+    code = ("import sys; sys.modules['obstore'] = None\n"
+            "import pipeflow as pf\n"
+            "from pipeflow.errors import MissingDependencyError\n"
+            "try:\n"
+            "    pf.list_objects('s3://bucket/train/', backend='obstore', endpoint='http://127.0.0.1:1')\n"
+            "except MissingDependencyError as exc:\n"
+            "    print('MISSING', exc.package)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0 and out.stdout.strip() == "MISSING obstore", out.stdout + out.stderr
+
+
+def test_a_malformed_endpoint_leaves_unrelated_http_urls_readable(monkeypatch, tmp_path) -> None:
+    # AWS_ENDPOINT_URL only matters to S3 reads; a plain web file does not use it
+    import functools
+    import http.server
+    import threading
+
+    pytest.importorskip("aiohttp")
+    (tmp_path / "a.bin").write_bytes(b"hello")
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "127.0.0.1:9")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    backend = get_backend("fsspec")
+    try:
+        assert backend.read(f"http://127.0.0.1:{server.server_port}/a.bin") == b"hello"
+    finally:
+        backend.close()
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.mark.parametrize(("url", "package"), [("sftp://h/x/", "paramiko"), ("hdfs://h/x/", "pyarrow")])
+def test_a_filesystem_inside_fsspec_names_the_package_it_misses(url, package) -> None:
+    # the filesystem class is fsspec's own: installing fsspec again would not help
+    pytest.importorskip("fsspec")
+    code = (f"import sys; sys.modules[{package!r}] = None\n"
+            "import pipeflow as pf\n"
+            "from pipeflow.errors import MissingDependencyError\n"
+            "try:\n"
+            f"    pf.list_objects({url!r})\n"
+            "except MissingDependencyError as exc:\n"
+            "    print(exc.package); print(exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    first, _, message = out.stdout.partition("\n")
+    assert first == package and f"pip install {package} (" in message, out.stdout
+    assert "pip install fsspec" not in message
+
+
+def test_a_missing_filesystem_with_no_module_named_gives_fsspecs_hint_alone() -> None:
+    pytest.importorskip("fsspec")
+    from pipeflow.backends.fsspec import _missing_filesystem
+
+    err = _missing_filesystem("sftp", ImportError("SFTPFileSystem requires paramiko"))
+    assert "pip install" not in str(err) and "requires \"paramiko\"" in str(err)
+    assert err.package != "fsspec"
+    assert pickle.loads(pickle.dumps(err)).package == err.package
