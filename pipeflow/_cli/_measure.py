@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeflow._cli._interrupt import DeferredInterrupt
+
 __all__ = ["CpuMeter", "RunResult", "batch_len", "measure"]
 
 
@@ -143,6 +145,15 @@ def measure(dataset: Any, *, batch_size: int | None = 4, num_workers: int = 0, e
         loader_kwargs: more DataLoader arguments.
         on_batch: called with the number of samples of every batch (a progress bar).
     """
+    with DeferredInterrupt() as interrupt:
+        return _measure(dataset, batch_size, num_workers, epochs, steps, report_every, on_report,
+                        loader_kwargs, on_batch, interrupt)
+
+
+def _measure(dataset: Any, batch_size: int | None, num_workers: int, epochs: int, steps: int | None,
+             report_every: int, on_report: Callable[[int, float], None] | None,
+             loader_kwargs: dict[str, Any] | None, on_batch: Callable[[int], None] | None,
+             interrupt: DeferredInterrupt) -> RunResult:
     import torch.utils.data
 
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
@@ -157,6 +168,7 @@ def measure(dataset: Any, *, batch_size: int | None = 4, num_workers: int = 0, e
             dataset.set_epoch(epoch)
         result.epochs = epoch + 1
         for batch in loader:
+            interrupt.check()  # Ctrl-C: here, where the DataLoader can end its workers cleanly
             result.steps += 1
             n = batch_len(batch)
             result.samples += n
@@ -175,6 +187,7 @@ def measure(dataset: Any, *, batch_size: int | None = 4, num_workers: int = 0, e
                 break
         if done:
             break
+    interrupt.check()
     result.seconds = time.perf_counter() - t_start
     result.cpu_percent = meter.percent()
     return result
