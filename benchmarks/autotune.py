@@ -324,6 +324,7 @@ def run_ab(quick: bool, pairs: int, baseline: Path, log: Callable[[str], None] =
     loads: list[float] = []
     with _bench(quick, only, log) as (workdir, grids):
         sides = {THIS: None, BASE: _linked(baseline, workdir)}
+        chosen: dict[str, dict[str, list[Any]]] = {g.group: {THIS: [], BASE: []} for g in grids}
         for p in range(pairs):
             loads.append(os.getloadavg()[0])
             log(f"== pair {p + 1} of {pairs} ({' then '.join(pair_order(p))}), load {loads[-1]:.1f}")
@@ -331,8 +332,13 @@ def run_ab(quick: bool, pairs: int, baseline: Path, log: Callable[[str], None] =
                 for side in pair_order(p):
                     rate = _run_row(grid, AUTO, head["seconds_per_case"], workdir, log, sides[side])
                     runs.setdefault(grid.group, {THIS: [], BASE: []})[side].append(rate)
+                    # what the side's stages chose (per process), or nothing if it failed
+                    chosen[grid.group][side].append(grid.chosen.pop() if grid.chosen else {})
+                    if chosen[grid.group][side][-1]:
+                        log(f"    chose {_chosen(chosen[grid.group][side][-1])}")
     return {**head, "baseline": str(baseline.resolve()), "pairs": pairs, "loads": loads,
-            "groups": [{"group": g, **r, **ab_summary(r[THIS], r[BASE])} for g, r in runs.items()]}
+            "groups": [{"group": g, **r, **ab_summary(r[THIS], r[BASE]), "chosen": chosen[g]}
+                       for g, r in runs.items()]}
 
 
 def ab_table(result: dict[str, Any]) -> str:
