@@ -83,10 +83,8 @@ SHARE_ITEMS = 40
 PAIRED = 2.0
 #: ... or fewer, once this many of them, and half, were retried
 SHARE_RETRIES = 8
-#: requests at a time an ``open`` may reach, divided among the DataLoader workers if any
-#: (latency-bound: well above cores). At 64 (32 per worker with two) the throttled benchmark
-#: group read 0.79x the best grid point, which ran 64 per worker
-IO_HIGH = 128
+#: requests in flight an ``open`` may reach per process (latency-bound: well above cores)
+IO_HIGH = 64
 #: bytes in flight an ``open`` may hold per process (results read into memory)
 BYTE_BUDGET = 256 << 20
 

@@ -128,8 +128,7 @@ def test_cpu_budget_is_shared_among_dataloader_workers(monkeypatch):
     assert autotune.bounds("thread") == (8, 32)  # a thread map starts at the cores
     monkeypatch.setattr(autotune, "dataloader_workers", lambda: 3)
     assert autotune.cpu_budget() == 2
-    # the request bound is shared the same way: IO_HIGH (128) over the three workers
-    assert autotune.bounds("io") == (4, 128 // 3)
+    assert autotune.bounds("io") == (4, 64 // 3)
 
 
 def _budget_seen(x):
