@@ -26,9 +26,9 @@ one place per repeat, so no row is always the last of its group); the table show
 per row, and auto/best per repeat gives the spread.
 
 ``--baseline DIR`` measures a change to the tuner: it runs only each group's auto row, with this
-tree's ``pipeflow`` and with the one of the checkout ``DIR`` (``git worktree add DIR main``; the
-benchmark code is this tree's on both sides), in ``--pairs`` interleaved pairs, the side run
-first alternating from pair to pair, and shows this/baseline per pair and the median.
+tree's ``pipeflow`` and with the one of the checkout ``DIR`` (``git worktree add --detach DIR
+main``; the benchmark code is this tree's on both sides), in ``--pairs`` interleaved pairs, the
+side run first alternating from pair to pair, and shows this/baseline per pair and the median.
 """
 
 from __future__ import annotations
