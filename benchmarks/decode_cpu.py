@@ -18,8 +18,10 @@ runs in a fresh interpreter, so what is left is the CPU pipeflow adds around the
   the second core is busy with other work; pipeflow's own measurement starts once it settled.
 
 CPU is the process's (every thread), from the first batch (warm-up, imports and pools
-excluded) to the last; cases alternate inside each repeat. A loader row also shows the decode
-calls the stage ran at once at the end (``workers`` in ``stats()``: what ``"auto"`` settled at).
+excluded) to the last, with the voluntary context switches per sample (every thread's waits:
+the decode hand-off's wake-ups and the GIL's); cases alternate inside each repeat. A loader row
+also shows the decode calls the stage ran at once at the end (``workers`` in ``stats()``: what
+``"auto"`` settled at).
 
 ``--baseline DIR`` measures a change: every loader case runs twice in each repeat, alternated,
 the second time (``case@base``) importing ``pipeflow`` from ``DIR`` (a checkout of the commit
@@ -34,6 +36,7 @@ import argparse
 import io
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -113,11 +116,15 @@ def child_main(spec: dict[str, Any]) -> None:
     if spec["case"] == "loader-auto-at-one":
         for _ in range(SETTLE_SAMPLES // BATCH):
             next(batches)
+    switches0 = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
     cpu0, t0, n = time.process_time(), time.perf_counter(), 0
     for batch in batches:
         n += len(batch["jpg"]) if isinstance(batch, dict) else len(batch)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
-    result: dict[str, Any] = {"samples": n, "cpu_s": cpu, "wall_s": wall}
+    # voluntary context switches (every thread's waits: the hand-offs' wake-ups, the GIL's)
+    switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches0
+    result: dict[str, Any] = {"samples": n, "cpu_s": cpu, "wall_s": wall,
+                              "switches_per_sample": switches / max(n, 1)}
     if hasattr(source, "stats"):
         import pipeflow
 
@@ -171,7 +178,8 @@ def main(argv: list[str] | None = None) -> None:
                     rows.append(row)
                     settled = f", decode workers {row['decode_workers']}" if "decode_workers" in row else ""
                     print(f"[{r}] {kind:<8} {label:<19} {row['ms_per_sample']:.3f} CPU ms/sample "
-                          f"({row['samples']} samples, {row['wall_s']:.2f} s, load {row['load']:.1f}"
+                          f"({row['samples']} samples, {row['wall_s']:.2f} s, load {row['load']:.1f}, "
+                          f"{row['switches_per_sample']:.2f} switches/sample"
                           f"{settled})", flush=True)
     _summary(rows, args)
     if args.json:
