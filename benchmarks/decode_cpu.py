@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
                     settled = f", decode workers {row['decode_workers']}" if "decode_workers" in row else ""
                     print(f"[{r}] {kind:<8} {label:<19} {row['ms_per_sample']:.3f} CPU ms/sample "
                           f"({row['samples']} samples, {row['wall_s']:.2f} s, load {row['load']:.1f}, "
-                          f"{row['switches_per_sample']:.2f} switches/sample"
+                          f"{row.get('switches_per_sample', float('nan')):.2f} switches/sample"
                           f"{settled})", flush=True)
     _summary(rows, args)
     if args.json:
