@@ -239,13 +239,14 @@ class Window:
 
     def _new_lane(self, pool: WorkerPool) -> Lane | None:
         """A lane for an in-order thread window: as many runners as the gate lets calls run
-        (else the pool's size); a gated window pairs its wake-ups (two calls run at once on
-        CPU-bound items, so the second result is due soon after the first)."""
+        (else the pool's size). Gated CPU-bound work pairs its wake-ups: two calls run at once
+        for about the same time, so the second result is due soon after the first; a request's
+        latency varies too much for that (waiting on it would hold a slot of the window)."""
         if pool.method != "thread" or not self.in_order:
             return None
         gate, workers = self.gate, self.workers
         allowed = (lambda: gate.tuner.value) if gate is not None else (lambda: workers)
-        return Lane(pool.submit, allowed, pair=gate is not None)
+        return Lane(pool.submit, allowed, pair=self._solo_inline)
 
     def _clear(self, skip: Iterable[int] = ()) -> None:
         self.cancel()
