@@ -35,7 +35,6 @@ from ..items import describe_item
 from ._bootstrap import crashed_error
 from .autotune import Gate, Tuner
 from .intraop import single_intraop_thread
-from .lane import Lane, Slot
 from .pool import WorkerPool, lease_pool, return_pool
 
 __all__ = ["Source", "Task", "Window", "WindowOptions", "default_limit"]
@@ -175,8 +174,6 @@ class Window:
         self.on_discard = options.on_discard
         self.owner = owner
         self._pool: WorkerPool | None = None
-        #: the thread pool's hand-off, for in-order thread windows (see :mod:`.lane`)
-        self._lane: Lane | None = None
         self._pending: deque[Task] = deque()
         #: the measurement hook: the workers' time in ``fn``
         self.meter = TaskMeter()
@@ -235,18 +232,6 @@ class Window:
             # started lazily: no pool (and no process) exists before the first pass
             self._pool = lease_pool(self.fn, self.workers, self.method, name=self.name,
                                     start_method=self.start_method, owner=self.owner)
-            self._lane = self._new_lane(self._pool)
-
-    def _new_lane(self, pool: WorkerPool) -> Lane | None:
-        """A lane for an in-order thread window: as many runners as the gate lets calls run
-        (else the pool's size). Gated CPU-bound work pairs its wake-ups: two calls run at once
-        for about the same time, so the second result is due soon after the first; a request's
-        latency varies too much for that (waiting on it would hold a slot of the window)."""
-        if pool.method != "thread" or not self.in_order:
-            return None
-        gate, workers = self.gate, self.workers
-        allowed = (lambda: gate.tuner.value) if gate is not None else (lambda: workers)
-        return Lane(pool.submit, allowed, pair=self._solo_inline)
 
     def _clear(self, skip: Iterable[int] = ()) -> None:
         self.cancel()
@@ -280,7 +265,6 @@ class Window:
         """Drop what is in flight and stop the workers."""
         self.cancel()
         pool, self._pool = self._pool, None
-        self._lane = None
         if pool is not None:
             pool.shutdown(wait=wait)
 
@@ -313,22 +297,12 @@ class Window:
         assert future is not None  # next_task() returns sent tasks only
         tuner = self.tuner
         if tuner is None or future.done():
-            return self._result(task)
+            return future.result()
         t0 = perf_counter()
         try:
-            return self._result(task)
+            return future.result()
         finally:
             tuner.waited(perf_counter() - t0)
-
-    def _result(self, task: Task) -> Any:
-        future = task.future
-        assert future is not None
-        if isinstance(future, Slot) and not future.done() and self._lane is not None:
-            # the oldest item: wait for its successor as well when that one runs (one wake-up)
-            pending = self._pending
-            then = pending[1].future if len(pending) > 1 and pending[0] is task else None
-            self._lane.wait(future, then if isinstance(then, Slot) else None)
-        return future.result()
 
     def complete(self, task: Task) -> None:
         """``task`` was delivered (or skipped): it leaves the window."""
@@ -410,8 +384,6 @@ class Window:
                 fn = self.meter.thread_task(self.fn)
                 if self.tuner is not None and self.tuner.store:  # it sizes from latency
                     fn = functools.partial(_timed_call, fn, self.tuner)
-                if self._lane is not None:  # its runners are the gate
-                    return self._lane.put(fn, item)
                 if self.gate is not None:  # waits for its turn outside the measured call
                     fn = functools.partial(self.gate.call, fn)
                 return self._pool.submit(fn, item)
