@@ -25,7 +25,9 @@ also shows the decode calls the stage ran at once at the end (``workers`` in ``s
 
 ``--baseline DIR`` measures a change: every loader case runs twice in each repeat, alternated,
 the second time (``case@base``) importing ``pipeflow`` from ``DIR`` (a checkout of the commit
-to compare with, e.g. ``git worktree add /tmp/base main``); the bare loops are shared.
+to compare with, e.g. ``git worktree add --detach /tmp/base main``); the bare loops are shared.
+Only that checkout's ``pipeflow`` package is imported (through a link in a scratch directory):
+its ``benchmarks`` would otherwise shadow this one.
 
     python -m benchmarks.decode_cpu --kind imagenet photo --repeats 3
 """
@@ -168,6 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="pipeflow-decode-cpu-") as tmp:
         shards = {kind: write_local_shards(tmp, kind, args.count, args.per_shard) for kind in args.kind}
+        if args.baseline:
+            args.baseline = _package_only(args.baseline, tmp)
         for r in range(args.repeats):
             for kind in args.kind:
                 for case, base in _schedule(args.cases, args.baseline, reverse=bool(r % 2)):
@@ -185,6 +189,17 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)
+
+
+def _package_only(checkout: str, scratch: str) -> str:
+    """A directory holding only a link to ``checkout``'s ``pipeflow`` package."""
+    package = os.path.join(os.path.abspath(checkout), "pipeflow")
+    if not os.path.isdir(package):
+        raise SystemExit(f"--baseline {checkout}: no pipeflow package there")
+    only = os.path.join(scratch, "baseline")
+    os.makedirs(only)
+    os.symlink(package, os.path.join(only, "pipeflow"))
+    return only
 
 
 def _schedule(cases: list[str], baseline: str | None, *, reverse: bool) -> list[tuple[str, str | None]]:
