@@ -75,8 +75,6 @@ class WindowOptions:
             (a :class:`~pipeflow.executor.autotune.Gate`) and twice as many are in flight.
         solo_inline: gated, CPU-bound work: while the tuner has settled at one call at a time,
             the call runs in the consumer's thread (see :attr:`Window.solo`).
-        caller_runs: in order, on threads: when the consumer needs the oldest item and no thread
-            has started it yet, the consumer runs it itself (see :meth:`Window.wait`).
     """
 
     workers: int = 0
@@ -90,7 +88,6 @@ class WindowOptions:
     size_of: Callable[[Any], int] | None = None
     gated: bool = False
     solo_inline: bool = False
-    caller_runs: bool = False
 
     def __post_init__(self) -> None:
         check_int(self.workers, "window workers", low=0)
@@ -100,14 +97,12 @@ class WindowOptions:
 
 
 class Task:
-    """One item in flight: its sequence number, the source state before it, and its future;
-    ``call`` is what its thread worker runs, kept where the consumer may run it instead."""
+    """One item in flight: its sequence number, the source state before it, and its future."""
 
-    __slots__ = ("call", "future", "item", "seq", "snapshot")
+    __slots__ = ("future", "item", "seq", "snapshot")
 
     def __init__(self, seq: int, snapshot: dict[str, Any], item: Any, future: Future[Any] | None) -> None:
         self.seq, self.snapshot, self.item, self.future = seq, snapshot, item, future
-        self.call: Callable[[Any], Any] | None = None
 
 
 def _timed_call(fn: Callable[[Any], Any], tuner: Tuner, item: Any) -> Any:
@@ -166,7 +161,6 @@ class Window:
         self.tuner = tuner
         self.gate = Gate(tuner) if tuner is not None and options.gated and method == "thread" else None
         self._solo_inline = self.gate is not None and options.solo_inline
-        self._caller_runs = options.caller_runs and options.in_order and method == "thread"
         self.size_of = options.size_of
         #: items per process task: two tasks per worker fill the window, each carrying as many
         #: items as that leaves room for (1 with the default window; a deeper ``max_inflight``
@@ -298,24 +292,17 @@ class Window:
 
     def wait(self, task: Task) -> Any:
         """``task``'s result (raising its error), waiting for it; a tuner learns how long the
-        consumer waited.
-
-        With ``caller_runs``, a task no thread has taken from the pool's queue yet (its future
-        cancels) runs here, in the consumer's thread, instead of the consumer sleeping until a
-        thread wakes for it; its time counts as waited (the consumer had no result to take)."""
+        consumer waited."""
         future = task.future
         assert future is not None  # next_task() returns sent tasks only
         tuner = self.tuner
-        if future.done():
+        if tuner is None or future.done():
             return future.result()
         t0 = perf_counter()
         try:
-            if task.call is not None and single_intraop_thread() and future.cancel():
-                task.future = future = _done_as_on_a_thread(task.call, task.item)
             return future.result()
         finally:
-            if tuner is not None:
-                tuner.waited(perf_counter() - t0)
+            tuner.waited(perf_counter() - t0)
 
     def complete(self, task: Task) -> None:
         """``task`` was delivered (or skipped): it leaves the window."""
@@ -388,11 +375,10 @@ class Window:
             if len(batch) >= self.chunk:
                 self._submit(batch)
         else:
-            task.future = self._submit_one(task)
+            task.future = self._submit_one(item)
 
-    def _submit_one(self, task: Task) -> Future[Any]:
+    def _submit_one(self, item: Any) -> Future[Any]:
         assert self._pool is not None
-        item = task.item
         try:
             if self._pool.method == "thread":
                 fn = self.meter.thread_task(self.fn)
@@ -400,8 +386,6 @@ class Window:
                     fn = functools.partial(_timed_call, fn, self.tuner)
                 if self.gate is not None:  # waits for its turn outside the measured call
                     fn = functools.partial(self.gate.call, fn)
-                if self._caller_runs:  # the consumer may run it instead (see wait())
-                    task.call = fn
                 return self._pool.submit(fn, item)
             future = self._pool.submit(self.fn, item)
             future.add_done_callback(self.meter.process_task())

@@ -86,14 +86,7 @@ class WindowedOptions:
         return WindowOptions(workers=workers, method=self.method, in_order=self.in_order, limit=limit,
                              name=name, start_method=self.start_method, inline=self.inline,
                              on_discard=self.on_discard, size_of=self.size_of,
-                             gated=self._gated, solo_inline=self._cpu_gated,
-                             caller_runs=self._cpu_gated), tuner
-
-    @property
-    def _cpu_gated(self) -> bool:
-        """Gated CPU-bound work (a decode on threads): its calls may run in the consumer's
-        thread, where they cost no hand-off and keep the same order and accounting."""
-        return self._gated and self._kind == "cpu"
+                             gated=self._gated, solo_inline=self._gated and self._kind == "cpu"), tuner
 
     @property
     def _kind(self) -> Kind:
