@@ -364,3 +364,20 @@ def test_serve_examples_holds_what_the_docs_examples_read():
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0 and "# stopped" in rest
+
+
+@pytest.mark.parametrize(("args", "wrong", "hint"), [
+    (["make-data", "wds", "s3://b/p/"], ["--samples", "3"], None),
+    (["make-data", "wds", "s3://b/p/"], ["--seeds=3"], "(did you mean --seed?)"),
+    (["run", "wds-boto3", "--url", "s3://b/p/"], ["--workerz", "2"], "(did you mean --num-workers?)"),
+])
+def test_a_subcommands_wrong_flag_shows_that_subcommands_usage(args, wrong, hint, capsys):
+    from pipeflow.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main([*args, *wrong])
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert err.startswith(f"usage: pipeflow {args[0]} "), err  # not the top-level usage
+    assert f"pipeflow {args[0]}: error: unrecognized arguments: {' '.join(wrong)}" in err, err
+    assert ("did you mean" not in err) if hint is None else err.rstrip().endswith(hint), err
