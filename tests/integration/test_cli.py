@@ -14,7 +14,7 @@ import pytest
 
 from pipeflow._cli._measure import RunResult
 
-from ._terminal import has_bar, pipeflow_cli
+from ._terminal import has_bar, pipeflow_cli, screen_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -317,6 +317,25 @@ def test_run_progress_bar(tmp_path, terminal, quiet, drawn):
     assert has_bar(err, "run single-ffm") is drawn, err
     assert "run single-ffm" not in out  # the bar never goes to stdout
     assert "6 steps, 12 samples" in out
+
+
+def test_run_prints_warnings_on_lines_of_their_own_above_the_bar(tmp_path):
+    # one shard for 3 DataLoader workers: torch warns (in this process) about 3 workers on 2
+    # cores, and pipeflow (in a worker) that 2 of them read nothing; neither may end up glued
+    # to the end of the bar's line, where a bar leaves the cursor
+    data = tmp_path / "data"
+    made = pipeflow("make-data", "wds", str(data), "--count", "40", "--image-size", "8", "--quiet")
+    assert made.returncode == 0, made.stderr
+    env = {"PYTHONWARNINGS": "default"}
+    code, out, err = pipeflow_cli("run", "wds-ffm", "--url", str(data), "--num-workers", "3",
+                                  "--epochs", "2", terminal="stderr", env=env)
+    assert code == 0, err
+    assert has_bar(err, "run wds-ffm"), err
+    lines = screen_lines(err)
+    idle = [line for line in lines if "2 of them read nothing" in line]
+    assert len(idle) == 1 and idle[0].startswith("pipeflow: shard_by_rank: "), lines
+    torch_warning = [line for line in lines if "UserWarning: This DataLoader will create 3" in line]
+    assert torch_warning and all(line.startswith(("/", "<")) for line in torch_warning), lines
 
 
 @pytest.mark.s3
