@@ -71,20 +71,36 @@ def _run_bounded(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[i
         stdout, stderr = proc.communicate(timeout=timeout)
         return proc.returncode, stdout, stderr
     except subprocess.TimeoutExpired:
-        ranks = _children(proc.pid)
-        _send(ranks, signal.SIGUSR1)
-        time.sleep(STACKS_GRACE_S)
-        _send([-pid for pid in ranks], signal.SIGKILL)  # torchrun starts each rank in a session of its own
-        try:
-            stdout, stderr = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            _send([-proc.pid], signal.SIGKILL)
-            stdout, stderr = proc.communicate(timeout=30)
+        _end_launch(proc.pid, stacks=True)
+        stdout, stderr = proc.communicate(timeout=60)
         return None, stdout, stderr
     finally:
-        _send([-proc.pid], signal.SIGKILL)  # the session: nothing of the launch outlives it
-        if proc.poll() is None:
+        if proc.returncode is None:  # interrupted: not reaped yet, so its ids are still its own
+            _end_launch(proc.pid, stacks=False)
             proc.communicate()
+
+
+def _end_launch(agent: int, *, stacks: bool) -> None:
+    """Kill the ranks' sessions (after their stacks when ``stacks``), let the agent end (30 s at
+    most), then kill what is left of its session. The agent is not reaped here, so neither its
+    id nor its session's can have passed to another process meanwhile."""
+    ranks = _children(agent)
+    if stacks:
+        _send(ranks, signal.SIGUSR1)
+        time.sleep(STACKS_GRACE_S)
+    _send([-pid for pid in ranks], signal.SIGKILL)  # torchrun starts each rank in a session of its own
+    deadline = time.monotonic() + 30
+    while _state(agent) not in ("Z", "") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _send([-agent], signal.SIGKILL)
+
+
+def _state(pid: int) -> str:
+    """The process's state letter ("Z": ended, not yet reaped); "" when there is none."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
 
 
 def _send(pids: list[int], sig: signal.Signals) -> None:
