@@ -84,9 +84,10 @@ def _end_launch(agent: int, *, stacks: bool) -> None:
     """Kill the ranks' sessions (after their stacks when ``stacks``), let the agent end (30 s at
     most), then kill what is left of its session. The agent is not reaped here, so neither its
     id nor its session's can have passed to another process meanwhile."""
-    ranks = _children(agent)
-    if stacks:
-        _send(ranks, signal.SIGUSR1)
+    parents = _parents()
+    ranks = _children(agent, parents)
+    if stacks:  # the ranks and their DataLoader workers: a worker that hangs stalls its rank
+        _send([pid for rank in ranks for pid in _family(rank, parents)], signal.SIGUSR1)
         time.sleep(STACKS_GRACE_S)
     _send([-pid for pid in ranks], signal.SIGKILL)  # torchrun starts each rank in a session of its own
     deadline = time.monotonic() + 30
@@ -110,14 +111,26 @@ def _send(pids: list[int], sig: signal.Signals) -> None:
             os.kill(pid, sig)
 
 
-def _children(parent: int) -> list[int]:
-    """The processes whose parent is ``parent`` (torchrun's ranks are the agent's children)."""
-    found = []
+def _parents() -> dict[int, int]:
+    """Every process's parent, from /proc."""
+    parents = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError):
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:
-                found.append(int(stat.parent.name))
-    return found
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    return parents
+
+
+def _children(parent: int, parents: dict[int, int]) -> list[int]:
+    """The processes whose parent is ``parent`` (torchrun's ranks are the agent's children)."""
+    return [pid for pid, ppid in parents.items() if ppid == parent]
+
+
+def _family(pid: int, parents: dict[int, int]) -> list[int]:
+    """``pid`` and every process below it."""
+    family = [pid]
+    for child in _children(pid, parents):
+        family.extend(_family(child, parents))
+    return family
 
 
 def _rank_logs(out_dir: Path, limit: int = 12000) -> str:

@@ -34,6 +34,8 @@ def test_a_launch_past_its_timeout_reports_every_ranks_stacks(tmp_path):
     assert report.startswith("torchrun timed out after 25 s"), report[:300]
     _assert_stacks_of_rank_0(report)
     assert "in main" in report.split("rank 1 stderr", 1)[1], "rank 1's stack at the barrier is missing"
+    # past the timeout, the ranks' worker processes print theirs too (a hung worker stalls its rank)
+    assert "in stall_in_a_worker" in report.split("rank 1 stderr", 1)[0], report
     assert time.monotonic() - start < 60, "the launch was not ended soon after its timeout"
     time.sleep(0.5)  # the kernel's reaping of killed processes is not instant
     assert _processes_of(tmp_path) == [], "a rank outlived its launch"
