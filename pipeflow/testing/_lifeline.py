@@ -11,8 +11,10 @@ that did not end it within a few seconds. Portable to any POSIX system, and noth
 A child forked from the parent without exec (a DataLoader worker) holds a copy of the write end
 until it exits, so the helper outlives the parent by as long as such a child does.
 
-Child side: ``python -m pipeflow.testing._lifeline FD MODULE [ARG ...]`` runs ``MODULE`` as
-``__main__`` with ``ARG ...`` as its arguments.
+Child side: ``python PATH/_lifeline.py FD MODULE [ARG ...]`` runs ``MODULE`` as ``__main__``
+with ``ARG ...`` as its arguments. The file is run by its path and imports only the standard
+library, so the child needs no importable pipeflow (nor the same one as the parent) to start a
+module that is not pipeflow's own, such as ``moto.server``.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ def start_tethered(module: str, args: Sequence[str], *, python: str = sys.execut
     :class:`subprocess.Popen` (``pass_fds`` is taken)."""
     read_fd, write_fd = os.pipe()  # both close-on-exec: no other child inherits them
     try:
-        cmd = [python, "-m", __name__, str(read_fd), module, *args]
+        cmd = [python, os.path.abspath(__file__), str(read_fd), module, *args]
         process = subprocess.Popen(cmd, pass_fds=(read_fd,), **popen)
     except BaseException:
         os.close(write_fd)
@@ -80,6 +82,7 @@ def main(argv: Sequence[str]) -> None:  # pragma: no cover - runs in the child
     """Start the watcher of lifeline ``argv[0]``, then run module ``argv[1]`` as ``__main__``."""
     fd, module = int(argv[0]), argv[1]
     threading.Thread(target=_watch, args=(fd,), name="pipeflow-lifeline", daemon=True).start()
+    sys.path[0] = os.getcwd()  # what ``python -m MODULE`` would have, not this file's folder
     sys.argv = [module, *argv[2:]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
