@@ -43,14 +43,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pipeflow: no command {argv[0]!r}; {hint}commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     chosen = argv[0] if argv and argv[0] in COMMANDS else None
+    chosen_parser = parser
     for name, (module_name, help_text) in COMMANDS.items():
         sp = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
             importlib.import_module(module_name).add_arguments(sp)
-            parser.set_defaults(_parser=sp)
+            chosen_parser = sp
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        _refuse(getattr(args, "_parser", parser), unknown)
+        _refuse(chosen_parser, unknown)
     if not args.command:
         parser.print_help()
         return 2
