@@ -87,7 +87,9 @@ def _end_launch(agent: int, *, stacks: bool) -> None:
     parents = _parents()
     ranks = _children(agent, parents)
     if stacks:  # the ranks and their DataLoader workers: a worker that hangs stalls its rank
-        _send([pid for rank in ranks for pid in _family(rank, parents)], signal.SIGUSR1)
+        for pid in (pid for rank in ranks for pid in _family(rank, parents)):
+            _send([pid], signal.SIGUSR1)
+            time.sleep(0.2)  # one at a time: a rank and its workers share a stderr, dumps would mix
         time.sleep(STACKS_GRACE_S)
     _send([-pid for pid in ranks], signal.SIGKILL)  # torchrun starts each rank in a session of its own
     deadline = time.monotonic() + 30

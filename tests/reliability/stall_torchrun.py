@@ -12,6 +12,7 @@ import multiprocessing
 import sys
 import threading
 import time
+from typing import Any
 
 import torch.distributed as dist
 
@@ -26,7 +27,8 @@ def stall_on_rank_0() -> None:
     time.sleep(3600)
 
 
-def stall_in_a_worker() -> None:
+def stall_in_a_worker(started: Any) -> None:
+    started.set()
     time.sleep(3600)
 
 
@@ -34,7 +36,10 @@ def main() -> int:
     rank, _ = _dist.init(timeout_s=float(sys.argv[2]))
     if rank == 0:
         threading.Thread(target=side_thread_waits, args=(threading.Event(),), daemon=True).start()
-        multiprocessing.get_context("fork").Process(target=stall_in_a_worker, daemon=True).start()
+        fork = multiprocessing.get_context("fork")
+        started = fork.Event()
+        fork.Process(target=stall_in_a_worker, args=(started,), daemon=True).start()
+        started.wait(60)
         print("rank 0 stalls", file=sys.stderr, flush=True)
         stall_on_rank_0()
     else:
