@@ -18,12 +18,16 @@ runs in a fresh interpreter, so what is left is the CPU pipeflow adds around the
   the second core is busy with other work; pipeflow's own measurement starts once it settled.
 
 CPU is the process's (every thread), from the first batch (warm-up, imports and pools
-excluded) to the last; cases alternate inside each repeat. A loader row also shows the decode
-calls the stage ran at once at the end (``workers`` in ``stats()``: what ``"auto"`` settled at).
+excluded) to the last, with the voluntary context switches per sample (every thread's waits:
+the decode hand-off's wake-ups and the GIL's); cases alternate inside each repeat. A loader row
+also shows the decode calls the stage ran at once at the end (``workers`` in ``stats()``: what
+``"auto"`` settled at).
 
 ``--baseline DIR`` measures a change: every loader case runs twice in each repeat, alternated,
 the second time (``case@base``) importing ``pipeflow`` from ``DIR`` (a checkout of the commit
-to compare with, e.g. ``git worktree add /tmp/base main``); the bare loops are shared.
+to compare with, e.g. ``git worktree add --detach /tmp/base main``); the bare loops are shared.
+Only that checkout's ``pipeflow`` package is imported (through a link in a scratch directory):
+its ``benchmarks`` would otherwise shadow this one.
 
     python -m benchmarks.decode_cpu --kind imagenet photo --repeats 3
 """
@@ -34,6 +38,7 @@ import argparse
 import io
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -113,11 +118,15 @@ def child_main(spec: dict[str, Any]) -> None:
     if spec["case"] == "loader-auto-at-one":
         for _ in range(SETTLE_SAMPLES // BATCH):
             next(batches)
+    switches0 = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
     cpu0, t0, n = time.process_time(), time.perf_counter(), 0
     for batch in batches:
         n += len(batch["jpg"]) if isinstance(batch, dict) else len(batch)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
-    result: dict[str, Any] = {"samples": n, "cpu_s": cpu, "wall_s": wall}
+    # voluntary context switches (every thread's waits: the hand-offs' wake-ups, the GIL's)
+    switches = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - switches0
+    result: dict[str, Any] = {"samples": n, "cpu_s": cpu, "wall_s": wall,
+                              "switches_per_sample": switches / max(n, 1)}
     if hasattr(source, "stats"):
         import pipeflow
 
@@ -161,6 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="pipeflow-decode-cpu-") as tmp:
         shards = {kind: write_local_shards(tmp, kind, args.count, args.per_shard) for kind in args.kind}
+        if args.baseline:
+            args.baseline = _package_only(args.baseline, tmp)
         for r in range(args.repeats):
             for kind in args.kind:
                 for case, base in _schedule(args.cases, args.baseline, reverse=bool(r % 2)):
@@ -171,12 +182,24 @@ def main(argv: list[str] | None = None) -> None:
                     rows.append(row)
                     settled = f", decode workers {row['decode_workers']}" if "decode_workers" in row else ""
                     print(f"[{r}] {kind:<8} {label:<19} {row['ms_per_sample']:.3f} CPU ms/sample "
-                          f"({row['samples']} samples, {row['wall_s']:.2f} s, load {row['load']:.1f}"
+                          f"({row['samples']} samples, {row['wall_s']:.2f} s, load {row['load']:.1f}, "
+                          f"{row.get('switches_per_sample', float('nan')):.2f} switches/sample"
                           f"{settled})", flush=True)
     _summary(rows, args)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)
+
+
+def _package_only(checkout: str, scratch: str) -> str:
+    """A directory holding only a link to ``checkout``'s ``pipeflow`` package."""
+    package = os.path.join(os.path.abspath(checkout), "pipeflow")
+    if not os.path.isdir(package):
+        raise SystemExit(f"--baseline {checkout}: no pipeflow package there")
+    only = os.path.join(scratch, "baseline")
+    os.makedirs(only)
+    os.symlink(package, os.path.join(only, "pipeflow"))
+    return only
 
 
 def _schedule(cases: list[str], baseline: str | None, *, reverse: bool) -> list[tuple[str, str | None]]:

@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 __all__ = ["main"]
 
@@ -42,11 +43,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pipeflow: no command {argv[0]!r}; {hint}commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     chosen = argv[0] if argv and argv[0] in COMMANDS else None
+    chosen_parser = parser
     for name, (module_name, help_text) in COMMANDS.items():
         sp = sub.add_parser(name, help=help_text, description=help_text)
         if name == chosen:
             importlib.import_module(module_name).add_arguments(sp)
-    args = parser.parse_args(argv)
+            chosen_parser = sp
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _refuse(chosen_parser, unknown)
     if not args.command:
         parser.print_help()
         return 2
@@ -63,6 +68,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Ctrl-C: the user knows where it came from; one line, the shell's status for SIGINT
         print(f"pipeflow {args.command}: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
+
+
+def _refuse(parser: argparse.ArgumentParser, unknown: list[str]) -> NoReturn:
+    """Exit with the usage of the command the arguments were given to (argparse reports a
+    subcommand's unknown flag with the top-level usage), naming the nearest flag it has."""
+    flags = [flag for action in parser._actions for flag in action.option_strings]
+    hints = {}
+    for arg in unknown:
+        flag = arg.split("=", 1)[0]
+        close = difflib.get_close_matches(flag, flags, n=1, cutoff=0.6) if flag.startswith("-") else []
+        if close:
+            hints[flag] = close[0]
+    if len(hints) == 1:
+        hint = f" (did you mean {next(iter(hints.values()))}?)"
+    else:
+        hint = f" (did you mean: {', '.join(f'{k} -> {v}' for k, v in hints.items())})" if hints else ""
+    parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
 
 
 if __name__ == "__main__":

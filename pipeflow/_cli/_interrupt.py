@@ -12,10 +12,12 @@ exited unexpectedly" instead of an interrupt). With short epochs that is a large
 :class:`DeferredInterrupt` replaces the SIGINT handler of the command's main thread for the length
 of the loop: the first Ctrl-C only records the request and the loop raises ``KeyboardInterrupt``
 itself at its next batch (:meth:`DeferredInterrupt.check`), where the DataLoader shuts its workers
-down the normal way; forked workers (which inherit the handler) ignore it and are ended by the
-command. A loop that does not reach a batch within ``grace`` seconds (a store that stopped
-answering) gets the interrupt raised where it waits, as without this class; so does a second
-Ctrl-C.
+down the normal way. Forked workers inherit the handler: one that is inside the pipeline's
+iteration (where torch's worker loop takes ``KeyboardInterrupt`` and pipeflow stops its threads
+without waiting) raises it there, as without this class, so a worker stuck on a store ends at
+once; anywhere else (forking, starting, ending) it leaves its ending to the command. A loop
+that does not reach a batch within ``grace`` seconds (a store that stopped answering) gets the
+interrupt raised where it waits, as without this class; so does a second Ctrl-C.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import os
 import signal
 import threading
 from types import FrameType, TracebackType
+
+from pipeflow.iterator import PipelineIterator
 
 __all__ = ["DeferredInterrupt"]
 
@@ -38,7 +42,7 @@ class DeferredInterrupt:
     Outside the main thread (where Python delivers no signals) it does nothing.
     """
 
-    def __init__(self, grace: float = 2.0) -> None:
+    def __init__(self, grace: float = 1.0) -> None:
         self.grace = grace
         self.requested = False
         self._pid = os.getpid()
@@ -65,8 +69,10 @@ class DeferredInterrupt:
             self._installed = False
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
-        if os.getpid() != self._pid:
-            return  # a forked DataLoader worker: the command ends it through the DataLoader
+        if os.getpid() != self._pid:  # a forked DataLoader worker
+            if _iterating(frame):
+                raise KeyboardInterrupt  # inside torch's worker loop, which takes it
+            return  # forking, starting or ending: the command ends it through the DataLoader
         if self._forced:  # sent by the grace timer
             self._forced = False
             if self._raising:
@@ -99,3 +105,15 @@ class DeferredInterrupt:
                 self._cancel()
                 self._raising = True
             raise KeyboardInterrupt
+
+
+_NEXT = PipelineIterator.__next__.__code__
+
+
+def _iterating(frame: FrameType | None) -> bool:
+    """Whether the interrupted thread is inside a pipeline iterator's ``__next__``."""
+    while frame is not None:
+        if frame.f_code is _NEXT:
+            return True
+        frame = frame.f_back
+    return False

@@ -7,12 +7,16 @@ most every few seconds instead (or nothing, where it prints its own lines anyway
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
 import time
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["draws_bars", "progress_bar"]
+__all__ = ["draws_bars", "messages_above", "progress_bar"]
 
 
 def draws_bars(stream: Any = None) -> bool:
@@ -96,3 +100,59 @@ def progress_bar(desc: str, *, total: int | None = None, unit: str = " samples",
             size = {} if _columns() else {"ncols": 100, "nrows": 24}
             return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, **size)
     return _Lines(desc, total, unit, lines_every) if lines_every is not None else _Off()
+
+
+@contextlib.contextmanager
+def messages_above(bar: Any) -> Iterator[None]:
+    """While the block runs, pipeflow's log records and Python's warnings go on lines of their
+    own above ``bar`` instead of being glued to the end of the bar's line (a bar leaves the
+    cursor there). The routes are installed in this process, so the DataLoader workers it forks
+    inherit them. Nothing changes for a bar that draws nothing (a log or a pipe)."""
+    if isinstance(bar, _Off):
+        yield
+        return
+    handler = _AboveBar(bar)
+    logger = logging.getLogger("pipeflow")
+    propagate, show = logger.propagate, warnings.showwarning
+    logger.addHandler(handler)
+    logger.propagate = False  # else a handler further up would print each record a second time
+    warnings.showwarning = handler.show_warning
+    try:
+        yield
+    finally:
+        warnings.showwarning = show
+        logger.propagate = propagate
+        logger.removeHandler(handler)
+
+
+class _AboveBar(logging.Handler):
+    """Writes records and warnings above a tqdm bar: with the bar's ``write`` in the process that
+    draws it; in a forked worker (whose copy of the bar is stale) by clearing the terminal's
+    current line first, the bar's line, which the drawing process redraws at its next update."""
+
+    def __init__(self, bar: Any) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter("%(message)s"))
+        self._bar, self._pid = bar, os.getpid()
+        self._show = warnings.showwarning
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._write(self.format(record))
+        except Exception:
+            self.handleError(record)
+
+    def show_warning(self, message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                     file: Any = None, line: str | None = None) -> None:
+        """``warnings.showwarning`` for stderr; a warning meant for another file goes there."""
+        if file is not None and file is not sys.stderr:
+            self._show(message, category, filename, lineno, file, line)
+            return
+        self._write(warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n"))
+
+    def _write(self, text: str) -> None:
+        if os.getpid() == self._pid:
+            self._bar.write(text, file=sys.stderr)
+        else:
+            sys.stderr.write(f"\r\x1b[2K{text}\n")
+            sys.stderr.flush()

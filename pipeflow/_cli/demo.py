@@ -100,13 +100,15 @@ def _child(name: str, url: str, options: dict[str, Any], batch_size: int | None,
     try:
         from .. import recipes
         from ._measure import measure
+        from ._progress import messages_above
 
         pipeline = recipes.load(name, url=url, **options)
         bar = _StepsBar(name, args["steps"], batch_size, quiet=args["quiet"])
         try:
-            result = measure(pipeline, batch_size=batch_size, num_workers=args["num_workers"],
-                             epochs=10_000, steps=args["steps"], report_every=args["report_every"],
-                             on_batch=bar.update)
+            with messages_above(bar.bar):  # a DataLoader worker's warning on a line of its own
+                result = measure(pipeline, batch_size=batch_size, num_workers=args["num_workers"],
+                                 epochs=10_000, steps=args["steps"], report_every=args["report_every"],
+                                 on_batch=bar.update)
         finally:
             bar.close()
         out.put(("ok", {"steps": result.steps, "samples": result.samples, "seconds": result.seconds,
@@ -126,16 +128,16 @@ class _StepsBar:
         from ._progress import progress_bar
 
         self._steps = steps
-        self._bar = progress_bar(name, total=steps * batch_size if batch_size else None, quiet=quiet)
+        self.bar = progress_bar(name, total=steps * batch_size if batch_size else None, quiet=quiet)
 
     def update(self, samples: int) -> None:
-        if self._bar.total is None and samples:
-            self._bar.total = self._steps * samples
-            self._bar.refresh()
-        self._bar.update(samples)
+        if self.bar.total is None and samples:
+            self.bar.total = self._steps * samples
+            self.bar.refresh()
+        self.bar.update(samples)
 
     def close(self) -> None:
-        self._bar.close()
+        self.bar.close()
 
 
 def _run_one(info: Any, url: str, args: argparse.Namespace) -> DemoRow:

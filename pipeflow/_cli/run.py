@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from .. import recipes
     from ..errors import PipeflowError
     from ._measure import measure
-    from ._progress import progress_bar
+    from ._progress import messages_above, progress_bar
 
     try:
         options = parse_options(args.option)
@@ -74,9 +74,10 @@ def run(args: argparse.Namespace) -> int:
     def report(step: int, seconds: float) -> None:
         bar.write(f"Iteration {step} Time {seconds:.4f}")  # above the bar, not through it
     try:
-        result = measure(pipeline, batch_size=batch_size, num_workers=args.num_workers,
-                         epochs=args.epochs, steps=args.steps, report_every=args.report_every,
-                         on_report=report, on_batch=bar.update)
+        with messages_above(bar):  # a DataLoader worker's warning on a line of its own
+            result = measure(pipeline, batch_size=batch_size, num_workers=args.num_workers,
+                             epochs=args.epochs, steps=args.steps, report_every=args.report_every,
+                             on_report=report, on_batch=bar.update)
     except PipeflowError as exc:  # bad data or storage: one line (the stage in its note), no traceback
         print(f"pipeflow run: {exc}", *getattr(exc, "__notes__", ()), sep="\n", file=sys.stderr)
         return 2

@@ -17,7 +17,9 @@ Everything else (a 5xx, an unreachable endpoint, a missing bucket when listing, 
 range) is one ``GenericError`` type, which pipeflow does not split by its message: the backend
 asks the store a structural question instead, a HEAD of the object (of the bucket, for a
 listing). A range that starts at or past the end is an empty read, as on every backend; a HEAD
-refused as missing or denied gives that typed error; otherwise the failure is transient.
+refused as missing or denied gives that typed error; otherwise the failure is transient. A final
+"not found" says which is missing, the bucket or the key (obstore's own says neither): one HEAD of
+the bucket, on that path only, tells them apart by its typed answer.
 
 Retries: object_store's own retries are off (it counts retries, and spent a budget handed to it
 as a count in seconds against a refused connection); every request runs under the backend's
@@ -50,7 +52,13 @@ from pipeflow.backends._obstore_auth import credential_provider
 from pipeflow.backends._resumable import ResumableStream
 from pipeflow.backends._retry import is_transient, mark_answered, retried_pages, retry_call
 from pipeflow.backends._s3config import S3Options
-from pipeflow.backends.base import Backend, S3Location, parse_s3_object_url, parse_s3_url
+from pipeflow.backends.base import (
+    Backend,
+    S3Location,
+    legacy_name_hint,
+    parse_s3_object_url,
+    parse_s3_url,
+)
 from pipeflow.errors import (
     AccessDeniedError,
     ConfigError,
@@ -200,7 +208,7 @@ class ObstoreBackend(Backend):
         """
         typed = self._typed(exc, url, op)
         if typed is not None:
-            return typed if self._is_final(typed) else None
+            return self._named(typed, loc, op) if self._is_final(typed) else None
         import obstore
 
         try:
@@ -209,10 +217,40 @@ class ObstoreBackend(Backend):
             typed = self._typed(probe, url, op)
             if typed is not None and self._is_final(typed):
                 mark_answered(self.options.endpoint_label())
-                return typed
+                return self._named(typed, loc, op)
             return None
         mark_answered(self.options.endpoint_label())
         return None
+
+    def _named(self, err: BaseException, loc: S3Location, op: str) -> BaseException:
+        """``err``, or for a "not found" the one that says which is missing, the bucket or the
+        key: obstore's NotFound says neither. A listing that found no bucket is about the bucket
+        (its probe was the bucket's HEAD); otherwise one HEAD of the bucket tells, by its typed
+        answer. A HEAD that fails otherwise leaves the "object or bucket" of before."""
+        if not isinstance(err, ObjectNotFoundError):
+            return err
+        url, bucket = err.url, loc.bucket
+        if op == "list" or not loc.key:
+            missing: bool | None = True
+        else:
+            missing = self._bucket_missing(bucket)
+        if missing is None:
+            return err
+        what = (f"no such bucket {bucket!r}{legacy_name_hint(url)}" if missing
+                else f"no such key {loc.key!r} in bucket {bucket!r}")
+        return ObjectNotFoundError(what, url=url, backend=self.name, op=op)
+
+    def _bucket_missing(self, bucket: str) -> bool | None:
+        """True: a HEAD of the bucket answered "not found"; False: it answered; None: neither."""
+        import obstore
+
+        try:
+            obstore.head(self._store(bucket), "")
+        except FileNotFoundError:
+            return True
+        except Exception:
+            return None
+        return False
 
     @staticmethod
     def _is_final(err: BaseException) -> bool:
@@ -261,7 +299,7 @@ class ObstoreBackend(Backend):
                 typed = self._typed(exc, url, "upload")
                 if typed is None or typed is exc:
                     raise
-                raise typed from exc
+                raise self._named(typed, S3Location(loc.bucket, ""), "upload") from exc
 
         retry_call(put, policy=self.options.retry, url=url, backend=self.name, op="upload",
                    endpoint=self.options.endpoint_label(), classify=self._transient)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._checks import check_int
+from ..errors import ConfigError
 from .base import Stage
 from .equalize import Equalizer
 from .take import share
@@ -26,7 +27,7 @@ class EpochSizer(Equalizer):
 
     Args:
         source: the input stage (after the sharding: each worker sees its own part of the data).
-        n: items per rank per epoch (>= 0).
+        n: items per rank per epoch (>= 1; 0 is a ``ConfigError``, not an empty epoch).
 
     A worker whose part of the data is empty raises :class:`~pipeflow.errors.EmptyShardError`
     (it has nothing to repeat), as ``equalize()`` does. Repeats are counted as ``padded`` in
@@ -40,6 +41,13 @@ class EpochSizer(Equalizer):
 
     def __init__(self, source: Stage[Any], n: int) -> None:
         check_int(n, "with_epoch(n)", low=0)
+        if n == 0:
+            # an epoch that yields nothing trains on nothing, and every epoch after it too; a
+            # computed n (total // (ranks x batch)) comes out 0 when the data is smaller than
+            # one step on every rank: said here, not found hours later as an idle job
+            raise ConfigError("with_epoch(n) must be a positive int, got 0: every epoch would be "
+                              "empty on every rank; if n was computed from the data's size, the "
+                              "data holds fewer items than one per rank")
         super().__init__(source, per_shard=0, mode="pad")
         self._per_rank = n
 

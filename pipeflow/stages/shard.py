@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from .._checks import check_choice
 from .._once import first_time
+from .._words import counted
 from ..formats.keys import split_key
 from .base import SOURCES_KEY, Stage
 
@@ -21,11 +22,11 @@ def warn_if_some_shards_idle(name: str, total: int | None, count: int, world: in
     the run is slower than it looks."""
     if total is None or total >= count or not first_time("idle_shards"):
         return
-    log.warning("pipeflow: %s: %d items (shards or objects) split over %d ranks x workers "
-                "(%d rank%s x %d DataLoader worker%s): %d of them read nothing; use at most %d "
-                "ranks x workers, or split the data into more shards", name, total, count, world,
-                "" if world == 1 else "s", workers, "" if workers == 1 else "s", count - total, total)
-
+    log.warning("pipeflow: %s: %s (shards or objects) split over %d ranks x workers (%s x %s): "
+                "%s; keep ranks x workers <= %d, or split the data into more shards", name,
+                counted(total, "item"), count, counted(world, "rank"),
+                counted(workers, "DataLoader worker"),
+                counted(count - total, "of them reads nothing", "of them read nothing"), total)
 
 def owned_after(pos: int, index: int, count: int) -> int:
     """The first source index >= ``pos`` that shard ``index`` of ``count`` keeps."""

@@ -59,6 +59,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from ._lifeline import Tethered, start_tethered
 from .s3server import death_signal_hook
 
 __all__ = ["Action", "DelayProxy", "Faults", "ProxyProcess", "RequestInfo", "main"]
@@ -929,17 +930,21 @@ class ProxyProcess:
         self.python = python
         self.url = ""
         self._proc: subprocess.Popen[str] | None = None
+        self._tether: Tethered | None = None
 
     def start(self) -> ProxyProcess:
         f = self.faults
-        cmd = [self.python, "-m", "pipeflow.testing.proxy", self.upstream, "--delay-ms", str(self.delay_ms),
-               "--port", str(self.port), "--error-rate", str(f.error_rate),
-               "--error-status", str(f.error_status), "--reset-rate", str(f.reset_rate),
-               "--reset-after", str(f.reset_after), "--stall-rate", str(f.stall_rate),
-               "--stall-s", str(f.stall_s), "--methods", ",".join(sorted(f.methods)), "--seed", str(f.seed),
-               "--rate-limit", str(f.rate_limit)]
-        # a parent killed outright (SIGKILL) takes its proxy along, as it does its server
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, preexec_fn=death_signal_hook())
+        args = [self.upstream, "--delay-ms", str(self.delay_ms),
+                "--port", str(self.port), "--error-rate", str(f.error_rate),
+                "--error-status", str(f.error_status), "--reset-rate", str(f.reset_rate),
+                "--reset-after", str(f.reset_after), "--stall-rate", str(f.stall_rate),
+                "--stall-s", str(f.stall_s), "--methods", ",".join(sorted(f.methods)), "--seed", str(f.seed),
+                "--rate-limit", str(f.rate_limit)]
+        # a parent killed outright (SIGKILL) takes its proxy along, as it does its server, from
+        # whichever thread it was started
+        self._tether = start_tethered("pipeflow.testing.proxy", args, python=self.python,
+                                       stdout=subprocess.PIPE, text=True, preexec_fn=death_signal_hook())
+        self._proc = self._tether.process
         assert self._proc.stdout is not None
         line = self._proc.stdout.readline().strip()
         if not line.startswith("http://"):
@@ -978,7 +983,9 @@ class ProxyProcess:
                 self._proc.wait()
         if self._proc.stdout is not None:
             self._proc.stdout.close()
-        self._proc = None
+        if self._tether is not None:
+            self._tether.release()
+        self._proc = self._tether = None
 
     def __enter__(self) -> ProxyProcess:
         return self.start()

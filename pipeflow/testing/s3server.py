@@ -33,6 +33,7 @@ from typing import Any
 
 from ..backends.base import bucket_name_problem
 from ..errors import ConfigError, MissingDependencyError, PipeflowError
+from ._lifeline import start_tethered
 
 __all__ = ["LocalS3", "death_signal_hook", "free_port", "local_s3"]
 
@@ -164,9 +165,10 @@ def _wait_until_up(proc: subprocess.Popen[bytes], endpoint: str, log_path: str, 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
     # Linux: if the process that started the server dies without cleaning up (SIGKILL), the
-    # server gets SIGTERM instead of lingering. PR_SET_PDEATHSIG fires when the parent
-    # *thread* that forked the child exits, not the process: only install it from the main
-    # thread (see death_signal_hook), or a server started by a worker thread would die with it.
+    # server gets SIGTERM at once. PR_SET_PDEATHSIG fires when the parent *thread* that forked
+    # the child exits, not the process: only install it from the main thread (see
+    # death_signal_hook), or a server started by a worker thread would die with it. From any
+    # thread, the lifeline (_lifeline.py) ends the server when the process dies.
     try:
         import ctypes
 
@@ -245,12 +247,14 @@ def local_s3(*, port: int | None = None, buckets: Iterable[str] = (), export_env
     child_env = dict(os.environ)
     child_env.setdefault("PYTHONUNBUFFERED", "1")
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-            stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, env=child_env,
-            preexec_fn=death_signal_hook())
+        # tethered: the server ends with this process even when a thread that has since ended
+        # started it and this process is then killed outright (see _lifeline.py)
+        tether = start_tethered("moto.server", ["-H", "127.0.0.1", "-p", str(port)],
+                                stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, env=child_env,
+                                preexec_fn=death_signal_hook())
     finally:
         os.close(log_fd)
+    proc = tether.process
     try:
         _wait_until_up(proc, endpoint, log_path, timeout)
         server = LocalS3(endpoint=endpoint, port=port, process=proc)
@@ -260,5 +264,6 @@ def local_s3(*, port: int | None = None, buckets: Iterable[str] = (), export_env
             yield server
     finally:
         _stop(proc)
+        tether.release()
         with contextlib.suppress(OSError):
             os.unlink(log_path)

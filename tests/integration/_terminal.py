@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import pty
+import re
 import struct
 import subprocess
 import sys
@@ -83,3 +84,31 @@ def pipeflow_cli(*args: str, terminal: bool | Literal["stdout", "stderr"], env: 
 def has_bar(stderr: str, desc: str) -> bool:
     """True when ``stderr`` holds a tqdm bar described by ``desc``."""
     return all(mark in stderr for mark in BAR_MARKS) and f"\r{desc}" in stderr
+
+
+_ESCAPE = re.compile(r"\x1b\[([0-9;]*)([A-Za-z])")
+
+
+def screen_lines(text: str) -> list[str]:
+    """The lines a terminal shows for ``text`` (as :func:`pipeflow_cli` returns it): ``\\r``
+    returns to the line's start and later characters overwrite it, ``\\n`` starts a new line,
+    ``ESC[2K`` clears the line; other escape sequences are dropped."""
+    lines, col, at = [""], 0, 0
+    while at < len(text):
+        esc = _ESCAPE.match(text, at)
+        if esc:
+            if esc.group(2) == "K" and esc.group(1) == "2":
+                lines[-1] = ""
+            at = esc.end()
+            continue
+        char, at = text[at], at + 1
+        if char == "\r":
+            col = 0
+        elif char == "\n":
+            lines.append("")
+            col = 0
+        else:
+            line = lines[-1].ljust(col)
+            lines[-1] = line[:col] + char + line[col + 1:]
+            col += 1
+    return lines

@@ -14,7 +14,7 @@ import pytest
 
 from pipeflow._cli._measure import RunResult
 
-from ._terminal import has_bar, pipeflow_cli
+from ._terminal import has_bar, pipeflow_cli, screen_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -319,6 +319,25 @@ def test_run_progress_bar(tmp_path, terminal, quiet, drawn):
     assert "6 steps, 12 samples" in out
 
 
+def test_run_prints_warnings_on_lines_of_their_own_above_the_bar(tmp_path):
+    # one shard for 3 DataLoader workers: torch warns (in this process) about 3 workers on 2
+    # cores, and pipeflow (in a worker) that 2 of them read nothing; neither may end up glued
+    # to the end of the bar's line, where a bar leaves the cursor
+    data = tmp_path / "data"
+    made = pipeflow("make-data", "wds", str(data), "--count", "40", "--image-size", "8", "--quiet")
+    assert made.returncode == 0, made.stderr
+    env = {"PYTHONWARNINGS": "default"}
+    code, out, err = pipeflow_cli("run", "wds-ffm", "--url", str(data), "--num-workers", "3",
+                                  "--epochs", "2", terminal="stderr", env=env)
+    assert code == 0, err
+    assert has_bar(err, "run wds-ffm"), err
+    lines = screen_lines(err)
+    idle = [line for line in lines if "2 of them read nothing" in line]
+    assert len(idle) == 1 and idle[0].startswith("pipeflow: shard_by_rank: "), lines
+    torch_warning = [line for line in lines if "UserWarning: This DataLoader will create 3" in line]
+    assert torch_warning and all(line.startswith(("/", "<")) for line in torch_warning), lines
+
+
 @pytest.mark.s3
 @pytest.mark.parametrize("terminal, quiet, drawn", BAR_MODES)
 def test_bench_progress_bar_names_the_scenario_and_case(tmp_path, terminal, quiet, drawn):
@@ -364,3 +383,20 @@ def test_serve_examples_holds_what_the_docs_examples_read():
         proc.send_signal(signal.SIGINT)
         rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0 and "# stopped" in rest
+
+
+@pytest.mark.parametrize(("args", "wrong", "hint"), [
+    (["make-data", "wds", "s3://b/p/"], ["--samples", "3"], None),
+    (["make-data", "wds", "s3://b/p/"], ["--seeds=3"], "(did you mean --seed?)"),
+    (["run", "wds-boto3", "--url", "s3://b/p/"], ["--workerz", "2"], "(did you mean --num-workers?)"),
+])
+def test_a_subcommands_wrong_flag_shows_that_subcommands_usage(args, wrong, hint, capsys):
+    from pipeflow.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main([*args, *wrong])
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert err.startswith(f"usage: pipeflow {args[0]} "), err  # not the top-level usage
+    assert f"pipeflow {args[0]}: error: unrecognized arguments: {' '.join(wrong)}" in err, err
+    assert ("did you mean" not in err) if hint is None else err.rstrip().endswith(hint), err

@@ -44,12 +44,16 @@ def _interrupt_when_running(command: list[str], cwd: Path,
         assert proc.poll() is None, "the command ended as soon as it was running"
         time.sleep(after)
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does: every process of the group
+        interrupted = time.monotonic()
         out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - interrupted
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+    done = subprocess.CompletedProcess(command, proc.returncode, out, err)
+    done.seconds_to_exit = took  # type: ignore[attr-defined]
+    return done
 
 
 @pytest.mark.slow
@@ -84,3 +88,38 @@ def test_ctrl_c_in_the_pipeflow_command_is_one_line(tmp_path):
         done = _interrupt_when_running(command, tmp_path, after=after)
         assert done.returncode == 128 + signal.SIGINT, done.stderr
         assert done.stderr.strip() == "pipeflow run: interrupted"
+
+
+STUCK = """
+import sys, time
+import pipeflow as pf
+from pipeflow._cli._measure import measure
+
+def stuck(x):
+    if x >= 40:
+        time.sleep(600)  # a store that stopped answering
+    return x
+
+def said(n, seen=[]):
+    seen.append(n)
+    if len(seen) == 5:
+        print("running", flush=True)  # batches came: both workers are up and about to be stuck
+
+if __name__ == "__main__":
+    try:
+        measure(pf.from_items(range(10**6)).map(stuck), batch_size=2, num_workers=2, on_batch=said)
+    except KeyboardInterrupt:
+        sys.exit(130)
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_the_command_ends_workers_stuck_in_the_pipeline_at_once(tmp_path):
+    script = tmp_path / "stuck.py"
+    script.write_text(textwrap.dedent(STUCK))
+    done = _interrupt_when_running([sys.executable, str(script)], tmp_path, after=1.0)
+    took = done.seconds_to_exit  # type: ignore[attr-defined]
+    assert done.returncode == 130, done.stderr
+    # the loop's 1 s grace, then the workers (already ended by their own interrupt) are joined at
+    # once; leaving their ending to the DataLoader took its 5 s join per worker
+    assert took < 5, f"{took:.1f} s from Ctrl-C to exit"

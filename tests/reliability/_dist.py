@@ -10,9 +10,11 @@ The launcher puts the checkout on ``PYTHONPATH``, so the scripts import this mod
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import gc
 import json
 import os
+import signal
 import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -22,8 +24,27 @@ import torch.distributed as dist
 
 def init(timeout_s: float = 60.0) -> tuple[int, int]:
     """Join the job's gloo process group; ``(rank, world size)``."""
+    stacks_on_signals()
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size()
+
+
+def stacks_on_signals() -> None:
+    """Leave a clue when a rank stalls: the Python stack of each of its threads, on stderr (which
+    torchrun's ``--tee`` also writes to the rank's own log file).
+
+    SIGUSR1, sent by the launcher to every rank of a launch past its timeout before it kills
+    them, prints the stacks and carries on. SIGTERM, sent by torchrun to the ranks still running
+    once one has failed (e.g. its collective timed out waiting for a stalled peer), prints them
+    and then terminates as before. Forked children (DataLoader workers) drop the SIGTERM dump:
+    the DataLoader terminates a worker slow to exit as a matter of course."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
+    os.register_at_fork(after_in_child=_no_stacks_on_sigterm)
+
+
+def _no_stacks_on_sigterm() -> None:
+    faulthandler.unregister(signal.SIGTERM)
 
 
 def attempt(fn: Callable[..., Any], *args: Any) -> dict[str, Any]:

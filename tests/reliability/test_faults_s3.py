@@ -416,3 +416,57 @@ def test_local_s3_started_from_a_thread_outlives_it():
         assert box["server"].process.poll() is None, "the server died with the thread that started it"
     finally:
         ctx.__exit__(None, None, None)
+
+
+_STARTS_FROM_A_THREAD = """
+import sys, threading, time
+from pipeflow.testing import local_s3
+box = {}
+ctx = local_s3(export_env=False)
+starter = threading.Thread(target=lambda: box.setdefault("server", ctx.__enter__()))
+starter.start()
+starter.join(60)
+print(box["server"].process.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or a zombie whose new parent has yet to reap it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_local_s3_started_from_a_thread_dies_with_its_parent_process():
+    """The server outlives the thread that started it (above) but not the process: a parent
+    SIGKILLed leaves no server behind, whichever thread started it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = [sys.executable, "-c", _STARTS_FROM_A_THREAD]
+    parent = subprocess.Popen(script, stdout=subprocess.PIPE, text=True)
+    server_pid = None
+    try:
+        assert parent.stdout is not None
+        server_pid = int(parent.stdout.readline())
+        time.sleep(0.5)  # the starting thread has ended by now
+        assert not _gone(server_pid), "the server died before its parent"
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while not _gone(server_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone(server_pid), "the server outlived its parent process by 10 s"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        if parent.stdout is not None:
+            parent.stdout.close()
+        if server_pid is not None and not _gone(server_pid):
+            os.kill(server_pid, signal.SIGKILL)

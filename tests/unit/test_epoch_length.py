@@ -24,7 +24,7 @@ def test_len_is_known_after_with_epoch_or_with_length():
     pipe = pf.from_items(range(10))
     with pytest.raises(TypeError, match="with_epoch"):
         len(pipe)
-    assert bool(pipe) and bool(pipe.with_epoch(0))
+    assert bool(pipe) and bool(pipe.with_length(0))
     assert len(pipe.with_epoch(25)) == 25
     declared = pipe.with_length(7)
     assert len(declared) == 7
@@ -37,7 +37,13 @@ def test_len_is_known_after_with_epoch_or_with_length():
         pipe.with_epoch(True)
 
 
-@pytest.mark.parametrize("n", [0, 4, 10, 23])
+def test_with_epoch_of_zero_is_refused_where_the_pipeline_is_written():
+    # an epoch of nothing is never what a training job wants: say so instead of empty epochs
+    with pytest.raises(pf.ConfigError, match=r"with_epoch\(n\) must be a positive int, got 0"):
+        pf.from_items(range(10)).with_epoch(0)
+
+
+@pytest.mark.parametrize("n", [1, 4, 10, 23])
 def test_with_epoch_cuts_or_wraps_to_exactly_n(n):
     out = list(pf.from_items(range(10)).with_epoch(n))
     assert len(out) == n

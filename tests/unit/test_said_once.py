@@ -93,13 +93,13 @@ def test_fewer_shards_than_workers_is_one_warning_naming_the_split(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    lines = [line for line in out.stderr.splitlines() if "read nothing" in line or line.startswith("done")]
+    lines = [line for line in out.stderr.splitlines() if "split over" in line or line.startswith("done")]
     # once per run (two epochs, three workers), from the first pipeline; the flag is per run
     assert len(lines) == 4, out.stderr
     assert lines[0].split(" ", 1)[1] == (
         "pipeflow: auto_shard: 2 items (shards or objects) split over 3 ranks x workers (1 rank x 3 "
-        "DataLoader workers): 1 of them read nothing; use at most 2 ranks x workers, or split the "
-        "data into more shards")
+        "DataLoader workers): 1 of them reads nothing; keep ranks x workers <= 2, or split the data "
+        "into more shards")
     assert lines[1:] == ["done 2 False", "done 2 True", "done 3 False"]
 
 
@@ -124,7 +124,7 @@ def test_the_idle_shard_warning_for_explicit_sharding(caplog, monkeypatch, ranks
             list(stage)
     finally:
         _once._shared[slot] = saved
-    said = [r.getMessage() for r in caplog.records if "read nothing" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "split over" in r.getMessage()]
     assert len(said) == (1 if warned else 0), said
     if warned:
         assert f"({ranks} rank{'s' if ranks > 1 else ''} x 3 DataLoader workers)" in said[0]
