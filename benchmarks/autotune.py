@@ -1,6 +1,7 @@
 """Autotune grid: hand-tuned concurrency vs ``"auto"``, measured in the same run.
 
     python -m benchmarks.autotune [--quick] [--repeats N] [--only TEXT] [--out DIR]
+    python -m benchmarks.autotune --baseline DIR [--pairs N] [--quick] [--only TEXT] [--out DIR]
 
 Three workloads, each a grid of explicit worker / in-flight / prefetch values and one
 configuration with no concurrency knob set (options whose default is ``"auto"`` are left out;
@@ -23,6 +24,11 @@ pass, so a tuner's climb is paid inside the measurement. With ``--repeats`` the 
 runs again (interleaved, so load changes hit every row alike, and each group's rows rotated by
 one place per repeat, so no row is always the last of its group); the table shows the median
 per row, and auto/best per repeat gives the spread.
+
+``--baseline DIR`` measures a change to the tuner: it runs only each group's auto row, with this
+tree's ``pipeflow`` and with the one of the checkout ``DIR`` (``git worktree add --detach DIR
+main``; the benchmark code is this tree's on both sides), in ``--pairs`` interleaved pairs, the
+side run first alternating from pair to pair, and shows this/baseline per pair and the median.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import contextlib
 import functools
 import inspect
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -197,7 +204,8 @@ def _grids(quick: bool, s1: dict[str, Any], s2: dict[str, Any], proxies: dict[fl
     return grids
 
 
-def _run_row(grid: Grid, label: str, seconds: float, workdir: Path, log: Callable[[str], None]) -> float:
+def _run_row(grid: Grid, label: str, seconds: float, workdir: Path, log: Callable[[str], None],
+             pipeflow_from: str | None = None) -> float:
     report = workdir / f"choice-{abs(hash((grid.group, label)))}.json"
     report.unlink(missing_ok=True)
     kwargs = {**grid.common, **grid.rows[label], "report": str(report) if label == AUTO else None}
@@ -206,13 +214,15 @@ def _run_row(grid: Grid, label: str, seconds: float, workdir: Path, log: Callabl
     env = {}
     if grid.proxy is not None:
         env = {"AWS_ENDPOINT_URL": grid.proxy.url, "S3_ENDPOINT_URL": grid.proxy.url}
-    row = run_case(case, proxy_url=grid.proxy.url if grid.proxy else None, env=env, log=lambda _: None)
+    row = run_case(case, proxy_url=grid.proxy.url if grid.proxy else None, env=env, log=lambda _: None,
+                   pipeflow_from=pipeflow_from)
     if "error" in row:
         log(f"  ! {grid.group} / {label}: {row['error'][-800:]}")
         return 0.0
     if label == AUTO and report.exists():
         grid.chosen.append(json.loads(report.read_text()))
-    log(f"  {grid.group:<42} {label:<36} {row['samples_per_s']:>9.1f} samples/s")
+    side = "@base" if pipeflow_from else ""
+    log(f"  {grid.group:<42} {label + side:<36} {row['samples_per_s']:>9.1f} samples/s")
     return float(row["samples_per_s"])
 
 
@@ -235,14 +245,13 @@ def _data(quick: bool, endpoint: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return s1, {"shards": shards.urls, "repeat": 200}
 
 
-def run(quick: bool, repeats: int, log: Callable[[str], None] = print, only: str = "") -> dict[str, Any]:
+@contextlib.contextmanager
+def _bench(quick: bool, only: str, log: Callable[[str], None]) -> Iterator[tuple[Path, list[Grid]]]:
+    """The server, the data, the proxies and the chosen groups, for the time of a run."""
     from pipeflow.testing.proxy import Faults, ProxyProcess
 
-    seconds = 6.0 if quick else 15.0
-    started = time.time()
     with (tempfile.TemporaryDirectory(prefix="pipeflow-autotune-") as tmp,
           _server("moto", log=log) as endpoint, contextlib.ExitStack() as stack):
-        workdir = Path(tmp)
         _make_bucket(endpoint)
         s1, s2 = _data(quick, endpoint)
         proxies = {t: stack.enter_context(ProxyProcess(endpoint, delay_ms=t)) for t in (0.0, 20.0)}
@@ -250,17 +259,101 @@ def run(quick: bool, repeats: int, log: Callable[[str], None] = print, only: str
                                                      faults=Faults(error_rate=THROTTLED, seed=1)))
         limited = stack.enter_context(ProxyProcess(endpoint, delay_ms=20.0,
                                                    faults=Faults(rate_limit=RATE_LIMIT)))
-        grids = [g for g in _grids(quick, s1, s2, proxies, throttled, limited)
-                 if only.lower() in g.group.lower()]
+        yield Path(tmp), [g for g in _grids(quick, s1, s2, proxies, throttled, limited)
+                          if only.lower() in g.group.lower()]
+
+
+def _head(quick: bool, started: float) -> dict[str, Any]:
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)), "quick": quick,
+            "seconds_per_case": 6.0 if quick else 15.0, "machine": machine(), "cores": cpu_count()}
+
+
+def run(quick: bool, repeats: int, log: Callable[[str], None] = print, only: str = "") -> dict[str, Any]:
+    head = _head(quick, time.time())
+    with _bench(quick, only, log) as (workdir, grids):
         for r in range(repeats):
             log(f"== repeat {r + 1} of {repeats}")
             for grid in grids:
                 for label in _order(list(grid.rows), r):
-                    grid.results.setdefault(label, []).append(_run_row(grid, label, seconds, workdir, log))
-    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)), "quick": quick,
-            "repeats": repeats, "seconds_per_case": seconds, "machine": machine(), "cores": cpu_count(),
+                    grid.results.setdefault(label, []).append(
+                        _run_row(grid, label, head["seconds_per_case"], workdir, log))
+    return {**head, "repeats": repeats,
             "grids": [{"group": g.group, "auto": _auto_label(g), "results": g.results, "chosen": g.chosen}
                       for g in grids]}
+
+
+# ---- A/B: this tree's auto row against another checkout's -------------------------------------
+THIS, BASE = "this", "base"
+
+
+def pair_order(pair: int) -> tuple[str, str]:
+    """The sides of pair ``pair`` in the order they run: this tree first in even pairs, the
+    baseline first in odd ones, so the drift inside a pair (a case slows the next one, the
+    load moves) favours neither side."""
+    return (THIS, BASE) if pair % 2 == 0 else (BASE, THIS)
+
+
+def ab_summary(this: list[float], base: list[float]) -> dict[str, Any]:
+    """Per pair this/base (a failed baseline case, 0 samples/s, gives no ratio) and the
+    median, with the lowest and highest ratio as the spread."""
+    if len(this) != len(base):
+        raise ValueError(f"unpaired runs: {len(this)} of this tree, {len(base)} of the baseline")
+    ratios = [t / b for t, b in zip(this, base) if b > 0]
+    if not ratios:
+        return {"ratios": [], "median": None, "low": None, "high": None}
+    return {"ratios": [round(r, 3) for r in ratios], "median": round(statistics.median(ratios), 3),
+            "low": round(min(ratios), 3), "high": round(max(ratios), 3)}
+
+
+def _linked(baseline: Path, workdir: Path) -> str:
+    """A directory holding only a link to the baseline's ``pipeflow`` (see ``child_path``)."""
+    package = baseline.resolve() / "pipeflow"
+    if not (package / "__init__.py").exists():
+        raise SystemExit(f"--baseline {baseline}: no pipeflow package there")
+    linked = workdir / "baseline"
+    linked.mkdir()
+    (linked / "pipeflow").symlink_to(package, target_is_directory=True)
+    return str(linked)
+
+
+def run_ab(quick: bool, pairs: int, baseline: Path, log: Callable[[str], None] = print,
+           only: str = "") -> dict[str, Any]:
+    """Only each group's auto row, ``pairs`` times on each side, in interleaved pairs."""
+    head = _head(quick, time.time())
+    runs: dict[str, dict[str, list[float]]] = {}
+    loads: list[float] = []
+    with _bench(quick, only, log) as (workdir, grids):
+        sides = {THIS: None, BASE: _linked(baseline, workdir)}
+        chosen: dict[str, dict[str, list[Any]]] = {g.group: {THIS: [], BASE: []} for g in grids}
+        for p in range(pairs):
+            loads.append(os.getloadavg()[0])
+            log(f"== pair {p + 1} of {pairs} ({' then '.join(pair_order(p))}), load {loads[-1]:.1f}")
+            for grid in grids:
+                for side in pair_order(p):
+                    rate = _run_row(grid, AUTO, head["seconds_per_case"], workdir, log, sides[side])
+                    runs.setdefault(grid.group, {THIS: [], BASE: []})[side].append(rate)
+                    # what the side's stages chose (per process), or nothing if it failed
+                    chosen[grid.group][side].append(grid.chosen.pop() if grid.chosen else {})
+                    if chosen[grid.group][side][-1]:
+                        log(f"    chose {_chosen(chosen[grid.group][side][-1])}")
+    return {**head, "baseline": str(baseline.resolve()), "pairs": pairs, "loads": loads,
+            "groups": [{"group": g, **r, **ab_summary(r[THIS], r[BASE]), "chosen": chosen[g]}
+                       for g, r in runs.items()]}
+
+
+def ab_table(result: dict[str, Any]) -> str:
+    lines = [f"{result['date']}, {result['pairs']} pairs of the auto row, {result['seconds_per_case']:g} s "
+             f"per case, this tree against {result['baseline']}, load {min(result['loads']):.1f}-"
+             f"{max(result['loads']):.1f}", "",
+             "| workload | this (median) | baseline (median) | this/baseline per pair "
+             "| median [low .. high] |",
+             "|---|---:|---:|---|---|"]
+    for g in result["groups"]:
+        per = ", ".join(f"{r:.2f}" for r in g["ratios"])
+        summary = f"{g['median']:.2f} [{g['low']:.2f} .. {g['high']:.2f}]" if g["ratios"] else "-"
+        lines.append(f"| {g['group']} | {statistics.median(g[THIS]):.0f} | {statistics.median(g[BASE]):.0f} "
+                     f"| {per} | {summary} |")
+    return "\n".join(lines)
 
 
 # ---- the table -----------------------------------------------------------------------------
@@ -313,12 +406,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="run the whole grid this many times")
     parser.add_argument("--only", default="", help="run the groups whose name contains this text")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="where results.json goes")
+    parser.add_argument("--baseline", type=Path, metavar="DIR",
+                        help="A/B: only the auto row, against pipeflow imported from the checkout DIR")
+    parser.add_argument("--pairs", type=int, default=8, help="with --baseline: pairs per group")
     args = parser.parse_args()
-    result = run(args.quick, args.repeats, only=args.only)
+    if args.baseline:
+        result = run_ab(args.quick, args.pairs, args.baseline, only=args.only)
+        name, text = "autotune-ab", ab_table(result)
+    else:
+        result = run(args.quick, args.repeats, only=args.only)
+        name, text = "autotune", table(result)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "autotune.json").write_text(json.dumps(result, indent=2))
-    text = table(result)
-    (args.out / "autotune.md").write_text(text + "\n")
+    (args.out / f"{name}.json").write_text(json.dumps(result, indent=2))
+    (args.out / f"{name}.md").write_text(text + "\n")
     print(text)
 
 

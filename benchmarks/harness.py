@@ -327,16 +327,26 @@ class _Others:
         return {name: round(100.0 * used / self.window_s, 1) for name, used in self.used.items()}
 
 
+def child_path(pipeflow_from: str | None, pythonpath: str | None) -> tuple[str, str]:
+    """A child's ``PYTHONPATH`` and working directory. ``pipeflow_from``: a directory whose
+    packages the child imports before this tree's; to measure another checkout's ``pipeflow``
+    with this tree's benchmark code, one holding only a link to that checkout's ``pipeflow``
+    (a whole checkout would bring its own ``benchmarks`` too). The child runs there, since
+    ``-m`` puts the working directory first on the path."""
+    first = [pipeflow_from] if pipeflow_from else []
+    return os.pathsep.join(filter(None, [*first, str(ROOT), pythonpath])), pipeflow_from or str(ROOT)
+
+
 def run_case(case: Case, *, proxy_url: str | None = None, env: dict[str, str] | None = None,
              timeout: float | None = None, log: Callable[[str], None] = print,
-             others: dict[str, int] | None = None) -> dict[str, Any]:
+             others: dict[str, int] | None = None, pipeflow_from: str | None = None) -> dict[str, Any]:
     """Run ``case`` in a child process; returns its result row (``error`` set if it failed).
     ``others`` names processes (the server, the proxy) whose CPU over the case's window goes
-    into the row as ``others_cpu_pct``."""
+    into the row as ``others_cpu_pct``; ``pipeflow_from``: see :func:`child_path`."""
     child_env = dict(os.environ)
     child_env.update(env or {})
     child_env.update(case.env)
-    child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), child_env.get("PYTHONPATH")]))
+    child_env["PYTHONPATH"], cwd = child_path(pipeflow_from, child_env.get("PYTHONPATH"))
     child_env.setdefault("PYTHONWARNINGS", "ignore")
     if proxy_url:
         child_env[PROXY_ENV] = proxy_url
@@ -347,7 +357,7 @@ def run_case(case: Case, *, proxy_url: str | None = None, env: dict[str, str] | 
         **case.extra,
     }
     timeout = timeout or (case.max_seconds * case.epochs + 180)
-    proc = subprocess.Popen([python, "-m", "benchmarks.harness", spec], cwd=str(ROOT), env=child_env,
+    proc = subprocess.Popen([python, "-m", "benchmarks.harness", spec], cwd=cwd, env=child_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     monitor = _Monitor(proc.pid)
     outside = _Others(others or {})
