@@ -572,8 +572,9 @@ class Tuner:
                 self._try(self.value, rate, nxt)
             elif not self._doubted:
                 # measured twice, as a step of a climb is: a failed probe holds the lower value
-                # for PROBE_EVERY intervals, and one interval's rate is a coin toss under a
-                # store's retries (see _probe)
+                # for PROBE_EVERY intervals, the interval right after the step still delivers
+                # mostly what was in flight before it, and on a loaded machine one interval's
+                # rate is close to a coin toss
                 self._doubted = True
             else:
                 self._settle(base_value, base_rate)
