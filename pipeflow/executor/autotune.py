@@ -525,7 +525,7 @@ class Tuner:
         """One step up from a settled value: by half, or to ``grow_to`` (Little's law's estimate,
         when the consumer waits at a flat latency)."""
         self.probes += 1
-        self._phase, self._settled = "probe", 0
+        self._phase, self._settled, self._doubted = "probe", 0, False
         self.value = self._up(grow_to or self._half_up())
 
     def _half_up(self) -> int:
@@ -570,6 +570,12 @@ class Tuner:
             if better:
                 self._phase = "grow"
                 self._try(self.value, rate, nxt)
+            elif not self._doubted:
+                # measured twice, as a step of a climb is: a failed probe holds the lower value
+                # for PROBE_EVERY intervals, the interval right after the step still delivers
+                # mostly what was in flight before it, and on a loaded machine one interval's
+                # rate is close to a coin toss
+                self._doubted = True
             else:
                 self._settle(base_value, base_rate)
                 self._hold = PROBE_EVERY  # a waiting consumer no longer makes it probe soon

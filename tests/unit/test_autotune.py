@@ -120,6 +120,31 @@ def test_controller_probes_again_when_more_starts_to_help(clock):
     assert held(_drive(tuner, clock, lambda n: 100.0 * min(n, 16), seconds=60.0)) >= 16
 
 
+def _drive_late(tuner, clock, rate_at, seconds, lag=0.3):
+    """:func:`_drive`, where the rate follows the limit ``lag`` seconds late: results delivered
+    in order, the items in flight when the limit moved come out first (the window turns over)."""
+    seen, history = [], [(clock.now, tuner.value)]
+    end = clock.now + seconds
+    while clock.now < end:
+        before = [v for t, v in history if t <= clock.now - lag]
+        clock.now += 1.0 / rate_at(before[-1] if before else history[0][1])
+        tuner.delivered()
+        if tuner.value != history[-1][1]:
+            history.append((clock.now, tuner.value))
+        seen.append(tuner.value)
+    return seen
+
+
+def test_a_probe_is_measured_twice_before_it_counts_as_a_failure(clock):
+    # the interval right after a probe's step up still delivers at the old limit's rate (the
+    # window turns over); judged on that interval alone, every probe failed and held the old
+    # limit for PROBE_EVERY intervals, so a stage that more would now help never climbed
+    # (the late rate makes the climb overshoot a little: four would do, it holds up to 16)
+    tuner = Tuner(1, 64, 1)
+    assert held(_drive_late(tuner, clock, lambda n: 100.0 * min(n, 4), seconds=20.0)) <= 16
+    assert held(_drive_late(tuner, clock, lambda n: 100.0 * min(n, 48), seconds=60.0)) >= 48
+
+
 def test_cpu_budget_is_shared_among_dataloader_workers(monkeypatch):
     monkeypatch.setattr(autotune.os, "sched_getaffinity", lambda pid: set(range(8)))
     monkeypatch.setattr(autotune, "dataloader_workers", lambda: 1)
