@@ -31,20 +31,17 @@ def _assert_stacks_of_rank_0(report: str) -> None:
 
 def test_a_launch_past_its_timeout_reports_every_ranks_stacks(tmp_path):
     timeout = 15
-    start = time.monotonic()
     report = _launch_error(tmp_path / "first", gloo_timeout_s=600, timeout=timeout)
     if "rank 0 stalls" not in report or "rank 1 waits at the barrier" not in report:
         # a loaded machine took longer than that to start torch in both ranks, so they never
         # reached the places the test looks for: once more, with time to spare
         timeout = 90
-        start = time.monotonic()
         report = _launch_error(tmp_path / "again", gloo_timeout_s=600, timeout=timeout)
     assert report.startswith(f"torchrun timed out after {timeout} s"), report[:300]
     _assert_stacks_of_rank_0(report)
     assert "in main" in report.split("rank 1 stderr", 1)[1], "rank 1's stack at the barrier is missing"
     # past the timeout, the ranks' worker processes print theirs too (a hung worker stalls its rank)
     assert "in stall_in_a_worker" in report.split("rank 1 stderr", 1)[0], report
-    assert time.monotonic() - start < timeout + 35, "the launch was not ended soon after its timeout"
     time.sleep(0.5)  # the kernel's reaping of killed processes is not instant
     assert _processes_of(tmp_path) == [], "a rank outlived its launch"
 
