@@ -27,8 +27,10 @@ The module has no dependency on the rest of pipeflow's stages and can be used on
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
 from typing import IO, Any, NamedTuple
+from zlib import adler32
 
 from .._io import read_exact
 from ..errors import CorruptDataError
@@ -70,12 +72,35 @@ def _corrupt(message: str, url: str, member: str | None = None, offset: int | No
     return CorruptDataError(text, stage="untar", key=url)
 
 
+#: streams whose small reads are cheap calls into C (a local file, bytes in memory): a plain tar
+#: is read from them as it is. :class:`Prefixed` exists for streams whose every read is a trip
+#: through an SDK; over these it only added a copy of every byte and a Python call per read
+#: (about a tenth of the reader's CPU on shards of 100 KB JPEGs)
+_CHEAP_READS = (io.BufferedReader, io.BytesIO)
+
+
+def _look_ahead(stream: Any) -> bytes | None:
+    """The first 6 bytes of a stream in :data:`_CHEAP_READS`, left unread; None when they are
+    not all there yet (the caller then reads them as for any stream)."""
+    if isinstance(stream, io.BufferedReader):
+        head = stream.peek(6)[:6]
+    else:
+        start = stream.tell()
+        head = stream.read(6)
+        stream.seek(start)
+    return head if len(head) == 6 else None
+
+
 def open_decompressed(stream: IO[bytes], url: str = "") -> tuple[Any, str]:
     """Return ``(readable, kind)`` where ``kind`` is ``"tar"``, ``"gzip"``, ``"bz2"`` or ``"xz"``.
 
     The compression is detected from the first bytes, so the stream need not be seekable.
     An empty stream raises :class:`CorruptDataError`.
     """
+    if type(stream) in _CHEAP_READS:
+        head = _look_ahead(stream)
+        if head is not None and sniff(head) is None:
+            return stream, "tar"
     head = read_exact(stream, 6)
     if not head:
         raise _corrupt("empty archive (0 bytes)", url, offset=0)
@@ -109,12 +134,20 @@ def _number(field: bytes, what: str, url: str, offset: int) -> int:
         raise _corrupt(f"bad {what} field {field!r} in tar header", url, offset=offset) from None
 
 
+def _byte_sum(header: bytes) -> int:
+    """The sum of a header block's bytes, in C: ``adler32`` started from 0 keeps the plain sum
+    of its bytes modulo 65521, which 256 bytes (at most 65,280) never reach. ``sum(header)``
+    walked the 512 bytes in the interpreter: 2 us a header, a visible share of the reader."""
+    return (adler32(header[:256], 0) & 0xFFFF) + (adler32(header[256:BLOCK], 0) & 0xFFFF)
+
+
 def _checksum_ok(header: bytes, url: str, offset: int) -> bool:
     stored = _number(header[148:156], "checksum", url, offset)
-    body = header[:148] + b"        " + header[156:]
-    unsigned = sum(body)
+    # the checksum field itself counts as eight spaces
+    unsigned = _byte_sum(header) - sum(header[148:156]) + 8 * 32
     if stored == unsigned:
         return True
+    body = header[:148] + b"        " + header[156:]
     # some old writers summed the bytes as signed chars
     return stored == unsigned - 256 * sum(1 for b in body if b > 127)
 
@@ -272,7 +305,7 @@ class _Reader:
                                self.url, offset=self.offset)
             raise _corrupt(f"truncated tar header ({len(header)} of {BLOCK} bytes)",
                            self.url, offset=self.offset)
-        if header.count(0) == BLOCK:
+        if not header[0] and header.count(0) == BLOCK:  # a header rarely starts with 0: no count
             # For compressed streams, decode the rest so the gzip/bz2/xz checksums are
             # verified: the tar format itself has no data checksum.
             finish = getattr(self.stream, "finish", None)

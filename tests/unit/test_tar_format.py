@@ -307,3 +307,86 @@ def test_plain_stream_reads_copy_each_block_once():
     joined = b"".join(got)
     assert joined == data[:len(joined)] and len(joined) == len(data)
     assert reader.read(10) == b""
+
+
+# --- streams read as they are (a local file, bytes in memory) -----------------------------------
+
+def _outcome(stream, url="mem://t"):
+    """What the reader makes of a stream: its members with offsets, or its error's type and text."""
+    try:
+        return [tuple(m) for m in iter_tar(stream, url)]
+    except CorruptDataError as exc:
+        return type(exc), exc.message, exc.key
+
+
+def _cheap_streams(data: bytes):
+    """The same bytes as the streams read without :class:`Prefixed`: bytes in memory, and a
+    buffered reader (with a small buffer, so members cross its refills)."""
+    return [io.BytesIO(data), io.BufferedReader(OneWay(data, 700), buffer_size=1024)]
+
+
+@FAST
+@given(layouts, st.sampled_from([tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT]),
+       st.data())
+def test_property_cheap_streams_read_as_a_one_way_stream(members, fmt, data):
+    """Over a local file or bytes in memory the reader gives what it gives over any other
+    stream: the same members at the same offsets, and for damage (a cut, changed bytes) the
+    same typed error naming the same place; undamaged, what tarfile reads."""
+    members = [(n, d) for n, d in members if fmt != tarfile.USTAR_FORMAT or len(n.encode()) < 100]
+    if not members:
+        return
+    tar = bytearray(make_tar(members, fmt=fmt))
+    if data.draw(st.booleans()):
+        tar = tar[:data.draw(st.integers(0, len(tar) - 1))]
+    for _ in range(data.draw(st.integers(0, 3))):
+        if tar:
+            tar[data.draw(st.integers(0, len(tar) - 1))] = data.draw(st.integers(0, 255))
+    tar = bytes(tar)
+    expected = _outcome(OneWay(tar, 1000))
+    for stream in _cheap_streams(tar):
+        assert _outcome(stream) == expected
+    if tar == make_tar(members, fmt=fmt):
+        with tarfile.open(fileobj=io.BytesIO(tar)) as tf:
+            assert [(m.name, tf.extractfile(m).read()) for m in tf] == members
+        assert [m[:2] for m in expected] == members
+
+
+def test_cheap_streams_keep_compression_and_tiny_streams():
+    """Compressed tars and streams shorter than a magic number take the general path."""
+    for compression in ("gz", "bz2", "xz"):
+        data = make_tar(MEMBERS, compression=compression)
+        for stream in _cheap_streams(data):
+            assert [(m.name, m.data) for m in iter_tar(stream)] == MEMBERS
+    for data in (b"", b"\0" * 5, b"abc"):
+        for stream in _cheap_streams(data):
+            assert _outcome(stream) == _outcome(OneWay(data))
+
+
+def test_local_tar_file_is_read_without_copying_blocks(tmp_path):
+    """A tar in a local file is read through the file's own buffer: a member costs its own
+    bytes, not a copy of a read-ahead block around it (a block a member, and a copy of every
+    byte, on shards of 100 KB JPEGs)."""
+    from pipeflow.formats._compression import READAHEAD
+
+    members = [(f"{i:04d}.bin", os.urandom(2000)) for i in range(400)]
+    path = tmp_path / "s.tar"
+    path.write_bytes(make_tar(members))
+    with open(path, "rb", buffering=8192) as fh:
+        got, peak = _traced_peak(lambda: [(m.name, m.data) for i, m in enumerate(iter_tar(fh)) if i < 3])
+    assert got == members[:3]
+    assert peak < READAHEAD // 4
+
+
+@FAST
+@given(st.binary(min_size=512, max_size=512), st.integers(-2, 2), st.booleans())
+def test_property_header_checksum_as_summed_in_the_interpreter(block, delta, signed):
+    """The checksum check agrees with the plain sum of the header's bytes (the checksum field as
+    spaces), unsigned or as old writers summed them (signed chars)."""
+    from pipeflow.formats.tar import _checksum_ok
+
+    body = block[:148] + b"        " + block[156:]
+    total = sum(body) - (256 * sum(1 for b in body if b > 127) if signed else 0) + delta
+    header = block[:148] + b"%06o\0 " % (total % 0o1000000) + block[156:]
+    unsigned = sum(body)
+    expected = total % 0o1000000 in (unsigned, unsigned - 256 * sum(1 for b in body if b > 127))
+    assert _checksum_ok(header, "mem://t", 0) is expected
