@@ -10,7 +10,9 @@ value, and probes one step up now and then in case the load changed. It never le
 DataLoader workers) for CPU-bound work, a larger request count for I/O-bound ``open``, and,
 when items carry bytes, a memory budget of bytes in flight.
 
-A tuner of requests to a store (``store=True``: ``open``) also reads what the store says:
+A tuner of requests to a store (``store=True``: ``open``) compares requests finished per
+second rather than items delivered (in order, results leave the window in bursts behind a
+request being retried: :attr:`Interval.throughput`), and also reads what the store says:
 
 * Little's law: the requests in flight that a demand of ``D`` items/s needs at a latency of
   ``L`` seconds are ``D x L``. While the consumer waits for results and the latency stays flat,
