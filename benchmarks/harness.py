@@ -357,8 +357,13 @@ def run_case(case: Case, *, proxy_url: str | None = None, env: dict[str, str] | 
         **case.extra,
     }
     timeout = timeout or (case.max_seconds * case.epochs + 180)
+    from pipeflow.testing.s3server import death_signal_hook
+
+    # the case ends with this process however it ends: a runner killed (SIGTERM, SIGKILL) runs
+    # no finally, and its case went on waiting for a server that was gone
     proc = subprocess.Popen([python, "-m", "benchmarks.harness", spec], cwd=cwd, env=child_env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=death_signal_hook())
     monitor = _Monitor(proc.pid)
     outside = _Others(others or {})
     monitor.start()
