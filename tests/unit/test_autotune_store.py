@@ -386,11 +386,11 @@ def test_settles_under_throttling(clock):
 
 class InOrder:
     """A window delivering results in order from a store on a shared machine: a request takes
-    ``latency`` times ``1 + in flight / knee`` (a store that queues a little), spread
-    lognormally; ``retried`` of them wait ``backoff`` and go again, holding the results behind
-    them; about every ``regime`` seconds the machine's load moves every latency by a lognormal
-    factor of spread ``swing``. The consumer waits for each result: the store is its limit. A
-    request is reported when it finishes, an item when it leaves the window."""
+    ``latency`` times ``1 + the window's requests / knee`` (a store that queues a little),
+    spread lognormally; ``retried`` of them wait ``backoff`` and go again, holding the results
+    behind them; about every quarter of a second the machine's load moves every latency by a
+    lognormal factor of spread ``swing``. The consumer waits for each result: the store is its
+    limit. A request is reported when it finishes, an item when it leaves the window."""
 
     def __init__(self, seed, latency=0.05, spread=0.3, retried=0.1, backoff=0.3, swing=0.3, knee=32.0):
         self.rng, self.latency, self.spread, self.retried = random.Random(seed), latency, spread, retried
