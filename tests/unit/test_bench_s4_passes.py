@@ -3,7 +3,6 @@ competition ``--compete`` starts (no server, no decode)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
@@ -17,6 +16,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import s4_passes  # noqa: E402
+
+from ._process_helpers import gone_within, reaped  # noqa: E402
 
 
 def test_machine_cpu_counts_busy_fields_only():
@@ -74,16 +75,6 @@ def test_the_competing_loops_are_not_counted_as_the_case_s_cpu():
 _ROOT = str(Path(__file__).resolve().parents[2])
 
 
-def _gone_within(pids: list[int], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                   for pid in pids):
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def _competing_child(count: int, *, handle_sigterm: bool) -> tuple[subprocess.Popen[str], list[int]]:
     """A process holding ``count`` competing loops (the block sleeps), and their pids."""
     block = "s4_passes.sigterm_exits()" if handle_sigterm else "contextlib.nullcontext()"
@@ -101,32 +92,20 @@ def _competing_child(count: int, *, handle_sigterm: bool) -> tuple[subprocess.Po
 def test_the_loops_end_when_their_parent_is_killed_without_cleaning_up(sig):
     # no handler: the parent's finally never runs; each loop must notice the parent is gone
     child, pids = _competing_child(2, handle_sigterm=False)
-    try:
+    with reaped(child, pids):  # never leave a spinning loop behind, even when the test fails
         assert len(pids) == 2 and all(psutil.pid_exists(pid) for pid in pids)
         child.send_signal(sig)
         child.wait(timeout=10)
-        assert _gone_within(pids, 3.0)
-    finally:
-        child.kill()
-        child.wait()
-        for pid in pids:  # never leave a spinning loop behind, even when the test fails
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        assert gone_within(pids, 3.0)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="signals as on Linux")
 def test_sigterm_in_the_benchmark_runs_its_finally():
     child, pids = _competing_child(1, handle_sigterm=True)
-    try:
+    with reaped(child, pids):
         child.send_signal(signal.SIGTERM)
         assert child.wait(timeout=10) == 128 + signal.SIGTERM  # SystemExit, not death by signal
-        assert _gone_within(pids, 3.0)
-    finally:
-        child.kill()
-        child.wait()
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        assert gone_within(pids, 3.0)
 
 
 def test_sigterm_exits_puts_the_old_handler_back():
