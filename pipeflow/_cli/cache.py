@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from .._words import counted
 
@@ -36,9 +37,9 @@ def run(args: argparse.Namespace) -> int:
         total = sum(e.nbytes for e in found)
         print(f"# {counted(len(found), 'cache')}, {human_bytes(total)} in all")
         return 0
-    chosen = found if not args.which else [e for e in found if e.url in args.which
-                                           or e.directory in args.which]
-    missing = [w for w in args.which if all(w not in (e.url, e.directory) for e in found)]
+    named = {w: _named(found, w) for w in args.which}
+    chosen = found if not args.which else list({e.directory: e for es in named.values() for e in es}.values())
+    missing = [w for w, es in named.items() if not es]
     if missing:
         print(f"pipeflow cache: no cache for {', '.join(map(repr, missing))} under {root} "
               "(see `pipeflow cache ls`)", file=sys.stderr)
@@ -48,3 +49,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"removed {e.directory} ({human_bytes(e.nbytes)}, {e.url or 'unknown dataset'})")
     print(f"# {counted(len(chosen), 'cache')} removed, {human_bytes(sum(e.nbytes for e in chosen))} freed")
     return 0
+
+
+def _named(found: list[Any], which: str) -> list[Any]:
+    """The caches ``which`` names: by dataset URL or directory, exactly, else with or without
+    a trailing slash (a run given ``s3://bucket/jpeg/`` is cleared by ``s3://bucket/jpeg``)."""
+    exact = [e for e in found if which in (e.url, e.directory)]
+    bare = which.rstrip("/")
+    if exact or not bare:
+        return exact
+    return [e for e in found if bare in ((e.url or "").rstrip("/"), e.directory.rstrip("/"))]
