@@ -169,8 +169,9 @@ class S3Options(BackendOptions):
         super().__post_init__()
         object.__setattr__(self, "timeout", _check_timeout(self.timeout))
         if self.endpoint is not None:
-            if not isinstance(self.endpoint, str) or not self.endpoint.startswith(("http://", "https://")):
+            if not isinstance(self.endpoint, str) or not self.endpoint:
                 raise ConfigError(f"endpoint must be an http(s):// URL, got {self.endpoint!r}")
+            _checked_endpoint("endpoint", self.endpoint)  # as AWS_ENDPOINT_URL: the scheme it lacks
         for name in ("region", "profile"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):

@@ -195,6 +195,10 @@ def test_an_endpoint_without_a_scheme_is_a_config_error_naming_its_source(monkey
     assert "did you mean" not in str(info.value)
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "HTTPS://h:1/")
     assert resolve_endpoint() == "HTTPS://h:1"
+    # the endpoint= option says the same, where the pipeline is written
+    with pytest.raises(ConfigError, match=r"^endpoint must be .*\(did you mean 'http://127\.0\.0\.1:9000'\?\)"):
+        S3Options(endpoint="127.0.0.1:9000")
+    assert S3Options(endpoint="HTTP://h:1").endpoint == "HTTP://h:1"
 
 
 @pytest.mark.parametrize("backend", ["obstore", "boto3"])
