@@ -14,7 +14,8 @@ __all__ = ["add_arguments", "run"]
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=["ls", "clear"],
                         help="ls: list the caches and their sizes; clear: remove them")
-    parser.add_argument("which", nargs="*", metavar="URL_OR_DIR",
+    # default=[]: without it argparse lists this optional positional as required too
+    parser.add_argument("which", nargs="*", metavar="URL_OR_DIR", default=[],
                         help="clear only the caches of these dataset URLs or directories")
     parser.add_argument("--root", default=None, metavar="DIR",
                         help="the cache root (default: $XDG_CACHE_HOME/pipeflow, ~/.cache/pipeflow)")

@@ -71,6 +71,9 @@ def test_cache_ls_and_clear(tmp_path):
     without = _cli("cache", "clear", "s3://b/c", env=env)
     assert without.returncode == 0, without.stderr
     assert not os.path.exists(slash) and os.path.isdir(b)
+    bare = _cli("cache", env=env)
+    assert bare.returncode == 2
+    assert bare.stderr.strip().endswith("the following arguments are required: action"), bare.stderr
     everything = _cli("cache", "clear", env=env)
     assert everything.returncode == 0 and not os.path.exists(b)
     assert "# 0 caches" in _cli("cache", "ls", env=env).stdout
