@@ -332,3 +332,16 @@ def test_a_missing_filesystem_with_no_module_named_gives_fsspecs_hint_alone() ->
     assert "pip install" not in str(err) and "requires \"paramiko\"" in str(err)
     assert err.package != "fsspec"
     assert pickle.loads(pickle.dumps(err)).package == err.package
+
+
+@pytest.mark.parametrize("backend", ["boto3", "iopath"])
+def test_a_profile_that_does_not_exist_is_a_config_error_naming_it(monkeypatch, tmp_path, backend) -> None:
+    pytest.importorskip(backend)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    with pytest.raises(ConfigError, match="no AWS profile named 'nope' in the shared config files"):
+        get_backend(backend, profile="nope").read("s3://bucket/k")   # before any request
+    monkeypatch.setenv("AWS_PROFILE", "typo")
+    with pytest.raises(ConfigError, match="no AWS profile named 'typo'"):
+        get_backend(backend).read("s3://bucket/k")
