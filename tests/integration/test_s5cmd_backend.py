@@ -241,6 +241,8 @@ def test_no_credentials_anywhere_is_access_denied_saying_what_to_set(s3, s3_buck
             call()
     assert isinstance(classify_error("NoCredentialProviders: no valid providers in chain. Deprecated.",
                                      url="s3://b/k", op="open"), AccessDeniedError)
+    with pytest.raises(AccessDeniedError, match="cannot load the profile's shared credentials"):
+        get_backend("s5cmd", profile="nope").read(f"s3://{s3_bucket}/k")
 
 
 def test_find_s5cmd(monkeypatch, tmp_path):

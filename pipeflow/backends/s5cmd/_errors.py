@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from ...errors import BackendError, ObjectNotFoundError, RetryExhaustedError
+from ...errors import AccessDeniedError, BackendError, ObjectNotFoundError, RetryExhaustedError
 from .._retry import is_transient_status
 from .._s3config import error_for_status, no_credentials_error
 
@@ -34,6 +34,8 @@ _S5CMD_NOT_FOUND = re.compile(r"^(given object .* not found|no object found)$", 
 #: the AWS SDK for Go's code for "no credentials in any provider of the chain" (no HTTP status:
 #: no request was sent)
 _NO_CREDENTIALS = re.compile(r"^\s*NoCredentialProviders:", re.S)
+#: its code for a profile's shared credentials file that cannot be read (no such file or profile)
+_SHARED_CREDENTIALS = re.compile(r"^\s*SharedCredsLoad:", re.S)
 
 
 class S5cmdTransientError(ConnectionError):
@@ -91,6 +93,9 @@ def classify_error(error: str, *, url: str, op: str, status: int | None = None) 
         return ObjectNotFoundError("no such object or prefix", url=url, backend="s5cmd", op=op)
     if _NO_CREDENTIALS.match(text):
         return no_credentials_error(url=url, backend="s5cmd", op=op)
+    if _SHARED_CREDENTIALS.match(text):
+        return AccessDeniedError(f"cannot load the profile's shared credentials (check profile= and "
+                                 f"AWS_PROFILE): {text[-300:]}", url=url, backend="s5cmd", op=op)
     suffix = f" (exit status {status})" if status is not None else ""
     return BackendError(f"s5cmd failed{suffix}: {text[-500:] or 'no error message'}",
                         url=url, backend="s5cmd", op=op)
