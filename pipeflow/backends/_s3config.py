@@ -286,25 +286,13 @@ def _check_timeout(value: Any) -> tuple[float, float] | None:
     return float(pair[0]), float(pair[1])
 
 
-def _not_found(code: str, url: str) -> str:
-    """What is missing, by the S3 code: the bucket or the key, named (a bare 404, as a HEAD
-    gets, cannot tell them apart)."""
-    bucket, _, key = url.split("://", 1)[1].partition("/") if "://" in url else ("", "", "")
-    if code == "NoSuchBucket" and bucket:
-        return f"no such bucket {bucket!r} ({code})"
-    if code == "NoSuchKey" and bucket and key:
-        return f"no such key {key!r} in bucket {bucket!r} ({code})"
-    return f"no such object or bucket ({code or 404})"
-
-
 def error_for_status(status: int | None, code: str, *, url: str, backend: str, op: str,
                      what: str = "") -> BackendError:
     """A typed error for an HTTP status / S3 error code (used by every S3 backend)."""
     code = code or (str(status) if status else "")
     detail = f"{what or 'request failed'}: {code}" if code else (what or "request failed")
     if code in NOT_FOUND_CODES or status == 404:
-        return ObjectNotFoundError(f"{_not_found(code, url)}{legacy_name_hint(url)}",
-                                   url=url, backend=backend, op=op)
+        return ObjectNotFoundError(_not_found(code or "404", url), url=url, backend=backend, op=op)
     if code in DENIED_CODES or status == 403:
         return AccessDeniedError(f"access denied ({code or 403})", url=url, backend=backend, op=op)
     if code == "PreconditionFailed" or status == 412:  # If-Match: the object was replaced
@@ -313,6 +301,19 @@ def error_for_status(status: int | None, code: str, *, url: str, backend: str, o
     if code in INVALID_CODES:
         return InvalidURLError(f"invalid bucket or key ({code})", url=url, backend=backend, op=op)
     return BackendError(detail, url=url, backend=backend, op=op)
+
+
+def _not_found(code: str, url: str) -> str:
+    """What a "not found" says: which is missing, the bucket or the key, where the store's code
+    tells (a GET's ``NoSuchBucket``, ``NoSuchKey``); "object or bucket" where it does not (a
+    HEAD's bare 404)."""
+    bucket, _, key = url.split("://", 1)[1].partition("/") if "://" in url else ("", "", "")
+    if url.lower().startswith("s3://") and bucket:
+        if code == "NoSuchBucket":
+            return f"no such bucket {bucket!r}{legacy_name_hint(url)}"
+        if code == "NoSuchKey" and key:
+            return f"no such key {key!r} in bucket {bucket!r}"
+    return f"no such object or bucket ({code}){legacy_name_hint(url)}"
 
 
 def no_credentials_error(*, url: str, backend: str, op: str,

@@ -93,9 +93,9 @@ _HTTP_STATUS = re.compile(r"\bresponse_status: (\d{3})\b")
 _S3_CODE = re.compile(r"<Code>([A-Za-z0-9.]+)</Code>")
 _KIND = re.compile(r"^(?:Client|Service) error: (Forbidden|No signing credentials|Request throttled"
                    r"|The bucket does not exist|The key does not exist|The object was not found)\b")
-#: kinds of error (see ``_KIND``) that mean the bucket or the key does not exist
-_MISSING_KINDS = frozenset({"The bucket does not exist", "The key does not exist",
-                            "The object was not found"})
+#: kinds of error (see ``_KIND``) that mean the bucket or the key does not exist: the S3 code each stands for
+_MISSING_KINDS = {"The bucket does not exist": "NoSuchBucket", "The key does not exist": "NoSuchKey",
+                  "The object was not found": "NotFound"}
 
 #: CRT error codes meaning the endpoint could not be reached or the connection broke
 UNREACHABLE_CRT_CODES = frozenset({
@@ -250,9 +250,8 @@ class S3TorchConnectorBackend(Backend):
             return no_credentials_error(url=url, backend=self.name, op=op)
         if codes.kind == "Forbidden":
             return AccessDeniedError("access denied (403)", url=url, backend=self.name, op=op)
-        if codes.kind in _MISSING_KINDS:
-            return ObjectNotFoundError(f"no such object or bucket ({codes.kind.lower()})", url=url,
-                                       backend=self.name, op=op)
+        if codes.kind in _MISSING_KINDS:  # said as the S3 backends say it: the bucket, the key, or either
+            return error_for_status(404, _MISSING_KINDS[codes.kind], url=url, backend=self.name, op=op)
         if self._transient(exc):
             return None
         if codes.status is not None or codes.s3:

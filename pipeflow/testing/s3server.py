@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -27,7 +28,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,29 +164,46 @@ def _wait_until_up(proc: subprocess.Popen[bytes], endpoint: str, log_path: str, 
         time.sleep(0.1)
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    # Linux: if the process that started the server dies without cleaning up (SIGKILL), the
-    # server gets SIGTERM at once. PR_SET_PDEATHSIG fires when the parent *thread* that forked
-    # the child exits, not the process: only install it from the main thread (see
-    # death_signal_hook), or a server started by a worker thread would die with it. From any
-    # thread, the lifeline (_lifeline.py) ends the server when the process dies.
+#: PR_SET_PDEATHSIG: the signal the calling process gets when the thread that forked it exits
+_PR_SET_PDEATHSIG = 1
+
+
+@functools.cache
+def _prctl() -> Callable[[int, int], int] | None:
+    """libc's ``prctl``, looked up once in this process (None where it cannot be)."""
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+        prctl: Callable[[int, int], int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (ImportError, OSError, AttributeError):
+        return None
+    return prctl
 
 
-def death_signal_hook() -> Any:
-    """The ``preexec_fn`` for the server process: :func:`_die_with_parent` on Linux when called
-    from the main thread (which lives as long as the process), else None."""
+def death_signal_hook() -> Callable[[], None] | None:
+    """The ``preexec_fn`` for the server process: on Linux, when called from the main thread
+    (which lives as long as the process), a hook that makes the child get SIGTERM at once if the
+    process that started it dies without cleaning up (SIGKILL); else None.
+
+    PR_SET_PDEATHSIG fires when the parent *thread* that forked the child exits, not the
+    process: a server started by a worker thread would die with that thread, so none is set
+    there (``_stop()`` still reaps it, and from any thread the lifeline, ``_lifeline.py``, ends
+    the server when the process dies). ``prctl`` is looked up here, in the parent: the hook runs
+    between fork and exec, where importing a module or loading a library could wait forever on
+    a lock another of the parent's threads held at the fork; it only makes the one call."""
     if not sys.platform.startswith("linux"):
         return None
     if threading.current_thread() is not threading.main_thread():
         return None  # the thread may exit long before the server should; _stop() still reaps it
-    return _die_with_parent
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    signum = int(signal.SIGTERM)
+
+    def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+        prctl(_PR_SET_PDEATHSIG, signum)
+
+    return die_with_parent
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -40,3 +40,34 @@ def test_a_case_ends_when_its_runner_is_killed(sig):
         runner.send_signal(sig)
         runner.wait(timeout=10)
         assert gone_within(cases, 10.0)
+
+
+_HOOK_PROBE = """
+import builtins, ctypes, sys
+from pipeflow.testing.s3server import death_signal_hook
+
+hook = death_signal_hook()
+real_import = builtins.__import__
+
+def no_import(*args, **kwargs):
+    raise ImportError("an import between fork and exec")
+
+builtins.__import__ = no_import  # what the hook may not do in the forked child
+try:
+    hook()
+finally:
+    builtins.__import__ = real_import
+signum = ctypes.c_int()
+ctypes.CDLL(None).prctl(2, ctypes.byref(signum))  # PR_GET_PDEATHSIG
+print(signum.value)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_the_death_signal_hook_imports_and_loads_nothing_in_the_child():
+    # between fork and exec only the forking thread exists: an import or a library load there
+    # can wait forever on a lock another thread of the parent held at the fork, so the hook
+    # must come with prctl already looked up and only make the call
+    out = subprocess.run([sys.executable, "-c", _HOOK_PROBE], cwd=_ROOT, capture_output=True,
+                         text=True, timeout=60, check=True)
+    assert out.stdout.split() == [str(int(signal.SIGTERM))]

@@ -97,19 +97,6 @@ def test_a_legacy_bucket_name_is_read_and_named_when_not_found(bucket) -> None:
     assert "not a valid bucket name" not in str(fine)
 
 
-def test_not_found_names_the_bucket_or_the_key_by_the_s3_code() -> None:
-    def message(code: str, url: str) -> str:
-        err = error_for_status(404, code, url=url, backend="boto3", op="get")
-        assert isinstance(err, ObjectNotFoundError)
-        return str(err)
-
-    assert message("NoSuchBucket", "s3://gone/a/b").startswith("no such bucket 'gone' (NoSuchBucket)")
-    assert message("NoSuchKey", "s3://data/a/b.tar").startswith(
-        "no such key 'a/b.tar' in bucket 'data' (NoSuchKey)")
-    # a bare 404 (a HEAD has no body to carry a code) cannot tell them apart
-    assert message("", "s3://data/a").startswith("no such object or bucket (404)")
-
-
 def test_import_pipeflow_imports_no_sdk() -> None:
     code = ("import sys, pipeflow, pipeflow.backends, pipeflow.testing; "
             "import pipeflow.stages.open, pipeflow.stages.listing; "
