@@ -256,3 +256,15 @@ def test_a_tilde_path_is_the_home_directory_for_reading_listing_and_writing(tmp_
     assert list(work.iterdir()) == [work / "copy"]          # no folder named '~' made here
     with pytest.raises(pf.ObjectNotFoundError, match=rf"no such directory \({home}/nothing"):
         pf.list_objects("~/nothing/")
+
+
+def test_a_local_path_that_names_nothing_says_so_with_its_absolute_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "shard-0.tar").write_bytes(b"x")
+    with pytest.raises(pf.ObjectNotFoundError,
+                       match=rf"^no such file or directory: {tmp_path}/doesnotexist \(and no file"):
+        pf.list_objects("./doesnotexist")
+    with pytest.raises(pf.ObjectNotFoundError, match=r"^no objects \(url="):   # there, but empty
+        pf.list_objects("./empty")
+    assert [o.url for o in pf.list_objects("./shard-")] == ["./shard-0.tar"]   # a prefix still lists
