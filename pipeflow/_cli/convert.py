@@ -30,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="shard name template (default shard-{index:06d})")
     parser.add_argument("--workers", type=int, default=8,
                         help="parallel downloads, and uploads of finished shards (default 8)")
+    parser.add_argument("--pattern", default=None, metavar="GLOB",
+                        help="convert only the objects whose name after SRC matches (e.g. '*.jpg' "
+                             "'*.cls'); default: every object under SRC")
     parser.add_argument("--backend", default=None,
                         help="backend for reading SRC (default: by URL scheme)")
     parser.add_argument("--overwrite", action="store_true",
@@ -87,7 +90,7 @@ def _convert(args: argparse.Namespace, shape: dict[str, Any], *, fresh: bool) ->
     from ..stages.listing import list_now
     from ._progress import progress_bar
 
-    objects = list_now(args.src, backend=args.backend)
+    objects = list_now(args.src, pattern=args.pattern, backend=args.backend)
     pipe = (pf.from_items(objects)
             .open(args.backend, read=True, workers=args.workers)
             .group_pairs()
