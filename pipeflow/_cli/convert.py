@@ -30,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="shard name template (default shard-{index:06d})")
     parser.add_argument("--workers", type=int, default=8,
                         help="parallel downloads, and uploads of finished shards (default 8)")
+    parser.add_argument("--pattern", default=None, metavar="GLOB",
+                        help="convert only the objects whose name after SRC matches (e.g. '*.jpg' "
+                             "'*.cls'); default: every object under SRC")
     parser.add_argument("--backend", default=None,
                         help="backend for reading SRC (default: by URL scheme)")
     parser.add_argument("--overwrite", action="store_true",
@@ -62,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         if previous is not None and previous.shards:
             print(f"continuing an interrupted conversion: {counted(len(previous.shards), 'shard')} "
                   f"({counted(previous.samples, 'sample')}) already in {args.dst}", flush=True)
-        objects, manifest = _convert(args, shape)
+        objects, manifest = _convert(args, shape, fresh=previous is None or not previous.shards)
     except PipeflowError as exc:
         print(f"pipeflow convert: {exc}", file=sys.stderr)
         return 2
@@ -81,18 +84,21 @@ def _previous(args: argparse.Namespace, shape: dict[str, Any]) -> Any:
     return previous_manifest(args.dst, **shape, overwrite_hint="--overwrite to start over")
 
 
-def _convert(args: argparse.Namespace, shape: dict[str, Any]) -> tuple[list[Any], Any]:
+def _convert(args: argparse.Namespace, shape: dict[str, Any], *, fresh: bool) -> tuple[list[Any], Any]:
     import pipeflow as pf
 
     from ..stages.listing import list_now
     from ._progress import progress_bar
 
-    objects = list_now(args.src, backend=args.backend)
+    objects = list_now(args.src, pattern=args.pattern, backend=args.backend)
     pipe = (pf.from_items(objects)
             .open(args.backend, read=True, workers=args.workers)
             .group_pairs()
             .map(_relative_key(args.src)))
-    bar = progress_bar(f"{args.src} -> {args.dst}", quiet=args.quiet, lines_every=10.0)
+    # the samples to come, for the bar's ETA: one per key of the listing. A conversion that
+    # continues writes only part of them (from where it resumes), so its bar has no total
+    total = _sample_count(objects) if fresh else None
+    bar = progress_bar(f"{args.src} -> {args.dst}", total=total, quiet=args.quiet, lines_every=10.0)
     written = 0
 
     def progress(samples: int, nbytes: int) -> None:
@@ -106,3 +112,11 @@ def _convert(args: argparse.Namespace, shape: dict[str, Any]) -> tuple[list[Any]
     finally:
         bar.close()
     return objects, manifest
+
+
+def _sample_count(objects: list[Any]) -> int:
+    """The samples ``group_pairs()`` makes of these objects: their distinct keys (an object
+    without an extension belongs to none)."""
+    from ..formats.keys import split_key
+
+    return len({parts[0] for parts in map(split_key, (o.url for o in objects)) if parts is not None})

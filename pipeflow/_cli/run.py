@@ -69,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     batch_size = None if info.yields_batches(options) else args.batch_size
 
-    bar = progress_bar(f"run {args.recipe}", quiet=args.quiet)
+    # with --steps the samples to come are known (the data may end sooner): the bar has an ETA
+    total = args.steps * batch_size if args.steps and batch_size else None
+    bar = progress_bar(f"run {args.recipe}", total=total, quiet=args.quiet)
 
     def report(step: int, seconds: float) -> None:
         bar.write(f"Iteration {step} Time {seconds:.4f}")  # above the bar, not through it

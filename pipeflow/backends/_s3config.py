@@ -169,8 +169,9 @@ class S3Options(BackendOptions):
         super().__post_init__()
         object.__setattr__(self, "timeout", _check_timeout(self.timeout))
         if self.endpoint is not None:
-            if not isinstance(self.endpoint, str) or not self.endpoint.startswith(("http://", "https://")):
+            if not isinstance(self.endpoint, str) or not self.endpoint:
                 raise ConfigError(f"endpoint must be an http(s):// URL, got {self.endpoint!r}")
+            _checked_endpoint("endpoint", self.endpoint)  # as AWS_ENDPOINT_URL: the scheme it lacks
         for name in ("region", "profile"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
@@ -233,12 +234,19 @@ class S3Options(BackendOptions):
         boto3 = require("boto3", extra="boto3")
         Config = require("botocore.config", extra="boto3").Config
 
-        session = boto3.session.Session(profile_name=self.profile, botocore_session=_botocore_session())
         cfg = Config(**{**self.botocore_config_kwargs(), **config})
-        return session.client(
-            "s3", endpoint_url=self.resolved_endpoint(), region_name=self.resolved_region(),
-            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
-            aws_session_token=self.session_token, config=cfg)
+        try:
+            session = boto3.session.Session(profile_name=self.profile, botocore_session=_botocore_session())
+            return session.client(
+                "s3", endpoint_url=self.resolved_endpoint(), region_name=self.resolved_region(),
+                aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key,
+                aws_session_token=self.session_token, config=cfg)
+        except require("botocore.exceptions", extra="boto3").ProfileNotFound as exc:
+            # raised here, before any request and outside the translated calls: a bare botocore
+            # exception otherwise (profile=, or AWS_PROFILE, naming no profile of the files)
+            raise ConfigError(f"no AWS profile named {exc.kwargs.get('profile')!r} in the shared "
+                              "config files (~/.aws/config, ~/.aws/credentials, or AWS_CONFIG_FILE "
+                              "and AWS_SHARED_CREDENTIALS_FILE); check profile= and AWS_PROFILE") from exc
 
 
 #: botocore's data loaders by search path, shared by every client of the process: a loader parses

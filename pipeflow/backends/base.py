@@ -181,13 +181,17 @@ def parse_s3_object_url(url: str, *, backend: str = "", op: str = "") -> S3Locat
 
 
 def local_path(url: str, *, backend: str = "", op: str = "") -> str:
-    """The filesystem path of a ``file://`` URL or a bare path (returned unchanged)."""
+    """The filesystem path of a ``file://`` URL or a bare path.
+
+    A leading ``~`` is the user's home directory, as in a shell: Python's ``open`` takes it
+    literally, and a path written as in a terminal (``"~/data/train"``) must not read as a
+    folder named ``~`` in the working directory, nor have shards written into one."""
     scheme = scheme_of(url)
     if scheme == "":
         malformed = malformed_scheme(url, backend=backend, op=op)
         if malformed is not None:
             raise malformed
-        return url
+        return os.path.expanduser(url)
     if scheme != "file":
         raise InvalidURLError("expected a local path or file:// URL", url=url, backend=backend, op=op)
     parts = urlsplit(url)

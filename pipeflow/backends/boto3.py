@@ -150,8 +150,9 @@ class Boto3Backend(Backend):
         try:
             body, stop, etag = self._get(loc, url, start, end, None)
         except BackendError as exc:
-            if start and is_invalid_range(exc.__cause__):
-                return io.BytesIO(b"")  # S3 answers 416 for a range starting past the end
+            if (start or end is not None) and is_invalid_range(exc.__cause__):
+                # S3 answers 416 for a range starting at or past the end (of an empty object too)
+                return io.BytesIO(b"")
             raise
 
         def reopen(offset: int) -> IO[bytes]:

@@ -292,8 +292,8 @@ class FsspecBackend(Backend):
         try:
             return self._call(lambda: fs.cat_file(path, start=lo or None, end=end), url, "read")
         except BackendError as exc:
-            if lo and is_invalid_range(exc.__cause__):
-                return b""  # a range starting at or past the end, as with slices
+            if (lo or end is not None) and is_invalid_range(exc.__cause__):
+                return b""  # a range starting at or past the end (an empty object's), as with slices
             raise
 
     def close(self) -> None:

@@ -183,7 +183,9 @@ def _no_directory(url: str) -> str:
     (``bucket/train/``): say how an S3 prefix is written."""
     if scheme_of(url) or os.path.isabs(url):
         return "no such directory"
-    if url.startswith(("./", "../", "~")) or url in (".", ".."):  # written as a path: no bucket
+    if url.startswith("~"):
+        return f"no such directory ({os.path.expanduser(url)})"
+    if url.startswith(("./", "../")) or url in (".", ".."):  # written as a path: no bucket
         return f"no such directory (a local path, relative to {os.getcwd()})"
     return (f"no such directory (a local path, relative to {os.getcwd()}; an S3 prefix is "
             f"written 's3://{url}')")

@@ -357,8 +357,9 @@ class ObstoreBackend(Backend):
             try:
                 return obstore.get(self._store(loc.bucket), loc.key, options=options or None)
             except Exception as exc:
-                if start and self._typed(exc, url, "open") is None and self._past_end(loc, start):
-                    return None  # a range starting at or past the end (S3 answers 416)
+                # a range starting at or past the end (S3 answers 416), an empty object's too
+                if options and self._typed(exc, url, "open") is None and self._past_end(loc, start):
+                    return None
                 raise
 
         result = self._call(get, loc, url, "open")

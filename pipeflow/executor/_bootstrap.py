@@ -12,6 +12,7 @@ worker's error text.
 from __future__ import annotations
 
 import ast
+import os
 import sys
 from types import FrameType
 
@@ -67,11 +68,27 @@ def unguarded_main_call() -> str | None:
     return None
 
 
+def unreadable_main() -> str | None:
+    """The main script's name when it is no file a worker could import again (``python -``
+    reads it from ``<stdin>``, which multiprocessing then looks for as a path), else None."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not isinstance(path, str) or os.path.isfile(path):
+        return None
+    return path
+
+
 def crashed_error(name: str, start_method: str | None, detail: str) -> WorkerCrashedError:
     """The error for a dead process worker of stage ``name``: the missing main guard when that
     is the reason (the call comes from unguarded top-level code under spawn or forkserver),
     else a crash; ``detail`` says which item was in flight or could not be submitted."""
-    where = unguarded_main_call() if start_method in RESTARTING_METHODS else None
+    restarting = start_method in RESTARTING_METHODS
+    unreadable = unreadable_main() if restarting else None
+    if unreadable:
+        return WorkerCrashedError(
+            f"the worker processes of {name} could not start: with the {start_method!r} start "
+            f"method each worker imports the main script again, and it was read from {unreadable}, "
+            'which a worker cannot read. Save the script to a file and run that, or use method="thread"')
+    where = unguarded_main_call() if restarting else None
     if where:
         return WorkerCrashedError(
             f"the worker processes of {name} could not start: with the {start_method!r} start "

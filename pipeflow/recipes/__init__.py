@@ -98,6 +98,23 @@ def list() -> builtins.list[RecipeInfo]:  # noqa: A001 - public as pipeflow.reci
     return sorted(infos, key=lambda i: (i.article, i.name))
 
 
+def _check_kinds(name: str, defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """An option whose default is a bool or an int takes one of its kind: a recipe's chain
+    compares and counts with it, and a string there (``pipeflow run -o shuffle_buffer=ten``)
+    would fail deep inside as a bare ``TypeError``."""
+    for key, value in overrides.items():
+        default = defaults[key]
+        if isinstance(default, bool):
+            ok, kind = isinstance(value, bool), "True or False"
+        elif isinstance(default, int):
+            ok, kind = isinstance(value, int) and not isinstance(value, bool), "an int"
+        else:
+            continue
+        if not ok:
+            raise ConfigError(f"recipe {name!r}: option {key!r} must be {kind} (default "
+                              f"{default!r}), got {value!r}")
+
+
 def load(name: str, url: str, **overrides: Any) -> Pipeline:
     """Build the pipeline of recipe ``name`` reading from ``url``.
 
@@ -123,6 +140,7 @@ def load(name: str, url: str, **overrides: Any) -> Pipeline:
             hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         raise ConfigError(f"recipe {name!r} has no option {', '.join(hints)}; "
                           f"options: {', '.join(info.options) or 'none'}")
+    _check_kinds(name, info.options, overrides)
     if not isinstance(url, str) or not url:
         raise ConfigError(f"recipe {name!r} needs a url, got {url!r}")
     kind = "s3" if url.startswith("s3://") else "local"

@@ -275,14 +275,40 @@ def _base(url: str) -> str:
 
 def _previous(store: Uploader, base: str, options: ShardOptions,
               overwrite_hint: str = "overwrite=True") -> ShardManifest | None:
-    """The manifest an earlier run with the same options left under ``base``, or None."""
+    """The manifest an earlier run with the same options left under ``base``, or None.
+
+    Raises:
+        ConfigError: the manifest was written with other options, or there is none but the
+            first shard's name is taken (shards of another tool, or of a copy that left its
+            manifest behind): writing would replace them, so that takes ``overwrite``.
+    """
     previous = _load_manifest(store, base)
     if previous is not None and (previous.shard_format != options.shard_format
                                  or previous.options != options.stored()):
         raise ConfigError(
             f"{base} holds shards written with other options ({previous.shard_format}, "
             f"{previous.options}); use the same options to continue, or {overwrite_hint}")
+    if previous is None:
+        first = options.shard_name(0, ENCODERS[options.shard_format].extension)
+        if _exists(store, f"{base}/{first}"):
+            raise ConfigError(
+                f"{base} already holds {first} but no {MANIFEST_NAME} (shards not written by "
+                f"write_shards, or copied without it): writing here would replace them; write to "
+                f"another prefix, or {overwrite_hint}")
     return previous
+
+
+def _exists(store: Uploader, url: str) -> bool:
+    """Whether ``url`` is an object: one ``info`` (a HEAD on S3) for a backend, else a read
+    (an uploader of another kind only promises ``read`` and ``upload``)."""
+    try:
+        if isinstance(store, Backend):
+            store.info(url)
+        else:
+            store.read(url)
+    except ObjectNotFoundError:
+        return False
+    return True
 
 
 def previous_manifest(url: str, *, format: str = "tar", max_size: int | None = 256 << 20,

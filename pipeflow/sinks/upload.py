@@ -158,6 +158,7 @@ def upload(directory: str, url: str, *, backend: str | Backend | None = None, wo
     """
     check_int(workers, "upload(workers=...)", low=1)
     check_bool(skip_unchanged, "upload(skip_unchanged=...)")
+    directory = os.path.expanduser(directory)  # "~/images", as the local backend reads it
     if not os.path.exists(directory):
         raise ObjectNotFoundError("no such directory", url=directory, backend="local", op="upload")
     if not os.path.isdir(directory):

@@ -27,8 +27,9 @@ class _DecodeFn:
         try:
             return decode_sample(sample, self.options)
         except FieldDecodeError as exc:
-            raise DecodeError(f"cannot decode field {exc.field_name!r} of "
-                              f"{sample.get('__url__', '?')}: {exc.args[1]}",
+            url = sample.get("__url__")  # samples made in memory have none
+            where = f" of {url}" if url else ""
+            raise DecodeError(f"cannot decode field {exc.field_name!r}{where}: {exc.args[1]}",
                               stage=self.stage, key=str(sample.get("__key__", ""))) from exc.cause
 
 

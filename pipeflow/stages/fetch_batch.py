@@ -210,8 +210,12 @@ class BatchFetcher(Stage[Any]):
             self._backend = get_backend(self._backend_spec, **self._backend_options())
         parent = self._to or tempfile.gettempdir()
         try:
-            os.makedirs(parent, exist_ok=True)
+            # inside a directory that exists: made here, a typo ('/dev/shmm' for tmpfs) would
+            # stage on another filesystem unnoticed, and stay behind as an empty directory
             staging = tempfile.mkdtemp(prefix="pipeflow-fetch-", dir=parent)
+        except FileNotFoundError as exc:
+            raise ConfigError(f"fetch_batch(to={parent!r}): no such directory; the staging "
+                              "directory is made inside an existing one") from exc
         except OSError as exc:
             raise ConfigError(f"fetch_batch(): cannot create a staging directory in {parent!r}: "
                               f"{exc}") from exc

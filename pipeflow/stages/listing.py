@@ -116,9 +116,20 @@ def list_now(url: str, *, pattern: str | None = None, backend: str | Backend | N
     infos, seen, names = _matching(listed, base, pattern)
     infos.sort(key=lambda i: i.url)  # backends list sorted already; make it a guarantee
     if not infos:
-        raise ObjectNotFoundError(_nothing_matched(pattern, seen, names) + _glob_hint(url, pattern),
-                                  url=url, backend=be.name, op="list")
+        said = (None if seen else _nothing_there(url)) or _nothing_matched(pattern, seen, names)
+        raise ObjectNotFoundError(said + _glob_hint(url, pattern), url=url, backend=be.name, op="list")
     return infos
+
+
+def _nothing_there(url: str) -> str | None:
+    """For a local path that names no file or directory (a typo, a mount not made): say that,
+    with the absolute path, rather than "no objects", which reads as an empty directory."""
+    if has_braces(url) or scheme_of(url) not in ("", "file"):
+        return None
+    path = local_path(url)
+    if os.path.lexists(path):
+        return None
+    return f"no such file or directory: {os.path.abspath(path)} (and no file's path starts with it)"
 
 
 def _glob_hint(url: str, pattern: str | None) -> str:

@@ -372,6 +372,15 @@ class _Progress:
         return (f"{self.desc} [{bar:<30}] {self.done}/{self.total} "
                 f"{self.nbytes / 1e6:.1f} MB {rate:.1f} samples/s")
 
+    def abandon(self) -> None:
+        """End the bar where it stands, on its own line: a failure or Ctrl-C is reported below
+        it. Left to the garbage collector, tqdm redraws it under that message instead."""
+        if self._tqdm is not None:
+            self._tqdm.close()
+        elif self.enabled and self._tty and self.done:
+            self.stream.write("\r" + self._line(time.perf_counter()) + "\n")
+            self.stream.flush()
+
     def finish(self) -> None:
         if self._tqdm is not None:
             self._tqdm.close()
@@ -515,6 +524,7 @@ def generate(layout: str, url: str, *, count: int = 1000, image_size: int | None
         names, nbytes = _write_samples(samples, sink, writer, bar)
         sink.close()
     except BaseException:
+        bar.abandon()  # before the caller's message (Ctrl-C: "interrupted"), not redrawn after it
         sink.abort()
         raise
     bar.finish()

@@ -249,10 +249,12 @@ def test_run_bar_goes_where_stderr_is_a_terminal(tmp_path, terminal, drawn):
     made = pipeflow("make-data", "single", str(data), "--count", "12", "--image-size", "8", "--quiet")
     assert made.returncode == 0, made.stderr
     code, out, err = pipeflow_cli("run", "single-ffm", "--url", str(data), "--batch-size", "2",
-                                  terminal=terminal)
+                                  "--steps", "5", terminal=terminal)
     assert code == 0, err
     assert has_bar(err, "run single-ffm") is drawn, err
     assert ("\r" in err) is drawn
+    # with --steps the bar knows its total: 5 steps x 2 samples, so it shows an ETA
+    assert (re.search(r"\d+/10 \[", err) is not None) is drawn, err
 
 
 @pytest.mark.parametrize("columns", [160, 0])
@@ -271,6 +273,10 @@ def test_convert_draws_a_bar_on_a_terminal_and_plain_lines_into_a_pipe(tmp_path,
     # a bar redraws its line (a terminal of no size still gets one); a pipe gets lines
     assert (f"\r{data} -> " in err) is drawn, err
     assert ("\r" in err) is drawn, err
+    # the bar's total is the listing's samples (12 keys of 24 objects): it shows an ETA (on a
+    # terminal wide enough for the long paths of the description to leave room for it)
+    if columns:
+        assert (re.search(r"\d+/12 \[", err) is not None) is drawn, err
     if lines:
         assert err.strip().splitlines()[-1].endswith("samples/s")
     assert "wrote 12 samples from 24 objects as 3 tar shards" in out

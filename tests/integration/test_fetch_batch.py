@@ -139,6 +139,14 @@ def test_exception_downstream_cleans_up(pairs, clean):
         list(pf.from_items(list(pairs)).fetch_batch(batch_size=4).map(boom))
 
 
+def test_a_to_that_does_not_exist_is_a_config_error_and_nothing_is_made(pairs, tmp_path):
+    missing = tmp_path / "shmm" / "stage"
+    stage = BatchFetcher(ItemSource(list(pairs)), batch_size=6, to=str(missing), output="path")
+    with pytest.raises(ConfigError, match=r"fetch_batch\(to=.*shmm/stage'\): no such directory"):
+        next(stage)
+    assert not (tmp_path / "shmm").exists()
+
+
 @pytest.mark.parametrize("parent", ["tmp", "/dev/shm"])
 def test_staging_under_to(pairs, tmp_path, parent):
     if parent == "/dev/shm" and not os.path.isdir("/dev/shm"):

@@ -226,6 +226,25 @@ def test_classify_error_by_code_and_status():
     assert type(other) is BackendError and "something odd" in str(other)
 
 
+def test_no_credentials_anywhere_is_access_denied_saying_what_to_set(s3, s3_bucket, monkeypatch,
+                                                                      tmp_path):
+    s3.put(s3_bucket, "k", b"x")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    backend = get_backend("s5cmd", retry={"budget": 5})
+    for call in (lambda: backend.read(f"s3://{s3_bucket}/k"),
+                 lambda: list(backend.list(f"s3://{s3_bucket}/"))):
+        with pytest.raises(AccessDeniedError, match="no usable credentials found: set AWS_ACCESS_KEY_ID"):
+            call()
+    assert isinstance(classify_error("NoCredentialProviders: no valid providers in chain. Deprecated.",
+                                     url="s3://b/k", op="open"), AccessDeniedError)
+    with pytest.raises(AccessDeniedError, match="cannot load the profile's shared credentials"):
+        get_backend("s5cmd", profile="nope").read(f"s3://{s3_bucket}/k")
+
+
 def test_find_s5cmd(monkeypatch, tmp_path):
     assert os.access(find_s5cmd(), os.X_OK)
     with pytest.raises(ConfigError):

@@ -176,6 +176,22 @@ def test_convert_cli_from_s3_prefix_to_s3_and_local(s3, s3_bucket, tmp_path):
     assert "--overwrite" in other.stderr and "overwrite=True" not in other.stderr
 
 
+def test_convert_pattern_leaves_out_objects_that_are_not_samples(tmp_path):
+    # an index written under the data prefix (as the README suggests) is not a sample
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"{i:06d}.jpg").write_bytes(b"j" * 10)
+        (src / f"{i:06d}.cls").write_bytes(b"1")
+    (src / "_index.pfi").write_bytes(b"not a sample")
+    every = _convert(str(src), str(tmp_path / "all"), "--quiet")
+    assert every.returncode == 0 and "wrote 4 samples from 7 objects" in every.stdout, every.stderr
+    chosen = _convert(str(src), str(tmp_path / "some"), "--pattern", "*.jpg", "--quiet")
+    assert chosen.returncode == 0 and "wrote 3 samples from 3 objects" in chosen.stdout, chosen.stderr
+    pairs = _convert(str(src), str(tmp_path / "pairs"), "--pattern", "[0-9]*", "--quiet")
+    assert pairs.returncode == 0 and "wrote 3 samples from 6 objects" in pairs.stdout, pairs.stderr
+
+
 def test_convert_cli_errors_are_one_line(s3, s3_bucket, tmp_path):
     proc = _convert(f"s3://{s3_bucket}/nothing-here", str(tmp_path / "x"), "--backend", "boto3")
     assert proc.returncode == 2

@@ -237,3 +237,34 @@ def test_a_missing_relative_directory_says_how_an_s3_prefix_is_written(tmp_path,
         with pytest.raises(pf.ObjectNotFoundError) as info:
             pf.list_objects(written_as_a_path)
         assert f"relative to {tmp_path}" in str(info.value) and "s3://" not in str(info.value)
+
+
+def test_a_tilde_path_is_the_home_directory_for_reading_listing_and_writing(tmp_path, monkeypatch):
+    home, work = tmp_path / "home", tmp_path / "work"
+    (home / "data").mkdir(parents=True)
+    work.mkdir()
+    (home / "data" / "a.bin").write_bytes(b"abc")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    assert [o.url for o in pf.list_objects("~/data")] == [f"{home}/data/a.bin"]
+    assert [r.data for r in pf.from_items(["~/data/a.bin"]).open(read=True, workers=0)] == [b"abc"]
+    manifest = pf.from_items([{"__key__": "k", "txt": "x"}]).write_shards("~/shards")
+    assert (home / "shards" / "shard-000000.tar").is_file()
+    assert [s["txt"] for s in pf.from_items(manifest.urls()).open().untar().group_pairs()] == [b"x"]
+    assert pf.upload("~/data", str(work / "copy")).uploaded == 1
+    assert (work / "copy" / "a.bin").read_bytes() == b"abc"
+    assert list(work.iterdir()) == [work / "copy"]          # no folder named '~' made here
+    with pytest.raises(pf.ObjectNotFoundError, match=rf"no such directory \({home}/nothing"):
+        pf.list_objects("~/nothing/")
+
+
+def test_a_local_path_that_names_nothing_says_so_with_its_absolute_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "shard-0.tar").write_bytes(b"x")
+    with pytest.raises(pf.ObjectNotFoundError,
+                       match=rf"^no such file or directory: {tmp_path}/doesnotexist \(and no file"):
+        pf.list_objects("./doesnotexist")
+    with pytest.raises(pf.ObjectNotFoundError, match=r"^no objects \(url="):   # there, but empty
+        pf.list_objects("./empty")
+    assert [o.url for o in pf.list_objects("./shard-")] == ["./shard-0.tar"]   # a prefix still lists

@@ -139,6 +139,32 @@ def test_make_data_cli(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["00000.tar", "00001.tar", "00002.tar", "00003.tar"]
 
 
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("tqdm_installed", [True, False])
+def test_ctrl_c_mid_way_ends_the_bar_before_the_interrupted_line(tmp_path, monkeypatch, tqdm_installed):
+    import pipeflow.testing.datagen as datagen
+
+    if not tqdm_installed:
+        monkeypatch.setitem(__import__("sys").modules, "tqdm", None)   # the hand-drawn bar
+
+    def interrupted(layout, count, **kwargs):
+        yield from list(iter_samples(layout, 2, **kwargs))
+        raise KeyboardInterrupt
+
+    terminal = _Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    monkeypatch.setenv("TERM", "xterm")
+    monkeypatch.setattr(datagen, "iter_samples", interrupted)
+    assert main(["make-data", "single", str(tmp_path / "d"), "--count", "5", "--image-size", "8"]) == 130
+    shown = terminal.getvalue()
+    bar, _, after = shown.rpartition("\n" + "pipeflow make-data: interrupted\n")
+    assert bar and "2/5" in bar.rsplit("\r", 1)[-1] and after == "", repr(shown)
+
+
 def test_the_data_tools_check_the_endpoint_as_the_backends_do(monkeypatch):
     # make-data and upload went through botocore's bare ValueError('Invalid endpoint') traceback
     pytest.importorskip("boto3")

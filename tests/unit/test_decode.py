@@ -101,6 +101,10 @@ def test_errors_name_key_and_field_and_skip_counts():
     with pytest.raises(DecodeError) as err:
         decode(bad)
     assert err.value.key == "broken/7" and "image.png" in str(err.value)
+    assert "field 'image.png' of s3://b/s.tar: " in str(err.value)
+    with pytest.raises(DecodeError) as err:          # a sample made in memory: no URL to name
+        decode({k: v for k, v in bad.items() if k != "__url__"})
+    assert str(err.value).startswith("cannot decode field 'image.png': ") and " ?" not in str(err.value)
     pipe = pf.from_items([bad, SAMPLE, {**bad, "image.png": png(), "cls": b"x"}]).decode(on_error="skip")
     assert [s["__key__"] for s in pipe] == ["k"]
     counts = pipe.stats().counters("decode")

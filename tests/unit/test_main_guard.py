@@ -46,6 +46,18 @@ def test_unguarded_script_is_told_to_add_the_guard(tmp_path, method):
     assert "out of memory" not in last
 
 
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_script_read_from_stdin_is_told_to_be_saved_to_a_file(tmp_path, method):
+    # python - <<EOF ... : the workers look for the main script at the path '<stdin>'
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PIPEFLOW_START_METHOD": method}
+    out = subprocess.run([sys.executable, "-"], input=textwrap.dedent(BODY) + "\nrun()\n",
+                         capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path)
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("pipeflow.errors.WorkerCrashedError: the worker processes of map could not start")
+    assert "read from <stdin>, which a worker cannot read" in last and "out of memory" not in last
+
+
 def test_guarded_script_runs(tmp_path):
     out = _run(tmp_path, BODY + '\nif __name__ == "__main__":\n    run()\n', "forkserver")
     assert out.returncode == 0, out.stderr

@@ -64,6 +64,18 @@ def test_unknown_option_is_rejected_with_a_hint():
     assert "seed" in str(exc.value)
 
 
+def test_an_option_of_the_wrong_kind_is_a_config_error_naming_it(capsys):
+    for wrong in ({"shuffle_buffer": "ten"}, {"shuffle_buffer": True}, {"seed": 1.5}):
+        with pytest.raises(ConfigError, match=rf"option '{next(iter(wrong))}' must be an int"):
+            recipes.load("wds-boto3", url="s3://bucket/wds/", **wrong)
+    with pytest.raises(ConfigError, match=r"option 'cycle' must be True or False"):
+        recipes.load("torchdata-file", url="/data", cycle="no")
+    # from the command line: one line, status 2, no traceback
+    assert main(["run", "wds-boto3", "--url", "s3://bucket/wds/", "-o", "shuffle_buffer=ten"]) == 2
+    err = capsys.readouterr().err
+    assert "option 'shuffle_buffer' must be an int" in err and "Traceback" not in err
+
+
 def test_url_kind_is_checked():
     with pytest.raises(ConfigError, match="mounted"):
         recipes.load("wds-ffm", url="s3://bucket/wds/")

@@ -195,6 +195,10 @@ def test_an_endpoint_without_a_scheme_is_a_config_error_naming_its_source(monkey
     assert "did you mean" not in str(info.value)
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "HTTPS://h:1/")
     assert resolve_endpoint() == "HTTPS://h:1"
+    # the endpoint= option says the same, where the pipeline is written
+    with pytest.raises(ConfigError, match=r"^endpoint must be .*\(did you mean 'http://127\.0\.0\.1:9000'\?\)"):
+        S3Options(endpoint="127.0.0.1:9000")
+    assert S3Options(endpoint="HTTP://h:1").endpoint == "HTTP://h:1"
 
 
 @pytest.mark.parametrize("backend", ["obstore", "boto3"])
@@ -315,3 +319,16 @@ def test_a_missing_filesystem_with_no_module_named_gives_fsspecs_hint_alone() ->
     assert "pip install" not in str(err) and "requires \"paramiko\"" in str(err)
     assert err.package != "fsspec"
     assert pickle.loads(pickle.dumps(err)).package == err.package
+
+
+@pytest.mark.parametrize("backend", ["boto3", "iopath"])
+def test_a_profile_that_does_not_exist_is_a_config_error_naming_it(monkeypatch, tmp_path, backend) -> None:
+    pytest.importorskip(backend)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    with pytest.raises(ConfigError, match="no AWS profile named 'nope' in the shared config files"):
+        get_backend(backend, profile="nope").read("s3://bucket/k")   # before any request
+    monkeypatch.setenv("AWS_PROFILE", "typo")
+    with pytest.raises(ConfigError, match="no AWS profile named 'typo'"):
+        get_backend(backend).read("s3://bucket/k")

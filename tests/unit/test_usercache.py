@@ -66,6 +66,14 @@ def test_cache_ls_and_clear(tmp_path):
     one = _cli("cache", "clear", "s3://b/a", env=env)
     assert one.returncode == 0, one.stderr
     assert not os.path.exists(a) and not os.path.exists(a + ".json") and os.path.isdir(b)
+    slash = dataset_cache_dir("s3://b/c/", str(tmp_path / "xdg" / "pipeflow"))
+    register(slash, "s3://b/c/", 1000)         # a run given the prefix with its slash
+    without = _cli("cache", "clear", "s3://b/c", env=env)
+    assert without.returncode == 0, without.stderr
+    assert not os.path.exists(slash) and os.path.isdir(b)
+    bare = _cli("cache", env=env)
+    assert bare.returncode == 2
+    assert bare.stderr.strip().endswith("the following arguments are required: action"), bare.stderr
     everything = _cli("cache", "clear", env=env)
     assert everything.returncode == 0 and not os.path.exists(b)
     assert "# 0 caches" in _cli("cache", "ls", env=env).stdout

@@ -216,6 +216,27 @@ def test_rerun_with_other_options_is_refused_unless_overwrite(tmp_path):
     assert len(first.shards) == 4 and len(again.shards) == 2
 
 
+def test_shards_of_another_tool_under_the_url_are_not_replaced_unless_overwrite(tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    theirs = b"written by another tool" * 100
+    (out / "shard-000000.tar").write_bytes(theirs)   # the same name, no manifest.json
+    with pytest.raises(ConfigError, match=r"already holds shard-000000\.tar but no manifest\.json"):
+        pf.from_items(make_samples(10)).write_shards(str(out))
+    assert (out / "shard-000000.tar").read_bytes() == theirs and not (out / "manifest.json").exists()
+    # another format's first name is free: written beside them, theirs untouched
+    beside = pf.from_items(make_samples(10)).write_shards(str(tmp_path / "o"), format="tfrecord")
+    assert beside.shards[0].name == "shard-000000.tfrecord"
+    assert (out / "shard-000000.tar").read_bytes() == theirs
+    again = pf.from_items(make_samples(10)).write_shards(str(tmp_path / "p"), max_count=3)
+    (tmp_path / "p" / "manifest.json").unlink()              # a copy without its manifest
+    with pytest.raises(ConfigError, match="overwrite=True"):
+        pf.from_items(make_samples(10)).write_shards(str(tmp_path / "p"), max_count=3)
+    replaced = pf.from_items(make_samples(10)).write_shards(str(tmp_path / "p"), max_count=3,
+                                                             overwrite=True)
+    assert replaced.shards == again.shards
+
+
 def slow(sample):
     """Slow only in the writer that the test kills (the environment variable is set there)."""
     time.sleep(float(os.environ.get("PIPEFLOW_TEST_DELAY", "0")))

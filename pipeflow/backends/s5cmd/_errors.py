@@ -4,6 +4,7 @@ s5cmd reports failures as JSON lines (``--json``) whose ``error`` field is eithe
 (``"NoSuchKey: ... status code: 404, ..."``), a request-level error of the AWS SDK for Go
 (``"RequestError: send request failed ..."``: connection refused or reset), or one of s5cmd's own
 messages (``"given object ... not found"``, ``"no object found"``) that carry no code at all.
+Missing credentials are the SDK's ``NoCredentialProviders`` code, with no status (nothing was sent).
 A connection broken while a body is read reaches the record as Go's own network error, with no
 code either (``"unexpected EOF"``, ``"read tcp ...: read: connection reset by peer"``). These
 two kinds, and only these, are recognised by their text.
@@ -15,9 +16,9 @@ import json
 import re
 from typing import Any
 
-from ...errors import BackendError, ObjectNotFoundError, RetryExhaustedError
+from ...errors import AccessDeniedError, BackendError, ObjectNotFoundError, RetryExhaustedError
 from .._retry import is_transient_status
-from .._s3config import error_for_status
+from .._s3config import error_for_status, no_credentials_error
 
 __all__ = ["S5cmdTransientError", "answered_in", "classify_error", "error_from_output", "errors_in",
            "transient_in"]
@@ -30,6 +31,11 @@ _SDK_ERROR = re.compile(r"^\s*(?P<code>RequestError|ResponseTimeout):", re.S)
 _BROKEN = re.compile(r"(?:^|: )(?:unexpected EOF|EOF|connection reset by peer|broken pipe"
                      r"|use of closed network connection|i/o timeout)\s*$", re.S)
 _S5CMD_NOT_FOUND = re.compile(r"^(given object .* not found|no object found)$", re.S)
+#: the AWS SDK for Go's code for "no credentials in any provider of the chain" (no HTTP status:
+#: no request was sent)
+_NO_CREDENTIALS = re.compile(r"^\s*NoCredentialProviders:", re.S)
+#: its code for a profile's shared credentials file that cannot be read (no such file or profile)
+_SHARED_CREDENTIALS = re.compile(r"^\s*SharedCredsLoad:", re.S)
 
 
 class S5cmdTransientError(ConnectionError):
@@ -85,6 +91,11 @@ def classify_error(error: str, *, url: str, op: str, status: int | None = None) 
                                 what="s5cmd")
     if _S5CMD_NOT_FOUND.match(text):
         return ObjectNotFoundError("no such object or prefix", url=url, backend="s5cmd", op=op)
+    if _NO_CREDENTIALS.match(text):
+        return no_credentials_error(url=url, backend="s5cmd", op=op)
+    if _SHARED_CREDENTIALS.match(text):
+        return AccessDeniedError(f"cannot load the profile's shared credentials (check profile= and "
+                                 f"AWS_PROFILE): {text[-300:]}", url=url, backend="s5cmd", op=op)
     suffix = f" (exit status {status})" if status is not None else ""
     return BackendError(f"s5cmd failed{suffix}: {text[-500:] or 'no error message'}",
                         url=url, backend="s5cmd", op=op)
