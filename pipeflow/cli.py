@@ -10,6 +10,7 @@ import importlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -55,6 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return 2
+    with _TermAsInterrupt() as term:
+        return _run(args, term)
+
+
+def _run(args: argparse.Namespace, term: _TermAsInterrupt) -> int:
     try:
         return int(importlib.import_module(COMMANDS[args.command][0]).run(args) or 0)
     except BrokenPipeError:
@@ -66,8 +72,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + signal.SIGPIPE
     except KeyboardInterrupt:
         # Ctrl-C: the user knows where it came from; one line, the shell's status for SIGINT
+        # (for SIGTERM, the status of a process it ended)
+        if term.received:
+            print(f"pipeflow {args.command}: terminated", file=sys.stderr)
+            return 128 + signal.SIGTERM
         print(f"pipeflow {args.command}: interrupted", file=sys.stderr)
         return 128 + signal.SIGINT
+
+
+class _TermAsInterrupt:
+    """SIGTERM (``kill``, ``timeout``, a scheduler or ``docker stop`` ending the command) taken
+    as Ctrl-C is: by default it ends the process where it stands, and a command's ``finally``
+    blocks never run (``demo`` and ``bench`` left their data folder and the local server's log in
+    the temporary directory). Here it becomes a SIGINT to this process, so the command ends
+    through the same paths as Ctrl-C (a training loop at its next batch, DataLoader workers shut
+    down, temporary files removed), and reports it with 143.
+
+    A forked child (a DataLoader worker) inherits the handler; there SIGTERM keeps its default,
+    ending the process (the DataLoader terminates a worker that does not stop in time)."""
+
+    def __init__(self) -> None:
+        self.received = False
+        self._pid = os.getpid()
+        self._previous: object = None
+
+    def __enter__(self) -> _TermAsInterrupt:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)  # type: ignore[arg-type]
+
+    def _handler(self, signum: int, frame: object) -> None:
+        if os.getpid() != self._pid:  # a forked child: end as SIGTERM always ended it
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        self.received = True
+        if callable(signal.getsignal(signal.SIGINT)):
+            signal.raise_signal(signal.SIGINT)  # to whatever takes Ctrl-C now
+        else:  # SIGINT ignored (started in the background by a shell): no Ctrl-C path to take
+            raise KeyboardInterrupt
 
 
 def _refuse(parser: argparse.ArgumentParser, unknown: list[str]) -> NoReturn:
