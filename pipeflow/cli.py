@@ -95,15 +95,19 @@ class _TermAsInterrupt:
         self.received = False
         self._pid = os.getpid()
         self._previous: object = None
+        self._installed = False
 
     def __enter__(self) -> _TermAsInterrupt:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._handler)
+            self._installed = True
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)  # type: ignore[arg-type]
+        if self._installed:  # None: a handler not set from Python, which the default stands for
+            signal.signal(signal.SIGTERM, self._previous if self._previous is not None  # type: ignore[arg-type]
+                          else signal.SIG_DFL)
+            self._installed = False
 
     def _handler(self, signum: int, frame: object) -> None:
         if os.getpid() != self._pid:  # a forked child: end as SIGTERM always ended it
