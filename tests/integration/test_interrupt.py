@@ -136,10 +136,9 @@ def test_sigterm_ends_the_command_as_ctrl_c_does_and_leaves_no_temporary_files(t
     tmp = tmp_path / "tmp"
     tmp.mkdir()
     ignore = "signal.signal(signal.SIGINT, signal.SIG_IGN)\n" if sigint == "ignored" else ""
-    code = ("import signal, sys\n" + ignore + "from pipeflow.cli import main\n"
-            f"sys.exit(main(['demo', '--out', {str(tmp_path / 'out')!r}, '--count', '16', '--image-size', '8',"
-            " '--shards', '2', '--steps', '1000000', '--num-workers', '2', '--recipes', 'single-ffm',"
-            " '--quiet']))\n")
+    argv = ["demo", "--out", str(tmp_path / "out"), "--count", "16", "--image-size", "8", "--shards", "2",
+            "--steps", "1000000", "--num-workers", "2", "--recipes", "single-ffm", "--quiet"]
+    code = f"import signal, sys\n{ignore}from pipeflow.cli import main\nsys.exit(main({argv!r}))\n"
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)},
                             start_new_session=True)
