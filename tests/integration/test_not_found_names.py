@@ -1,6 +1,7 @@
-"""Every S3 backend's "not found" says which is missing, the bucket or the key, where the store
-tells it (a GET's ``NoSuchBucket`` / ``NoSuchKey``, the CRT's "bucket" / "key does not exist"),
-in the words obstore's probe gives (``tests/integration/test_obstore_not_found.py``)."""
+"""A "not found" says which is missing, the bucket or the key, on the real local server: obstore
+for reads, heads, listings and uploads alike (its NotFound says neither: a HEAD of the bucket
+tells), boto3 and s3torchconnector where the store's answer tells (a GET's ``NoSuchBucket`` /
+``NoSuchKey``, the CRT's "bucket" / "key does not exist"), in the same words."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ NO_BUCKET = f"pipeflow-no-such-bucket-{os.getpid()}"
 BACKENDS = [pytest.param(name, marks=pytest.mark.skipif(importlib.util.find_spec(module) is None,
                                                         reason=f"{module} is not installed"))
             for name, module in (("boto3", "boto3"), ("s3torchconnector", "s3torchconnector"))]
+needs_obstore = pytest.mark.skipif(importlib.util.find_spec("obstore") is None,
+                                   reason="obstore is not installed")
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +51,35 @@ def test_a_missing_bucket_names_the_bucket(s3, backend):
     err = _raised(lambda: get_backend(backend).read(url))
     assert f"no such bucket '{NO_BUCKET}'" in str(err), str(err)
     assert "key" not in str(err).split("(", 1)[0]
+
+
+@needs_obstore
+@pytest.mark.parametrize("op", ["read", "open", "info"])
+def test_obstore_names_a_missing_key_for_every_call(s3, bucket, op):
+    backend = get_backend("obstore")
+    url = f"s3://{bucket}/nope/x.bin"
+    err = _raised(lambda: getattr(backend, op)(url))
+    assert f"no such key 'nope/x.bin' in bucket '{bucket}'" in str(err), str(err)
+    assert err.url == url and isinstance(err, FileNotFoundError)
+
+
+@needs_obstore
+@pytest.mark.parametrize("op", ["read", "open", "info", "list"])
+def test_obstore_names_a_missing_bucket_for_every_call(s3, op):
+    backend = get_backend("obstore")
+    url = f"s3://{NO_BUCKET}/x.bin"
+    call = (lambda: list(backend.list(url))) if op == "list" else (lambda: getattr(backend, op)(url))
+    err = _raised(call)
+    assert f"no such bucket '{NO_BUCKET}'" in str(err), str(err)
+    assert "key" not in str(err).split("(", 1)[0]
+
+
+@needs_obstore
+def test_obstore_names_a_missing_bucket_of_an_upload(s3, tmp_path):
+    path = tmp_path / "a.bin"
+    path.write_bytes(b"abc")
+    err = _raised(lambda: get_backend("obstore").upload(str(path), f"s3://{NO_BUCKET}/a.bin"))
+    assert f"no such bucket '{NO_BUCKET}'" in str(err), str(err)
 
 
 @pytest.mark.parametrize(("status", "code", "url", "says"), [
