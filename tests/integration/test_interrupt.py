@@ -128,17 +128,15 @@ def test_ctrl_c_in_the_command_ends_workers_stuck_in_the_pipeline_at_once(tmp_pa
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sigint", ["default", "ignored"])
-def test_sigterm_ends_the_command_as_ctrl_c_does_and_leaves_no_temporary_files(tmp_path, sigint):
+def test_sigterm_ends_the_command_as_ctrl_c_does_and_leaves_no_temporary_files(tmp_path):
     # `kill`, `timeout` or a scheduler ending the command: SIGTERM's default ended it where it
-    # stood, and the demo's data folder and its server's log stayed in the temporary directory.
-    # A command started in the background by a shell has SIGINT ignored: it must still end
+    # stood, and the demo's data folder and its server's log stayed in the temporary directory
+    # (a command with SIGINT ignored: test_sigterm_is_an_interrupt_also_where_sigint_is_ignored)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    ignore = "signal.signal(signal.SIGINT, signal.SIG_IGN)\n" if sigint == "ignored" else ""
     argv = ["demo", "--out", str(tmp_path / "out"), "--count", "16", "--image-size", "8", "--shards", "2",
             "--steps", "1000000", "--num-workers", "2", "--recipes", "single-ffm", "--quiet"]
-    code = f"import signal, sys\n{ignore}from pipeflow.cli import main\nsys.exit(main({argv!r}))\n"
+    code = f"import sys\nfrom pipeflow.cli import main\nsys.exit(main({argv!r}))\n"
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp)},
                             start_new_session=True)
@@ -166,3 +164,27 @@ def test_sigterm_ends_the_command_as_ctrl_c_does_and_leaves_no_temporary_files(t
     while list(tmp.iterdir()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert list(tmp.iterdir()) == []
+
+
+TERM = """
+import os, signal, sys, time
+from pipeflow.cli import _TermAsInterrupt
+
+if sys.argv[1] == "ignored":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # started in the background by a shell
+with _TermAsInterrupt() as term:
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+    except KeyboardInterrupt:
+        print("interrupted", term.received, flush=True)
+        sys.exit(0)
+print("not interrupted", flush=True)
+"""
+
+
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_sigterm_is_an_interrupt_also_where_sigint_is_ignored(sigint):
+    done = subprocess.run([sys.executable, "-c", TERM, sigint], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert done.returncode == 0 and done.stdout.split() == ["interrupted", "True"], done
