@@ -38,7 +38,7 @@ _CONFIG_KEYS = ("workers", "lanes", "inflight", "latency_ms", "request_rate", "a
 _TUNED_KEYS = ("inflight", "latency_ms", "request_rate", "settle_s")
 #: a tuner's decisions so far, counted over the life of its stage (not per epoch): within one
 #: process the latest (largest) value wins, they add up across processes
-_DECISION_KEYS = ("steps_up", "probes", "backoffs", "steady_errors", "slowdowns")
+_DECISION_KEYS = ("steps_up", "probes", "followed", "backoffs", "steady_errors", "slowdowns")
 #: at most one snapshot file write per process this often
 PUBLISH_EVERY_S = 0.5
 

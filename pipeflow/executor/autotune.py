@@ -35,6 +35,14 @@ request being retried: :attr:`Interval.throughput`), and also reads what the sto
   same share (a store failing a share of requests whatever the rate: its own error rate, the
   new normal).
 
+Under a DataLoader, the tuners of one ``open`` in its worker processes share what they settle at
+(:class:`Siblings`): the job goes at the slowest worker's pace, and workers that read the same
+store with the same pipeline need the same depth. A worker whose consumer waits, settled below
+the limit a sibling settled at, takes the sibling's limit rather than finding it again alone
+(unless the store pushed back at this worker, or its own latency said it queued): tuning
+alone, one worker's step up did not pay while its sibling grew at the same time and took the
+store's share, and it held 4-8 in flight for 2-3 s while the other held 64.
+
 A thread map's tuner sets the calls running at once (a :class:`Gate`), with twice as many items
 in flight, as ``map(workers=N)`` keeps ``2 * N``.
 
@@ -44,15 +52,19 @@ or its source sees no gain from more concurrency and the tuner stays low.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import mmap
 import os
+import struct
 import sys
 import threading
 from collections.abc import Callable
 from time import perf_counter
 from typing import Literal
 
-__all__ = ["AUTO", "BufferTuner", "Gate", "Interval", "Tuner", "bounds", "cpu_budget", "dataloader_workers"]
+__all__ = ["AUTO", "BufferTuner", "Gate", "Interval", "Siblings", "Tuner", "bounds", "cpu_budget",
+           "dataloader_workers"]
 
 AUTO = "auto"
 #: seconds (at least) per measurement interval
@@ -100,6 +112,62 @@ def dataloader_workers() -> int:
         return 1
     info = torch_data.get_worker_info()
     return max(1, info.num_workers) if info is not None else 1
+
+
+class Siblings:
+    """Where the tuners of one stage in the DataLoader worker processes of one pipeline publish
+    the limits they settled at, one slot per worker (see :meth:`Tuner.share`).
+
+    One small table of rows in memory shared across ``fork``: :data:`BOARD`, made when this
+    module is imported, so every process forked afterwards (DataLoader workers, each epoch's
+    new ones) maps the same pages; anonymous, so there is nothing to remove (it goes with the
+    last process that maps it). A row belongs to one stage of one pipeline (``key``: a hash of
+    the pipeline's statistics channel, unique per pipeline object, and the stage's label);
+    a key that lands on a row another stage holds takes it over, and the other stage's
+    workers, who check the key at every read, go on tuning alone. A worker started by
+    ``spawn`` or ``forkserver`` imports its own table, which no other worker sees: it tunes
+    alone, as every worker did before. Workers restarted every epoch
+    (``persistent_workers=False``) find the last epoch's workers' limits: a starting point,
+    which the tuner's own rules (a latency rise, a push-back) still move."""
+
+    ROWS = 32
+    SLOTS = 64
+    _ROW = 8 + 4 * SLOTS  # the key, then one limit per worker
+
+    def __init__(self) -> None:
+        self._mem = mmap.mmap(-1, self.ROWS * self._ROW)
+
+    def row(self, name: str) -> int:
+        """The key of ``name``'s row, after taking the row over."""
+        key = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little") or 1
+        base = self._base(key)
+        if struct.unpack_from("<Q", self._mem, base)[0] != key:
+            self._mem[base + 8:base + self._ROW] = bytes(self._ROW - 8)
+            struct.pack_into("<Q", self._mem, base, key)
+        return key
+
+    def _base(self, key: int) -> int:
+        return (key % self.ROWS) * self._ROW
+
+    def publish(self, key: int, slot: int, value: int) -> None:
+        """Worker ``slot`` of the stage ``key`` holds ``value`` settled (0: none)."""
+        base = self._base(key)
+        if 0 <= slot < self.SLOTS and struct.unpack_from("<Q", self._mem, base)[0] == key:
+            struct.pack_into("<i", self._mem, base + 8 + 4 * slot, value)
+
+    def highest(self, key: int, slot: int, count: int) -> int:
+        """The highest limit another of the stage's ``count`` workers settled at (0: none, or
+        the row is another stage's now)."""
+        base = self._base(key)
+        count = min(count, self.SLOTS)
+        values = struct.unpack_from(f"<{count}i", self._mem, base + 8)
+        if struct.unpack_from("<Q", self._mem, base)[0] != key:
+            return 0
+        return max((v for i, v in enumerate(values) if i != slot), default=0)
+
+
+#: the table of this process and every process forked from it after the import
+BOARD = Siblings()
 
 
 def cpu_budget() -> int:
@@ -250,7 +318,18 @@ class Tuner:
         self._normal_items, self._normal_retried = 0, 0.0  # since the last backoff
         #: (from, to) of a climb's first jump (:meth:`_first_jump`), while the limit stays there
         self._jumped: tuple[int, int] | None = None
+        #: how many times the limit rose to one a sibling DataLoader worker settled at
+        self.followed = 0
+        self._siblings: tuple[int, int, int] | None = None  # (row key, this slot, workers)
         self.pause()
+
+    def share(self, name: str, slot: int, count: int) -> None:
+        """Publish the limits this tuner settles at as worker ``slot`` of ``count`` of the stage
+        ``name`` (unique to the pipeline and stage) on :data:`BOARD`, and read the other
+        workers' (see :meth:`_follow`)."""
+        if count > 1:
+            key = BOARD.row(name)
+            self._siblings = (key, slot, count)
 
     def watch(self, pressure: Callable[[], float]) -> None:
         """Back off when the share of requests that ``pressure()`` (a count of retried requests:
@@ -302,9 +381,13 @@ class Tuner:
             rechecked = False
             if self.store:
                 self._store_step(interval)
+                self._follow(interval)
             else:
                 self._step(interval.rate)
         self.value = self._capped(self.value)
+        if self._siblings is not None:
+            key, slot, _ = self._siblings
+            BOARD.publish(key, slot, self.value if self._phase == "steady" else 0)
         if self._jumped is not None and self.value != self._jumped[1]:
             self._jumped = None  # the limit moved on: a later push-back is not the jump's
         self.steps_up += self.value > before and not rechecked
@@ -467,6 +550,25 @@ class Tuner:
             base = self.base_latency_s if self._latency_at == held else None
             self.base_latency_s = latency if base is None else base + 0.1 * (latency - base)
             self._latency_at = held
+
+    def _follow(self, interval: Interval) -> None:
+        """Settled below the limit a sibling DataLoader worker settled at, while this worker's
+        consumer waits: take the sibling's limit. The job goes at the slowest worker's pace
+        and the workers read the same store with the same pipeline; tuning alone, a worker's
+        step up did not pay while its sibling grew at the same time and took the store's
+        share (the store answered both at its capacity), and it settled at 8 in flight while
+        the sibling held 64. Not where this worker's own measurements said fewer: after a
+        push-back of the store at it (kept, being judged, or neither kept nor undone) or a
+        step down for rising latency."""
+        if self._siblings is None or self._phase != "steady" or not interval.starved:
+            return
+        if (self._pending is not None or self._throttled_at is not None
+                or self.backoffs > self.steady_errors or self.slowdowns):
+            return
+        limit = self._capped(BOARD.highest(*self._siblings))
+        if limit > self.value:
+            self.followed += 1
+            self._settle(limit, interval.throughput)
 
     def _flat(self, latency: float | None) -> bool:
         base = self.base_latency_s

@@ -21,7 +21,14 @@ from typing import Any, Literal
 
 from .._checks import check_bool, check_choice, check_int_or_auto, is_int
 from ..errors import ConfigError, WorkerCrashedError
-from ..executor.autotune import AUTO, BYTE_BUDGET, Kind, Tuner, bounds, dataloader_workers
+from ..executor.autotune import (
+    AUTO,
+    BYTE_BUDGET,
+    Kind,
+    Tuner,
+    bounds,
+    dataloader_workers,
+)
 from ..executor.pool import prestart
 from ..executor.window import Window, WindowOptions
 from .base import SOURCES_KEY, Rewind, Stage, describe_item
@@ -144,7 +151,7 @@ def _decisions(tuner: Tuner) -> dict[str, float]:
     numbers: dict[str, float] = {}
     if tuner.settled_after_s is not None:
         numbers["settle_s"] = round(tuner.settled_after_s, 3)
-    for key in ("steps_up", "probes", "backoffs", "steady_errors", "slowdowns"):  # when any
+    for key in ("steps_up", "probes", "followed", "backoffs", "steady_errors", "slowdowns"):  # when any
         if getattr(tuner, key):
             numbers[key] = getattr(tuner, key)
     if tuner.latency_s is not None:
@@ -254,7 +261,18 @@ class WindowedStage(Stage[Any]):
             self._window = Window(self._fn, options, tuner=tuner, owner=self.context.stats)
             if tuner is not None:  # retried requests of this stage make the tuner back off
                 tuner.watch(functools.partial(self.context.stats.count, self.name, "retries"))
+                self._share_limits(tuner)
         self._window.restart(state.get("skip", ()) if state else ())
+
+    def _share_limits(self, tuner: Tuner) -> None:
+        """A store's tuner in one of several DataLoader workers: settled limits shared with the
+        other workers' tuners of this stage (:class:`~pipeflow.executor.autotune.Siblings`),
+        named by the pipeline's statistics channel (one per pipeline object, the same in every
+        worker) and this stage's label."""
+        ctx = self.context
+        channel = ctx.stats.channel
+        if tuner.store and ctx.num_workers > 1 and channel is not None:
+            tuner.share(f"{channel.path}/{self.name}", ctx.worker_id, ctx.num_workers)
 
     def stop(self) -> None:
         if self._window is not None:
