@@ -110,8 +110,9 @@ class Opener(WindowedStage):
         backend: a backend name or instance; None chooses by URL scheme (:func:`default_backend`:
             ``s3://`` -> obstore, else boto3; paths and ``file://`` -> local; others -> fsspec).
         workers: requests in flight on threads (0: open inline; ``"auto"``, the default:
-            tuned while running, up to 64 requests and 256 MiB read ahead per process; streams
-            start with the next object opened while one is read).
+            tuned while running; per process, up to 64 requests at once for streams, and for
+            ``read=True`` up to 32 at once with up to 128 objects and 256 MiB read ahead;
+            streams start with the next object opened while one is read).
         read: read whole bodies and yield ``Record`` items instead of streams.
         on_error: ``"raise"`` or ``"skip"`` (skips are counted in ``stats()``).
         max_inflight: bound on opened-but-undelivered objects (default ``2 * workers``;

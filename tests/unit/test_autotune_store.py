@@ -538,3 +538,96 @@ def test_each_rank_paces_its_share_of_the_job_budget(tmp_path, monkeypatch):
     pipe = pf.from_items([str(path)] * 6).open(read=True, request_rate=100)
     assert len(list(pipe)) == 3  # from_items splits the items among ranks too
     assert pipe.stats()["open"]["request_rate"] == 50
+
+
+def _one_interval(tuner, clock, latency=0.02, waited=0.9):
+    """One measurement interval: 12 requests of ``latency`` over 0.3 s, the consumer waiting
+    ``waited`` of it."""
+    for _ in range(12):
+        clock.now += 0.025
+        tuner.served(latency)
+        tuner.waited(0.025 * waited)
+        tuner.delivered()
+
+
+@pytest.fixture
+def stage_name(request):
+    return f"pipeline-{request.node.name}-{random.random()}/open"  # a row of its own
+
+
+def _settled_low_and_sibling_high(clock, stage_name):
+    """Worker 0 settles near the knee of a store it saw saturated (10 in flight); then worker
+    1 settles at 64 (the same store, now answering both at once)."""
+    low, high = Tuner(1, 64, 4, store=True), Tuner(1, 64, 4, store=True)
+    low.share(stage_name, 0, 2)
+    high.share(stage_name, 1, 2)
+    drive(low, clock, Store(latency=0.01, capacity=1000.0), seconds=5.0)
+    assert low.settled and low.value < 64 and not low.slowdowns, (low.value, low.slowdowns)
+    drive(high, clock, Store(latency=0.05, demand=5000.0), seconds=3.0)
+    assert high.settled and high.value == 64
+    low.pause()  # its next interval starts now (the two ran one after the other here)
+    return low, high
+
+
+def test_a_dataloader_worker_settled_below_its_sibling_takes_its_limit(clock, stage_name):
+    # under a DataLoader the job goes at the slower worker's pace: tuning alone, a worker
+    # whose step up did not pay while its sibling grew and took the store's share held 4-8
+    # in flight for 2-3 s while the other held 64. Settled below a sibling's settled limit,
+    # with its consumer waiting, it takes that limit at its next interval (not after a hold)
+    low, _ = _settled_low_and_sibling_high(clock, stage_name)
+    _one_interval(low, clock)
+    assert low.value == 64 and low.followed == 1
+
+
+def test_a_worker_whose_consumer_does_not_wait_keeps_its_limit(clock, stage_name):
+    low, _ = _settled_low_and_sibling_high(clock, stage_name)
+    before = low.value
+    _one_interval(low, clock, waited=0.0)
+    assert low.value == before and not low.followed
+
+
+def test_a_worker_the_store_pushed_back_at_keeps_its_limit(clock, stage_name):
+    # a store limiting the rate: a third of the requests refused at the settled limit, none
+    # below it. The push-back is this worker's own measurement: a sibling's limit does not
+    # override it
+    low, high = Tuner(1, 64, 4, store=True), Tuner(1, 64, 4, store=True)
+    low.share(stage_name, 0, 2)
+    high.share(stage_name, 1, 2)
+    drive(low, clock, Store(latency=0.01, capacity=1000.0), seconds=5.0)
+    limit, retried = low.value, [0.0]
+    low.watch(lambda: retried[0])
+    for _ in range(12):
+        retried[0] += 4 if low.value >= limit else 0
+        _one_interval(low, clock, latency=0.01)
+    assert low.backoffs > low.steady_errors
+    drive(high, clock, Store(latency=0.05, demand=5000.0), seconds=3.0)
+    assert high.value == 64
+    low.pause()
+    seen = []
+    for _ in range(8):
+        retried[0] += 4 if low.value >= limit else 0
+        _one_interval(low, clock, latency=0.01)
+        seen.append(low.value)
+    assert max(seen) <= limit and not low.followed, seen
+
+
+def test_siblings_share_limits_across_fork_and_never_read_another_stages_row(stage_name):
+    import multiprocessing
+
+    key = autotune.BOARD.row(stage_name)
+    child = multiprocessing.get_context("fork").Process(
+        target=autotune.BOARD.publish, args=(key, 1, 48))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert autotune.BOARD.highest(key, 0, 2) == 48  # written in the forked child, read here
+    assert autotune.BOARD.highest(key, 1, 2) == 0  # a worker does not read its own slot
+    # another stage whose key lands on the same row takes it over: the first stage's workers
+    # read nothing there any more (they tune alone), never the other stage's limits
+    rows = autotune.Siblings.ROWS
+    other = next(name for name in (f"{stage_name}#{i}" for i in range(10_000))
+                 if autotune.BOARD.row(name) % rows == key % rows)
+    autotune.BOARD.publish(autotune.BOARD.row(other), 0, 16)
+    assert autotune.BOARD.highest(key, 0, 2) == 0
+    autotune.BOARD.publish(key, 1, 32)  # nor write there
+    assert autotune.BOARD.highest(autotune.BOARD.row(other), 1, 2) == 16
