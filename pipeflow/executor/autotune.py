@@ -137,9 +137,13 @@ class Siblings:
     def __init__(self) -> None:
         self._mem = mmap.mmap(-1, self.ROWS * self._ROW)
 
+    @staticmethod
+    def _key(name: str) -> int:
+        return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little") or 1
+
     def row(self, name: str) -> int:
         """The key of ``name``'s row, after taking the row over."""
-        key = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little") or 1
+        key = self._key(name)
         base = self._base(key)
         if struct.unpack_from("<Q", self._mem, base)[0] != key:
             self._mem[base + 8:base + self._ROW] = bytes(self._ROW - 8)
@@ -154,6 +158,15 @@ class Siblings:
         base = self._base(key)
         if 0 <= slot < self.SLOTS and struct.unpack_from("<Q", self._mem, base)[0] == key:
             struct.pack_into("<i", self._mem, base + 8 + 4 * slot, value)
+
+    def limits(self, name: str) -> list[int] | None:
+        """What the workers of the stage ``name`` published, by slot (None: no worker of it
+        took a row, or another stage took the row over since)."""
+        key = self._key(name)
+        base = self._base(key)
+        if struct.unpack_from("<Q", self._mem, base)[0] != key:
+            return None
+        return list(struct.unpack_from(f"<{self.SLOTS}i", self._mem, base + 8))
 
     def highest(self, key: int, slot: int, count: int) -> int:
         """The highest limit another of the stage's ``count`` workers settled at (0: none, or

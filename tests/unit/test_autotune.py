@@ -354,6 +354,27 @@ def test_open_and_decode_take_auto(tmp_path):
     assert [s["txt"] for s in decoded] == [str(i) for i in range(30)]
 
 
+def test_dataloader_workers_of_a_tuned_open_share_one_row_of_limits(tmp_path):
+    # the workers forked from this process find each other's settled limits under one name
+    # (the pipeline's and the stage's); outside a DataLoader nothing is shared
+    import torch.utils.data
+
+    paths = []
+    for i in range(40):
+        path = tmp_path / f"{i:03d}.txt"
+        path.write_text(str(i))
+        paths.append(str(path))
+    pipe = pf.from_items(paths).open(read=True)
+    name = f"{pipe._channel.path}/open"
+    assert [r.data for r in pipe] == [str(i).encode() for i in range(40)]
+    assert autotune.BOARD.limits(name) is None  # one process: no row
+    loader = torch.utils.data.DataLoader(pipe, batch_size=None, num_workers=2,
+                                         multiprocessing_context="fork")
+    assert sorted(r.data for r in loader) == sorted(str(i).encode() for i in range(40))
+    limits = autotune.BOARD.limits(name)
+    assert limits is not None and not any(limits[2:]), limits  # two workers' slots, no more
+
+
 class _OpenLog(LocalBackend):
     """A local backend that signals each open, so a test can see which objects were opened."""
 
