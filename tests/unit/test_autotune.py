@@ -340,12 +340,18 @@ def test_explain_and_stats_show_auto():
     assert "map" in str(stats)
 
 
-def test_open_and_decode_take_auto(tmp_path):
+def _numbered_files(folder, count=40):
+    """``count`` small files, the i-th holding ``str(i)``; their paths in order."""
     paths = []
-    for i in range(40):
-        path = tmp_path / f"{i:03d}.txt"
+    for i in range(count):
+        path = folder / f"{i:03d}.txt"
         path.write_text(str(i))
         paths.append(str(path))
+    return paths
+
+
+def test_open_and_decode_take_auto(tmp_path):
+    paths = _numbered_files(tmp_path)
     pipe = pf.from_items(paths).open(workers="auto", read=True, max_inflight="auto")
     assert [r.data for r in pipe] == [str(i).encode() for i in range(40)]
     assert pipe.stats()["open"]["inflight"] >= 1
@@ -359,12 +365,7 @@ def test_dataloader_workers_of_a_tuned_open_share_one_row_of_limits(tmp_path):
     # (the pipeline's and the stage's); outside a DataLoader nothing is shared
     import torch.utils.data
 
-    paths = []
-    for i in range(40):
-        path = tmp_path / f"{i:03d}.txt"
-        path.write_text(str(i))
-        paths.append(str(path))
-    pipe = pf.from_items(paths).open(read=True)
+    pipe = pf.from_items(_numbered_files(tmp_path)).open(read=True)
     name = f"{pipe._channel.path}/open"
     assert [r.data for r in pipe] == [str(i).encode() for i in range(40)]
     assert autotune.BOARD.limits(name) is None  # one process: no row
