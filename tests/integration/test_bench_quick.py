@@ -66,18 +66,21 @@ def test_tiny_bench_writes_every_output_with_every_peer(tmp_path):
     markdown = (out / "results.md").read_text()
     assert result["latency_ms"] == 5 and result["server"].startswith("moto")
     assert not STREAMING_PEERS & libraries  # switched off: no rows, not failed ones
-    for r in result["rows"]:
+    # the rows that ran: all, but the one a machine without FFmpeg's libraries cannot run
+    # (SPDL's own decoder; its error was checked above)
+    ran = [r for r in result["rows"] if not (no_ffmpeg and r["library"] == SPDL_FFMPEG and "error" in r)]
+    for r in ran:
         assert r["samples"] > 0 and r["cpu_pct"] is not None and r["peak_rss_mb"] > 0
         # a tiny case can use less CPU than the clock resolution: measured, not necessarily > 0
         assert r["cpu_s_per_sample"] >= 0 and r["first_batch_s"] is not None
     # the server's and the proxy's CPU over each S3 case, beside the client's
-    for r in result["rows"]:
+    for r in ran:
         if r["scenario"] in ("s1", "s2"):
             assert set(r["others_cpu_pct"]) == {"server", "proxy"}, r["others_cpu_pct"]
             assert all(v >= 0 for v in r["others_cpu_pct"].values())
     assert "server + proxy CPU %" in markdown
     # every recipe row sits beside the row of the code it reproduces, in the same group
-    for r in result["rows"]:
+    for r in ran:
         if r["library"].startswith("recipe "):
             group = {o["library"] for o in result["rows"] if o["group"] == r["group"]}
             assert r["reproduces"] in group, r
@@ -93,7 +96,7 @@ def test_tiny_bench_writes_every_output_with_every_peer(tmp_path):
     assert f"Client CPU per sample, pipeflow / {BARE_OWN_DECODER}" in markdown
     assert "recipe / original" in markdown
     # requests were counted at the proxy: every one-object-per-field case fetched its objects
-    for r in result["rows"]:
+    for r in ran:
         if r["scenario"] == "s1":
             assert r["requests"].get("GET_OBJECT", 0) >= r["samples"] * 2
     for name in PEERS | {"pipeflow"}:
