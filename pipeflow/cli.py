@@ -14,6 +14,8 @@ import threading
 from collections.abc import Sequence
 from typing import NoReturn
 
+from ._parent import in_forked_child
+
 __all__ = ["main"]
 
 #: subcommand -> (module, one-line help)
@@ -110,7 +112,7 @@ class _TermAsInterrupt:
             self._installed = False
 
     def _handler(self, signum: int, frame: object) -> None:
-        if os.getpid() != self._pid:  # a forked child: end as SIGTERM always ended it
+        if in_forked_child(self._pid):  # end as SIGTERM always ended it
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return

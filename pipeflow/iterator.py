@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ._once import first_time
+from ._parent import end_with_parent
 from .errors import ConfigError
 from .graph import Node, build, fingerprint, walk
 from .run_context import RunContext
@@ -96,6 +97,10 @@ class PipelineIterator:
             if stats is not None:
                 context.stats = stats
         self._ctx = context or RunContext.detect(epoch, stats=stats)
+        if context is None and self._ctx.in_dataloader_worker:
+            # a worker whose command died while forking it would wait on its index queue for
+            # ever (torch's watchdog takes init for its parent): it dies with its parent instead
+            end_with_parent()
         self._root = build(node, self._ctx)
         self._done = False
         self._replay_checked = False  # whether a mid-epoch state could not be resumed (said once)

@@ -18,15 +18,26 @@ without waiting) raises it there, as without this class, so a worker stuck on a 
 once; anywhere else (forking, starting, ending) it leaves its ending to the command. A loop
 that does not reach a batch within ``grace`` seconds (a store that stopped answering) gets the
 interrupt raised where it waits, as without this class; so does a second Ctrl-C.
+
+Except inside :meth:`DeferredInterrupt.held`, around the DataLoader iterator's construction (an
+epoch's start): raised between a worker's fork and the iterator recording it, the interrupt
+left that worker unknown to everything that ends workers (the iterator's shutdown, and, when
+it fell before ``Process.start`` returned, multiprocessing's exit handler), alive after the
+command. Construction only forks the workers (it does not talk to the store), so it is short
+and bounded: a forced or second interrupt waits for its end, and is raised there, where the
+built iterator shuts its workers down the normal way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType, TracebackType
 
+from pipeflow._parent import in_forked_child
 from pipeflow.iterator import PipelineIterator
 
 __all__ = ["DeferredInterrupt"]
@@ -50,6 +61,7 @@ class DeferredInterrupt:
         self._installed = False
         self._raising = False
         self._forced = False
+        self._holding = False
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
         self._main_ident = threading.main_thread().ident
@@ -69,16 +81,18 @@ class DeferredInterrupt:
             self._installed = False
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
-        if os.getpid() != self._pid:  # a forked DataLoader worker
+        if in_forked_child(self._pid):  # a forked DataLoader worker
             if _iterating(frame):
                 raise KeyboardInterrupt  # inside torch's worker loop, which takes it
             return  # forking, starting or ending: the command ends it through the DataLoader
         if self._forced:  # sent by the grace timer
             self._forced = False
-            if self._raising:
-                return  # the loop got there first and is already raising
+            if self._raising or self._holding:
+                return  # the loop got there first and is already raising, or raises at held()'s end
             raise KeyboardInterrupt
         if self.requested or self._raising:
+            if self._holding:
+                return  # a second Ctrl-C while workers are forked: raised at held()'s end
             raise KeyboardInterrupt  # a second Ctrl-C, or the loop missed its grace: raise here
         self.requested = True
         timer = threading.Timer(self.grace, self._force)
@@ -97,6 +111,17 @@ class DeferredInterrupt:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """A section no interrupt is raised in (building the DataLoader's iterator, which forks
+        its workers); one that came meanwhile is raised as it ends."""
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+        self.check()
 
     def check(self) -> None:
         """Raise ``KeyboardInterrupt`` here if Ctrl-C was pressed since the loop started."""

@@ -167,24 +167,33 @@ def _measure(dataset: Any, batch_size: int | None, num_workers: int, epochs: int
         if hasattr(dataset, "set_epoch"):
             dataset.set_epoch(epoch)
         result.epochs = epoch + 1
-        for batch in loader:
-            interrupt.check()  # Ctrl-C: here, where the DataLoader can end its workers cleanly
-            result.steps += 1
-            n = batch_len(batch)
-            result.samples += n
-            if on_batch is not None:
-                on_batch(n)
-            if result.steps == 1:
-                result.first_batch_s = time.perf_counter() - t_start
-            if result.steps % report_every == 0:
-                now = time.perf_counter()
-                result.interval_times.append(now - t0)
-                if on_report is not None:
-                    on_report(result.steps, now - t0)
-                t0 = now
-            if steps is not None and result.steps >= steps:
-                done = True
-                break
+        batches = None
+        try:
+            with interrupt.held():  # the epoch's workers are forked: see _interrupt's docstring
+                batches = iter(loader)
+            for batch in batches:
+                interrupt.check()  # Ctrl-C: here, where the DataLoader can end its workers cleanly
+                result.steps += 1
+                n = batch_len(batch)
+                result.samples += n
+                if on_batch is not None:
+                    on_batch(n)
+                if result.steps == 1:
+                    result.first_batch_s = time.perf_counter() - t_start
+                if result.steps % report_every == 0:
+                    now = time.perf_counter()
+                    result.interval_times.append(now - t0)
+                    if on_report is not None:
+                        on_report(result.steps, now - t0)
+                    t0 = now
+                if steps is not None and result.steps >= steps:
+                    done = True
+                    break
+        finally:
+            # the epoch's workers end here, before the next epoch forks its own, and on an
+            # interrupt before it propagates (the traceback would keep this frame, and the
+            # iterator with its workers, alive)
+            batches = None
         if done:
             break
     interrupt.check()

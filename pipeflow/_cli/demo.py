@@ -9,10 +9,12 @@ server's own CPU is not counted).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -25,6 +27,8 @@ from ..errors import install_line
 __all__ = ["DemoRow", "add_arguments", "run", "run_demo"]
 
 BUCKET = "pipeflow-demo"
+#: seconds a recipe's process has to end by itself after Ctrl-C (its loop's grace is 1 s)
+_CHILD_GRACE_S = 2.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -159,6 +163,9 @@ def _run_one(info: Any, url: str, args: argparse.Namespace) -> DemoRow:
         status, payload = queue.get(timeout=args.timeout)
     except Exception:  # queue.Empty: the recipe took too long or its process died
         status, payload = "error", ("timed out" if proc.is_alive() else f"exit code {proc.exitcode}")
+    except BaseException:  # Ctrl-C, or SIGTERM taken as Ctrl-C
+        _interrupt_child(proc)
+        raise
     finally:
         proc.join(timeout=10)
         if proc.is_alive():
@@ -170,6 +177,17 @@ def _run_one(info: Any, url: str, args: argparse.Namespace) -> DemoRow:
     else:
         row.status = str(payload)[:200]
     return row
+
+
+def _interrupt_child(proc: Any) -> None:
+    """Stop the recipe's process the way Ctrl-C does: its loop ends at its next batch and shuts
+    its DataLoader workers down. A terminal's Ctrl-C reached it already (the whole foreground
+    group gets it), and it ends within its loop's grace; a SIGTERM sent to the demo alone did
+    not, and a process killed outright would leave the workers it was forking behind."""
+    proc.join(timeout=_CHILD_GRACE_S)
+    if proc.is_alive():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGINT)
 
 
 def _fmt(value: float | None, spec: str) -> str:

@@ -19,28 +19,25 @@ Idle pools between epochs are the pool module's concern (:class:`~pipeflow.execu
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import select
 import signal
 import threading
 
 from .._fs import pid_alive
+from .._parent import PR_SET_PDEATHSIG, prctl
 from .intraop import one_intraop_thread
 from .shm import set_worker_prefix, sweep_owner
 
 __all__ = ["arm_worker"]
 
-_PR_SET_PDEATHSIG = 1
 _POLL_SECONDS = 0.5
 
 
 def _set_pdeathsig() -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):  # not Linux: the watchdog alone covers it
-        pass
+    call = prctl()
+    if call is not None:  # not Linux: the watchdog alone covers it
+        call(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _owner_gone(owner_pid: int) -> None:

@@ -17,7 +17,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import signal
 import socket
@@ -32,6 +31,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._parent import PR_SET_PDEATHSIG
+from .._parent import prctl as _prctl
 from ..backends.base import bucket_name_problem
 from ..errors import ConfigError, MissingDependencyError, PipeflowError
 from ._lifeline import start_tethered
@@ -164,22 +165,6 @@ def _wait_until_up(proc: subprocess.Popen[bytes], endpoint: str, log_path: str, 
         time.sleep(0.1)
 
 
-#: PR_SET_PDEATHSIG: the signal the calling process gets when the thread that forked it exits
-_PR_SET_PDEATHSIG = 1
-
-
-@functools.cache
-def _prctl() -> Callable[[int, int], int] | None:
-    """libc's ``prctl``, looked up once in this process (None where it cannot be)."""
-    try:
-        import ctypes
-
-        prctl: Callable[[int, int], int] = ctypes.CDLL(None, use_errno=True).prctl
-    except (ImportError, OSError, AttributeError):
-        return None
-    return prctl
-
-
 def death_signal_hook() -> Callable[[], None] | None:
     """The ``preexec_fn`` for the server process: on Linux, when called from the main thread
     (which lives as long as the process), a hook that makes the child get SIGTERM at once if the
@@ -201,7 +186,7 @@ def death_signal_hook() -> Callable[[], None] | None:
     signum = int(signal.SIGTERM)
 
     def die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-        prctl(_PR_SET_PDEATHSIG, signum)
+        prctl(PR_SET_PDEATHSIG, signum)
 
     return die_with_parent
 

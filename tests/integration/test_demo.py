@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import multiprocessing.context
+import os
+import signal
+import threading
+import types
 
 import pytest
 
@@ -74,3 +80,43 @@ def test_demo_writes_its_results_into_the_user_cache_not_the_working_tree(tmp_pa
     assert (results / "results.json").exists()
     assert f"wrote {results / 'results.txt'}" in out
     assert list(work.iterdir()) == []
+
+
+class _Recorded(multiprocessing.context.ForkProcess):
+    started: list[multiprocessing.context.ForkProcess] = []
+
+    def start(self) -> None:
+        super().start()
+        self.started.append(self)
+
+
+class _RecordingFork(multiprocessing.context.ForkContext):
+    Process = _Recorded  # type: ignore[assignment]
+
+
+def test_an_interrupted_demo_stops_its_recipe_the_way_ctrl_c_does(tmp_path, monkeypatch):
+    # SIGTERM sent to the demo alone (`kill PID`, taken as Ctrl-C) does not reach the recipe's
+    # process: the demo passes it on, and the recipe's loop ends its DataLoader workers and
+    # its process by itself. It was killed outright instead, sometimes while it forked an
+    # epoch's workers, and such a worker outlived the command.
+    from pipeflow._cli import demo
+    from pipeflow.testing.datagen import generate
+
+    generate("single", str(tmp_path / "data"), count=16, image_size=8, progress=False)
+    monkeypatch.setattr(demo, "mp", types.SimpleNamespace(get_context=lambda method: _RecordingFork()))
+    _Recorded.started = []
+    args = argparse.Namespace(preprocess=False, out=str(tmp_path), batch_size=2, num_workers=2,
+                              steps=10**9, report_every=10, quiet=True, timeout=120.0)
+    ctrl_c = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    ctrl_c.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            demo._run_one(recipes.get("single-ffm"), str(tmp_path / "data"), args)
+    finally:
+        ctrl_c.cancel()
+        for proc in _Recorded.started:
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    [recipe] = _Recorded.started
+    assert recipe.exitcode == 0  # ended by itself; -9 when it was killed

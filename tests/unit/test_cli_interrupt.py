@@ -3,6 +3,7 @@ raised where the loop waits when it misses its grace, and by a second Ctrl-C."""
 
 from __future__ import annotations
 
+import multiprocessing.context
 import os
 import signal
 import threading
@@ -93,3 +94,53 @@ def test_outside_the_main_thread_it_does_nothing():
     thread.start()
     thread.join()
     assert seen == [before]
+
+
+class _InterruptedFork(multiprocessing.context.ForkProcess):
+    """A DataLoader worker process whose start is followed by Ctrl-C twice: the second raises
+    at once, between the fork and the DataLoader iterator recording the worker."""
+
+    forked: list[int] = []
+
+    def start(self) -> None:
+        super().start()
+        assert self.pid is not None
+        self.forked.append(self.pid)
+        if len(self.forked) == 1:
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)
+
+
+class _InterruptedForkContext(multiprocessing.context.ForkContext):
+    Process = _InterruptedFork  # type: ignore[assignment]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_an_interrupt_while_the_epoch_forks_its_workers_leaves_no_worker_behind():
+    import pipeflow as pf
+    from pipeflow._cli._measure import measure
+
+    _InterruptedFork.forked = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            measure(pf.from_items(range(1000)), batch_size=2, num_workers=2,
+                    loader_kwargs={"multiprocessing_context": _InterruptedForkContext()})
+        forked = list(_InterruptedFork.forked)
+        assert forked, "no worker was started"
+        # the DataLoader joined every worker it started as the interrupt came through
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in forked) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [pid for pid in forked if _alive(pid)] == []
+    finally:
+        for pid in _InterruptedFork.forked:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
