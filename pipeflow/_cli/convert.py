@@ -87,6 +87,7 @@ def _previous(args: argparse.Namespace, shape: dict[str, Any]) -> Any:
 def _convert(args: argparse.Namespace, shape: dict[str, Any], *, fresh: bool) -> tuple[list[Any], Any]:
     import pipeflow as pf
 
+    from ..stages.group import count_samples
     from ..stages.listing import list_now
     from ._progress import progress_bar
 
@@ -95,9 +96,10 @@ def _convert(args: argparse.Namespace, shape: dict[str, Any], *, fresh: bool) ->
             .open(args.backend, read=True, workers=args.workers)
             .group_pairs()
             .map(_relative_key(args.src)))
-    # the samples to come, for the bar's ETA: one per key of the listing. A conversion that
-    # continues writes only part of them (from where it resumes), so its bar has no total
-    total = _sample_count(objects) if fresh else None
+    # the samples to come, for the bar's ETA: those group_pairs() makes of the listing. A
+    # conversion that continues writes only part of them (from where it resumes), so its bar has
+    # no total
+    total = count_samples(o.url for o in objects) if fresh else None
     bar = progress_bar(f"{args.src} -> {args.dst}", total=total, quiet=args.quiet, lines_every=10.0)
     written = 0
 
@@ -113,10 +115,3 @@ def _convert(args: argparse.Namespace, shape: dict[str, Any], *, fresh: bool) ->
         bar.close()
     return objects, manifest
 
-
-def _sample_count(objects: list[Any]) -> int:
-    """The samples ``group_pairs()`` makes of these objects: their distinct keys (an object
-    without an extension belongs to none)."""
-    from ..formats.keys import split_key
-
-    return len({parts[0] for parts in map(split_key, (o.url for o in objects)) if parts is not None})
