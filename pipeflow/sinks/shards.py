@@ -370,16 +370,17 @@ def _start(pipeline: Any, committer: _Committer) -> tuple[Any, int]:
         it.close()
         raise ConfigError("write_shards() runs the whole pipeline in one process; it was started "
                           f"as one of {it.context.num_shards} ranks x DataLoader workers")
-    resume = committer.resume
-    if not resume or resume.get("state") is None:
+    found = committer.manifest  # as this run found it: nothing is committed before _start
+    index = found.resume_shard
+    if not index or found.resume is None:
         return it, 0
     try:
-        it.load_state_dict(resume["state"])
+        it.load_state_dict(found.resume["state"])
     except ConfigError as exc:
         it.close()
         raise ConfigError(f"cannot continue the interrupted write under {committer.base}: {exc}; "
                           "rerun with overwrite=True") from exc
-    return it, int(resume["next_shard"])
+    return it, index
 
 
 def _run(pipeline: Any, options: ShardOptions, committer: _Committer,
