@@ -36,7 +36,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def main(argv: Sequence[str] | None = None) -> int:
     from . import __version__
 
-    parser = argparse.ArgumentParser(prog="pipeflow", description="Streaming training data into PyTorch.")
+    # allow_abbrev=False: argparse would take a unique prefix of a flag for the flag (a mistyped
+    # `bench --scenario` runs the benchmark); a prefix is refused by _refuse, with its full name
+    parser = argparse.ArgumentParser(prog="pipeflow", description="Streaming training data into PyTorch.",
+                                     allow_abbrev=False)
     parser.add_argument("--version", action="version", version=f"pipeflow {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -48,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = argv[0] if argv and argv[0] in COMMANDS else None
     chosen_parser = parser
     for name, (module_name, help_text) in COMMANDS.items():
-        sp = sub.add_parser(name, help=help_text, description=help_text)
+        sp = sub.add_parser(name, help=help_text, description=help_text, allow_abbrev=False)
         if name == chosen:
             importlib.import_module(module_name).add_arguments(sp)
             chosen_parser = sp

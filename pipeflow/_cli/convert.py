@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         if previous is not None and previous.shards:
             print(f"continuing an interrupted conversion: {counted(len(previous.shards), 'shard')} "
                   f"({counted(previous.samples, 'sample')}) already in {args.dst}", flush=True)
-        objects, manifest = _convert(args, shape, fresh=previous is None or not previous.shards)
+        objects, manifest = _convert(args, shape, previous)
     except PipeflowError as exc:
         print(f"pipeflow convert: {exc}", file=sys.stderr)
         return 2
@@ -84,9 +84,10 @@ def _previous(args: argparse.Namespace, shape: dict[str, Any]) -> Any:
     return previous_manifest(args.dst, **shape, overwrite_hint="--overwrite to start over")
 
 
-def _convert(args: argparse.Namespace, shape: dict[str, Any], *, fresh: bool) -> tuple[list[Any], Any]:
+def _convert(args: argparse.Namespace, shape: dict[str, Any], previous: Any) -> tuple[list[Any], Any]:
     import pipeflow as pf
 
+    from ..stages.group import count_samples
     from ..stages.listing import list_now
     from ._progress import progress_bar
 
@@ -95,10 +96,12 @@ def _convert(args: argparse.Namespace, shape: dict[str, Any], *, fresh: bool) ->
             .open(args.backend, read=True, workers=args.workers)
             .group_pairs()
             .map(_relative_key(args.src)))
-    # the samples to come, for the bar's ETA: one per key of the listing. A conversion that
-    # continues writes only part of them (from where it resumes), so its bar has no total
-    total = _sample_count(objects) if fresh else None
-    bar = progress_bar(f"{args.src} -> {args.dst}", total=total, quiet=args.quiet, lines_every=10.0)
+    # the samples to come, for the bar's ETA: those group_pairs() makes of the listing, less,
+    # in a conversion that continues, those of the shards before the one it resumes at (no
+    # total if that leaves none: the source shrank since)
+    total = count_samples(o.url for o in objects) - (previous.samples_before_resume if previous else 0)
+    bar = progress_bar(f"{args.src} -> {args.dst}", total=total if total > 0 else None, quiet=args.quiet,
+                       lines_every=10.0)
     written = 0
 
     def progress(samples: int, nbytes: int) -> None:
@@ -113,10 +116,3 @@ def _convert(args: argparse.Namespace, shape: dict[str, Any], *, fresh: bool) ->
         bar.close()
     return objects, manifest
 
-
-def _sample_count(objects: list[Any]) -> int:
-    """The samples ``group_pairs()`` makes of these objects: their distinct keys (an object
-    without an extension belongs to none)."""
-    from ..formats.keys import split_key
-
-    return len({parts[0] for parts in map(split_key, (o.url for o in objects)) if parts is not None})

@@ -184,7 +184,7 @@ def _no_directory(url: str) -> str:
     if scheme_of(url) or os.path.isabs(url):
         return "no such directory"
     if url.startswith("~"):
-        return f"no such directory ({os.path.expanduser(url)})"
+        return f"no such directory ({local_path(url)})"
     if url.startswith(("./", "../")) or url in (".", ".."):  # written as a path: no bucket
         return f"no such directory (a local path, relative to {os.getcwd()})"
     return (f"no such directory (a local path, relative to {os.getcwd()}; an S3 prefix is "

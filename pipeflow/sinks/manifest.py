@@ -97,6 +97,20 @@ class ShardManifest:
         """Bytes in all committed shards."""
         return sum(s.size for s in self.shards)
 
+    @property
+    def resume_shard(self) -> int:
+        """The shard a rerun starts encoding at: ``resume``'s ``next_shard`` when the pipeline's
+        position there is stored; else 0 (the pipeline runs from its start, and the shards
+        already committed are encoded again and compared)."""
+        if not self.resume or self.resume.get("state") is None:
+            return 0
+        return int(self.resume["next_shard"])
+
+    @property
+    def samples_before_resume(self) -> int:
+        """Items a rerun does not produce again: those of the shards before :attr:`resume_shard`."""
+        return sum(s.samples for s in self.shards if s.index < self.resume_shard)
+
     def urls(self) -> list[str]:
         """The full URL of every shard, in order: ready for ``pf.from_items(...).open()``."""
         return [f"{self.url.rstrip('/')}/{s.name}" for s in self.shards]

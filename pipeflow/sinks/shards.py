@@ -38,6 +38,7 @@ from .._checks import check_bool, check_choice, check_int
 from ..backends.base import Backend
 from ..errors import ConfigError, ObjectNotFoundError
 from ..formats.writers import ENCODERS, ShardEncoder
+from ..items import ObjectInfo
 from .manifest import MANIFEST_NAME, ShardInfo, ShardManifest
 
 __all__ = ["ShardOptions", "Uploader", "previous_manifest", "write_shards"]
@@ -48,8 +49,8 @@ Progress = Callable[[int, int], None]
 
 @runtime_checkable
 class Uploader(Protocol):
-    """What ``write_shards()`` needs from a backend: reading (its manifest) and the write
-    capability, ``upload``, which only some backends have."""
+    """What ``write_shards()`` needs from a backend: reading (its manifest), asking whether an
+    object exists, and the write capability, ``upload``, which only some backends have."""
 
     @property
     def name(self) -> str:
@@ -58,6 +59,10 @@ class Uploader(Protocol):
 
     def read(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
         """The bytes of ``url`` (see :meth:`~pipeflow.backends.base.Backend.read`)."""
+
+    def info(self, url: str) -> ObjectInfo:
+        """The size of ``url``, without reading it (a HEAD on S3; see
+        :meth:`~pipeflow.backends.base.Backend.info`)."""
 
     def upload(self, path: str, url: str) -> None:
         """Publish the local file ``path`` as ``url``, atomically."""
@@ -299,13 +304,10 @@ def _previous(store: Uploader, base: str, options: ShardOptions,
 
 
 def _exists(store: Uploader, url: str) -> bool:
-    """Whether ``url`` is an object: one ``info`` (a HEAD on S3) for a backend, else a read
-    (an uploader of another kind only promises ``read`` and ``upload``)."""
+    """Whether ``url`` is an object: one ``info`` (a HEAD on S3), never a read of the object
+    (a shard of up to ``max_size`` bytes)."""
     try:
-        if isinstance(store, Backend):
-            store.info(url)
-        else:
-            store.read(url)
+        store.info(url)
     except ObjectNotFoundError:
         return False
     return True
@@ -368,16 +370,17 @@ def _start(pipeline: Any, committer: _Committer) -> tuple[Any, int]:
         it.close()
         raise ConfigError("write_shards() runs the whole pipeline in one process; it was started "
                           f"as one of {it.context.num_shards} ranks x DataLoader workers")
-    resume = committer.resume
-    if not resume or resume.get("state") is None:
+    found = committer.manifest  # as this run found it: nothing is committed before _start
+    index = found.resume_shard
+    if not index or found.resume is None:
         return it, 0
     try:
-        it.load_state_dict(resume["state"])
+        it.load_state_dict(found.resume["state"])
     except ConfigError as exc:
         it.close()
         raise ConfigError(f"cannot continue the interrupted write under {committer.base}: {exc}; "
                           "rerun with overwrite=True") from exc
-    return it, int(resume["next_shard"])
+    return it, index
 
 
 def _run(pipeline: Any, options: ShardOptions, committer: _Committer,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._checks import check_bool, check_int
-from ..backends.base import Backend
+from ..backends.base import Backend, local_path
 from ..errors import ConfigError, ObjectNotFoundError
 from ..items import ObjectInfo
 from .shards import Uploader
@@ -136,7 +136,7 @@ def upload(directory: str, url: str, *, backend: str | Backend | None = None, wo
     """Copy every file under ``directory`` to ``url/<relative path>``, ``workers`` at a time.
 
     Args:
-        directory: the local folder.
+        directory: the local folder: a path (``~`` is the home directory) or a ``file://`` URL.
         url: ``s3://bucket/prefix`` or a local directory.
         backend: a backend with ``upload``: ``"obstore"`` (the default for ``s3://`` when
             installed), ``"boto3"`` or ``"local"``; or a ready one.
@@ -153,12 +153,14 @@ def upload(directory: str, url: str, *, backend: str | Backend | None = None, wo
         ObjectNotFoundError: ``directory`` does not exist, the bucket does not, or a file
             cannot be read (a dangling symbolic link, a file removed meanwhile).
         ConfigError: ``directory`` is not a directory, or a bad option.
+        InvalidURLError: ``directory`` is a URL of another store (``s3://...``).
         BackendError: an upload failed (its typed subclass); files not yet started are not
             uploaded, so a rerun with ``skip_unchanged=True`` continues.
     """
     check_int(workers, "upload(workers=...)", low=1)
     check_bool(skip_unchanged, "upload(skip_unchanged=...)")
-    directory = os.path.expanduser(directory)  # "~/images", as the local backend reads it
+    # "~/images" or file:///data/images, read as the local backend reads a path
+    directory = local_path(directory, backend="local", op="upload")
     if not os.path.exists(directory):
         raise ObjectNotFoundError("no such directory", url=directory, backend="local", op="upload")
     if not os.path.isdir(directory):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 from .._checks import check_choice
@@ -11,7 +11,7 @@ from ..formats.keys import is_meta_name, split_key
 from ..items import Record
 from .base import SOURCES_KEY, Stage
 
-__all__ = ["PairGrouper"]
+__all__ = ["PairGrouper", "count_samples", "record_key"]
 
 
 def _record(item: Any) -> tuple[str, bytes, str]:
@@ -21,6 +21,26 @@ def _record(item: Any) -> tuple[str, bytes, str]:
         return str(item[0]), item[1], str(item[0])
     raise ConfigError("group_pairs() needs Records (from untar() or open(read=True)) or "
                       f"(name, bytes) pairs, got {type(item).__name__}")
+
+
+def record_key(name: str, *, whole_object: bool) -> tuple[str, str] | None:
+    """The ``(sample key, field)`` ``group_pairs()`` files a record under, or None when it
+    belongs to no sample (no extension; a WebDataset ``__meta__`` member of an archive)."""
+    if not whole_object and is_meta_name(name):
+        return None
+    return split_key(name)
+
+
+def count_samples(urls: Iterable[str]) -> int:
+    """The samples ``group_pairs()`` makes of whole objects read in this order (after
+    ``open(read=True)``): one per run of consecutive objects with the same key, as it groups
+    them, without reading any. An object that belongs to no sample neither counts nor ends a run."""
+    count, last = 0, None
+    for url in urls:
+        parts = record_key(url, whole_object=True)
+        if parts is not None and parts[0] != last:
+            count, last = count + 1, parts[0]
+    return count
 
 
 def _has(sample: dict[str, Any], name: str) -> bool:
@@ -126,7 +146,7 @@ class PairGrouper(Stage[dict[str, Any]]):
                 return sample
             name, data, url = rec
             whole_object = name == url
-            parts = None if (not whole_object and is_meta_name(name)) else split_key(name)
+            parts = record_key(name, whole_object=whole_object)
             if parts is None:
                 self.context.stats.incr(self.name, "ignored")
                 continue

@@ -11,8 +11,9 @@ that did not end it within a few seconds. Portable to any POSIX system, and noth
 A child forked from the parent without exec (a DataLoader worker) holds a copy of the write end
 until it exits, so the helper outlives the parent by as long as such a child does.
 
-Child side: ``python PATH/_lifeline.py FD MODULE [ARG ...]`` runs ``MODULE`` as ``__main__``
-with ``ARG ...`` as its arguments. The file is run by its path and imports only the standard
+Child side: ``python PATH/_lifeline.py FD [--quiet=LOGGER ...] MODULE [ARG ...]`` runs ``MODULE``
+as ``__main__`` with ``ARG ...`` as its arguments, each ``LOGGER`` (a :mod:`logging` name) set to
+show warnings and errors only. The file is run by its path and imports only the standard
 library, so the child needs no importable pipeflow (nor the same one as the parent) to start a
 module that is not pipeflow's own, such as ``moto.server``.
 """
@@ -20,6 +21,7 @@ module that is not pipeflow's own, such as ``moto.server``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import runpy
 import signal
@@ -54,12 +56,14 @@ class Tethered:
 
 
 def start_tethered(module: str, args: Sequence[str], *, python: str = sys.executable,
-                   **popen: Any) -> Tethered:
-    """``python -m MODULE ARGS`` in a child that ends when this process does; ``popen`` goes to
-    :class:`subprocess.Popen` (``pass_fds`` is taken)."""
+                   quiet: Sequence[str] = (), **popen: Any) -> Tethered:
+    """``python -m MODULE ARGS`` in a child that ends when this process does; the loggers named
+    in ``quiet`` there log warnings and errors only; ``popen`` goes to :class:`subprocess.Popen`
+    (``pass_fds`` is taken)."""
     read_fd, write_fd = os.pipe()  # both close-on-exec: no other child inherits them
     try:
-        cmd = [python, os.path.abspath(__file__), str(read_fd), module, *args]
+        cmd = [python, os.path.abspath(__file__), str(read_fd), *(f"--quiet={name}" for name in quiet),
+               module, *args]
         process = subprocess.Popen(cmd, pass_fds=(read_fd,), **popen)
     except BaseException:
         os.close(write_fd)
@@ -79,11 +83,15 @@ def _watch(fd: int) -> None:  # pragma: no cover - runs in the child
 
 
 def main(argv: Sequence[str]) -> None:  # pragma: no cover - runs in the child
-    """Start the watcher of lifeline ``argv[0]``, then run module ``argv[1]`` as ``__main__``."""
-    fd, module = int(argv[0]), argv[1]
+    """Start the watcher of lifeline ``argv[0]``, quiet the ``--quiet=`` loggers, then run the
+    module that follows as ``__main__``."""
+    fd, rest = int(argv[0]), list(argv[1:])
     threading.Thread(target=_watch, args=(fd,), name="pipeflow-lifeline", daemon=True).start()
+    while rest[0].startswith("--quiet="):  # a module name never starts with "-"
+        logging.getLogger(rest.pop(0).partition("=")[2]).setLevel(logging.WARNING)
+    module = rest[0]
     sys.path[0] = os.getcwd()  # what ``python -m MODULE`` would have, not this file's folder
-    sys.argv = [module, *argv[2:]]
+    sys.argv = [module, *rest[1:]]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 

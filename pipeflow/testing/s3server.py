@@ -252,7 +252,9 @@ def local_s3(*, port: int | None = None, buckets: Iterable[str] = (), export_env
     try:
         # tethered: the server ends with this process even when a thread that has since ended
         # started it and this process is then killed outright (see _lifeline.py)
-        tether = start_tethered("moto.server", ["-H", "127.0.0.1", "-p", str(port)],
+        # the log holds what the server says when it fails (shown then), not a line per request
+        # (werkzeug's, at INFO): a long benchmark or `pipeflow serve` sends millions
+        tether = start_tethered("moto.server", ["-H", "127.0.0.1", "-p", str(port)], quiet=("werkzeug",),
                                 stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, env=child_env,
                                 preexec_fn=death_signal_hook())
     finally:

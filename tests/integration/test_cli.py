@@ -395,6 +395,10 @@ def test_serve_examples_holds_what_the_docs_examples_read():
     (["make-data", "wds", "s3://b/p/"], ["--samples", "3"], None),
     (["make-data", "wds", "s3://b/p/"], ["--seeds=3"], "(did you mean --seed?)"),
     (["run", "wds-boto3", "--url", "s3://b/p/"], ["--workerz", "2"], "(did you mean --num-workers?)"),
+    # a prefix of a flag is refused, not taken for the flag (argparse's default, which would start
+    # a run); no valid value here, so a regression fails at once instead of starting the benchmark
+    (["bench"], ["--scenario", "s9"], "(did you mean --scenarios?)"),
+    (["bench"], ["--shard=x"], "(did you mean --shard-mb?)"),
 ])
 def test_a_subcommands_wrong_flag_shows_that_subcommands_usage(args, wrong, hint, capsys):
     from pipeflow.cli import main

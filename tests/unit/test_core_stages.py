@@ -258,6 +258,19 @@ def test_a_tilde_path_is_the_home_directory_for_reading_listing_and_writing(tmp_
         pf.list_objects("~/nothing/")
 
 
+def test_upload_reads_its_folder_as_the_local_backend_reads_a_path(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "a.bin").write_bytes(b"abc")
+    assert pf.upload(f"file://{tmp_path}/data", str(tmp_path / "copy")).uploaded == 1
+    assert (tmp_path / "copy" / "a.bin").read_bytes() == b"abc"
+    # the arguments swapped (a bucket as the folder): a typed error naming the URL, nothing sent
+    with pytest.raises(pf.InvalidURLError, match="expected a local path or file:// URL"):
+        pf.upload("s3://bucket/data", str(tmp_path / "copy2"))
+    with pytest.raises(pf.InvalidURLError, match="did you mean 's3://bucket/data'"):
+        pf.upload("s3:/bucket/data", str(tmp_path / "copy2"))
+    assert not (tmp_path / "copy2").exists()
+
+
 def test_a_local_path_that_names_nothing_says_so_with_its_absolute_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty").mkdir()

@@ -237,6 +237,42 @@ def test_shards_of_another_tool_under_the_url_are_not_replaced_unless_overwrite(
     assert replaced.shards == again.shards
 
 
+class CountingUploader:
+    """An uploader that is not a Backend: the local backend behind it, each read recorded."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        from pipeflow.backends.local import LocalBackend
+
+        self.store = LocalBackend()
+        self.reads: list[tuple[str, int | None, int | None]] = []
+
+    def read(self, url, start=None, end=None):
+        self.reads.append((url, start, end))
+        return self.store.read(url, start, end)
+
+    def info(self, url):
+        return self.store.info(url)
+
+    def upload(self, path, url):
+        self.store.upload(path, url)
+
+
+def test_the_check_for_shards_of_another_tool_does_not_read_them(tmp_path):
+    from pipeflow.sinks.shards import ShardOptions, Uploader, _previous
+
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "shard-000000.tar").write_bytes(bytes(1 << 20))   # a shard can be 256 MB
+    uploader = CountingUploader()
+    assert isinstance(uploader, Uploader)
+    with pytest.raises(ConfigError, match=r"already holds shard-000000\.tar but no manifest\.json"):
+        _previous(uploader, str(out), ShardOptions())
+    assert uploader.reads == [(f"{out}/manifest.json", None, None)]   # the manifest only
+    assert _previous(uploader, str(tmp_path / "empty"), ShardOptions()) is None
+
+
 def slow(sample):
     """Slow only in the writer that the test kills (the environment variable is set there)."""
     time.sleep(float(os.environ.get("PIPEFLOW_TEST_DELAY", "0")))
