@@ -90,7 +90,7 @@ class _Reported:
 
 
 #: what the auto row reports per stage (per process): its choice, and the store's push-backs
-_REPORTED = ("workers", "inflight", "backoffs", "steady_errors", "steps_up", "probes", "settle_s")
+_REPORTED = ("workers", "inflight", "backoffs", "steady_errors", "steps_up", "probes", "followed", "settle_s")
 
 
 def _loaded(pipe: pf.Pipeline, workers: int, report: str | None) -> _Reported:
