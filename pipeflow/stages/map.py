@@ -21,14 +21,7 @@ from typing import Any, Literal
 
 from .._checks import check_bool, check_choice, check_int_or_auto, is_int
 from ..errors import ConfigError, WorkerCrashedError
-from ..executor.autotune import (
-    AUTO,
-    BYTE_BUDGET,
-    Kind,
-    Tuner,
-    bounds,
-    dataloader_workers,
-)
+from ..executor.autotune import AUTO, BYTE_BUDGET, Kind, Tuner, bounds, dataloader_workers
 from ..executor.pool import prestart
 from ..executor.window import Window, WindowOptions
 from .base import SOURCES_KEY, Rewind, Stage, describe_item

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import pipeflow as pf
+from pipeflow._fs import pid_alive
 from pipeflow.errors import ClusterError, WorkerCrashedError
 
 from .conftest import FIGURES
@@ -249,19 +250,11 @@ def test_a_prefix_the_cluster_cannot_load_is_a_cluster_error_not_restarts(cluste
     assert pipe.stats()["offload"]["restarts"] == 0
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _gone_soon(pids: set[int], seconds: float = 15.0) -> set[int]:
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
         time.sleep(0.2)
-    return {p for p in pids if _alive(p)}
+    return {p for p in pids if pid_alive(p)}
 
 
 def test_a_cluster_without_room_is_an_error_not_a_hang(cluster):

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from pipeflow._cli._interrupt import DeferredInterrupt
+from pipeflow._fs import pid_alive
 
 
 def _ctrl_c() -> None:
@@ -115,14 +116,6 @@ class _InterruptedForkContext(multiprocessing.context.ForkContext):
     Process = _InterruptedFork  # type: ignore[assignment]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
 def test_an_interrupt_while_the_epoch_forks_its_workers_leaves_no_worker_behind():
     import pipeflow as pf
@@ -137,10 +130,10 @@ def test_an_interrupt_while_the_epoch_forks_its_workers_leaves_no_worker_behind(
         assert forked, "no worker was started"
         # the DataLoader joined every worker it started as the interrupt came through
         deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in forked) and time.monotonic() < deadline:
+        while any(pid_alive(pid) for pid in forked) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert [pid for pid in forked if _alive(pid)] == []
+        assert [pid for pid in forked if pid_alive(pid)] == []
     finally:
         for pid in _InterruptedFork.forked:
-            if _alive(pid):
+            if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)

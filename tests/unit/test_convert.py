@@ -74,11 +74,17 @@ def test_a_resumed_conversion_counts_the_samples_it_still_writes(tmp_path, capsy
     assert re.search(r": 8/8 samples, ", _last_line(err)), err   # 12 less the 4 before shard 2
 
 
-def test_a_conversion_that_starts_over_counts_every_sample(tmp_path, capsys):
-    src, dst = tmp_path / "src", tmp_path / "dst"
+def _images(folder, count):
+    """A source folder of ``count`` one-object samples, and a destination beside it."""
+    src, dst = folder / "src", folder / "dst"
     src.mkdir()
-    for i in range(6):
+    for i in range(count):
         (src / f"{i:02d}.jpg").write_bytes(b"img%d" % i)
+    return src, dst
+
+
+def test_a_conversion_that_starts_over_counts_every_sample(tmp_path, capsys):
+    src, dst = _images(tmp_path, 6)
     assert main(["convert", str(src), str(dst), "--max-count", "2", "--quiet"]) == 0
     doc = json.loads((dst / "manifest.json").read_text())
     doc.update(complete=False, resume={"next_shard": 2, "state": None})  # no position stored
@@ -89,10 +95,7 @@ def test_a_conversion_that_starts_over_counts_every_sample(tmp_path, capsys):
 
 
 def test_overwrite_counts_every_sample(tmp_path, capsys):
-    src, dst = tmp_path / "src", tmp_path / "dst"
-    src.mkdir()
-    for i in range(4):
-        (src / f"{i:02d}.jpg").write_bytes(b"img%d" % i)
+    src, dst = _images(tmp_path, 4)
     assert main(["convert", str(src), str(dst), "--max-count", "2", "--quiet"]) == 0
     capsys.readouterr()
     assert main(["convert", str(src), str(dst), "--max-count", "2", "--overwrite"]) == 0
