@@ -209,3 +209,17 @@ def test_tfrecord_stream_state_and_errors(tf_files, tmp_path):
         list(tfrecord_stream(str(tmp_path / "x_{nope}")))
     with pytest.raises(ConfigError):
         tfrecord_stream(tf_files[0], check_crc="no")
+
+
+def test_an_empty_file_is_a_tfrecord_file_of_no_records_unlike_an_empty_tar(tmp_path):
+    # what TFRecordWriter (TensorFlow's and ours) leaves when nothing was written: a valid file
+    with TFRecordWriter(str(tmp_path / "none.tfrecord")):
+        pass
+    assert os.path.getsize(tmp_path / "none.tfrecord") == 0
+    (tmp_path / "none.tar").write_bytes(b"")
+    reader = pf.from_items([str(tmp_path / "none.tfrecord")]).open("local").read_tfrecord()
+    assert list(reader) == []
+    assert reader.stats()["read_tfrecord"]["objects"] == 1  # read, and counted
+    # no tar writer makes a 0-byte archive: that is a failed upload or a cut copy
+    with pytest.raises(CorruptDataError, match="empty archive"):
+        list(pf.from_items([str(tmp_path / "none.tar")]).open("local").untar())
