@@ -19,13 +19,16 @@ How it works:
   shard ``k`` (or from the start when its state could not be stored), shards listed as
   committed are re-encoded and compared by SHA-256 instead of uploaded again (a mismatch
   means the pipeline is not deterministic and raises :class:`ConfigError`), and the rest are
-  written. A complete manifest makes a rerun return at once; ``overwrite=True`` starts over.
+  written. A complete manifest makes a rerun return it at once, writing nothing and saying
+  so in a warning (the pipeline is not run, so new or changed data is not seen);
+  ``overwrite=True`` starts over.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import threading
@@ -40,6 +43,8 @@ from ..errors import ConfigError, ObjectNotFoundError
 from ..formats.writers import ENCODERS, ShardEncoder
 from ..items import ObjectInfo
 from .manifest import MANIFEST_NAME, ShardInfo, ShardManifest
+
+log = logging.getLogger("pipeflow")
 
 __all__ = ["ShardOptions", "Uploader", "previous_manifest", "write_shards"]
 
@@ -349,6 +354,9 @@ def write_shards(pipeline: Any, url: str, *, format: str = "tar",
     store = _backend(base, backend, dict(backend_options or {}))
     previous = None if overwrite else _previous(store, base, options)
     if previous is not None and previous.complete:
+        log.warning("write_shards: %s already holds a complete set written with these options "
+                    "(%d shards, %d samples): nothing written, the pipeline was not run; "
+                    "overwrite=True writes it again", base, len(previous.shards), previous.samples)
         return previous
     if previous is None:
         previous = ShardManifest(base, format, options=options.stored())

@@ -216,6 +216,22 @@ def test_rerun_with_other_options_is_refused_unless_overwrite(tmp_path):
     assert len(first.shards) == 4 and len(again.shards) == 2
 
 
+def test_rerun_on_a_complete_set_writes_nothing_and_says_so(tmp_path, caplog):
+    out = str(tmp_path / "o")
+    first = pf.from_items(make_samples(10)).write_shards(out, max_count=3)
+    pulled = []
+
+    def seen(sample):
+        pulled.append(sample["__key__"])
+        return sample
+
+    with caplog.at_level("WARNING", logger="pipeflow"):
+        again = pf.from_items(make_samples(20)).map(seen).write_shards(out, max_count=3)
+    assert again == first and pulled == []  # the pipeline was not run: the 10 new samples are not there
+    assert "already holds a complete set" in caplog.text and "4 shards, 10 samples" in caplog.text
+    assert "overwrite=True" in caplog.text
+
+
 def test_shards_of_another_tool_under_the_url_are_not_replaced_unless_overwrite(tmp_path):
     out = tmp_path / "o"
     out.mkdir()
