@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
@@ -15,6 +17,8 @@ from pipeflow._io import read_exact
 from pipeflow.backends.base import Backend, BackendOptions, local_path, scheme_of
 from pipeflow.errors import AccessDeniedError, BackendError, ConfigError, ObjectNotFoundError
 from pipeflow.items import ObjectInfo
+
+log = logging.getLogger("pipeflow")
 
 __all__ = ["LocalBackend", "LocalOptions"]
 
@@ -85,12 +89,33 @@ class LocalBackend(Backend):
                                or prefix.startswith(rel_dir + d + "/")]
             found.extend(rel_dir + f for f in filenames if (rel_dir + f).startswith(prefix))
         found.sort()  # by relative path with "/" separators: the order S3 lists keys in
+        passed: list[str] = []
         for rel in found:
             full = os.path.join(base, *rel.split("/"))
             try:
-                yield self._info_of(full, as_file_url)
+                info, regular = self._listed(full, as_file_url)
             except ObjectNotFoundError:
+                if os.path.islink(full):  # a link to nothing: said below
+                    passed.append(f"{full} (a symbolic link to nothing)")
                 continue  # deleted between the walk and the stat: not an object any more
+            if regular:
+                yield info
+            else:
+                passed.append(f"{full} (not a regular file)")
+        if passed:
+            # a FIFO, socket or device is no object: opening a FIFO waits for a writer for ever
+            log.warning("listing %s passed over %d entr%s that hold%s no object: %s%s", url,
+                        len(passed), "y" if len(passed) == 1 else "ies", "s" if len(passed) == 1 else "",
+                        ", ".join(passed[:3]), ", ..." if len(passed) > 3 else "")
+
+    def _listed(self, path: str, as_file_url: bool) -> tuple[ObjectInfo, bool]:
+        """A listed path's info, and whether it is a regular file (a link followed)."""
+        url = "file://" + os.path.abspath(path) if as_file_url else path
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise self._error(exc, url, "info") from exc
+        return ObjectInfo(url=url, size=st.st_size, mtime=st.st_mtime), stat.S_ISREG(st.st_mode)
 
     def _info_of(self, path: str, as_file_url: bool) -> ObjectInfo:
         url = "file://" + os.path.abspath(path) if as_file_url else path
