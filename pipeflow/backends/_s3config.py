@@ -17,6 +17,7 @@ Credentials never appear in a repr or an error message.
 
 from __future__ import annotations
 
+import configparser
 import os
 import re
 import sys
@@ -244,9 +245,41 @@ class S3Options(BackendOptions):
         except require("botocore.exceptions", extra="boto3").ProfileNotFound as exc:
             # raised here, before any request and outside the translated calls: a bare botocore
             # exception otherwise (profile=, or AWS_PROFILE, naming no profile of the files)
-            raise ConfigError(f"no AWS profile named {exc.kwargs.get('profile')!r} in the shared "
-                              "config files (~/.aws/config, ~/.aws/credentials, or AWS_CONFIG_FILE "
-                              "and AWS_SHARED_CREDENTIALS_FILE); check profile= and AWS_PROFILE") from exc
+            raise no_profile_error(exc.kwargs.get("profile")) from exc
+
+    def check_profile(self) -> None:
+        """Raise :func:`no_profile_error` when ``profile=`` (or ``AWS_PROFILE``) names no profile
+        of the shared files, for a client that would otherwise find out at its first request
+        (the CRT's: as a refused or unreachable endpoint, or after its retries)."""
+        name = self.profile or os.environ.get("AWS_PROFILE")
+        if name and name not in profile_names():
+            raise no_profile_error(name)
+
+
+def no_profile_error(name: object) -> ConfigError:
+    """The error for ``profile=`` (or ``AWS_PROFILE``) naming no profile, every backend alike."""
+    return ConfigError(f"no AWS profile named {name!r} in the shared config files (~/.aws/config, "
+                       "~/.aws/credentials, or AWS_CONFIG_FILE and AWS_SHARED_CREDENTIALS_FILE); "
+                       "check profile= and AWS_PROFILE")
+
+
+def profile_names() -> set[str]:
+    """The profiles the shared files define (``[profile NAME]`` or ``[default]`` in the config
+    file, ``[NAME]`` in the credentials file), as botocore reads them; unreadable files define none."""
+    names: set[str] = set()
+    for variable, default in (("AWS_CONFIG_FILE", "~/.aws/config"),
+                              ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials")):
+        parser = configparser.RawConfigParser(strict=False, interpolation=None)
+        try:
+            parser.read(os.path.expanduser(os.environ.get(variable) or default))
+        except (configparser.Error, OSError, UnicodeDecodeError):
+            continue
+        for section in parser.sections():
+            name = section.strip()
+            if variable == "AWS_CONFIG_FILE" and name.startswith("profile "):
+                name = name[len("profile "):].strip()
+            names.add(name)
+    return names
 
 
 #: botocore's data loaders by search path, shared by every client of the process: a loader parses
@@ -344,7 +377,7 @@ def translate_s3_error(exc: BaseException, *, url: str, backend: str, op: str) -
         if isinstance(exc, (bexc.NoCredentialsError, bexc.PartialCredentialsError)):
             return no_credentials_error(url=url, backend=backend, op=op)
         if isinstance(exc, bexc.ProfileNotFound):
-            return ConfigError(f"AWS profile not found ({backend}, {url})")
+            return no_profile_error(exc.kwargs.get("profile"))
         if isinstance(exc, bexc.BotoCoreError):
             return BackendError(f"{type(exc).__name__}", url=url, backend=backend, op=op)
     aiohttp = sys.modules.get("aiohttp")

@@ -204,6 +204,7 @@ class S3TorchConnectorBackend(Backend):
         from s3torchconnector._s3client import S3Client
 
         opts = self.options
+        opts.check_profile()  # the CRT would only say so as a refused endpoint, after its retries
         config = S3ClientConfig(
             force_path_style=opts.use_path_style(), part_size=opts.part_size,
             throughput_target_gbps=opts.throughput_target_gbps, max_attempts=opts.effective_crt_attempts,
@@ -292,6 +293,7 @@ class S3TorchConnectorBackend(Backend):
                 raise err from exc
 
         policy, endpoint = self.options.retry, self.options.endpoint_label()
+        self._client()  # made first: a profile= naming no profile is a ConfigError, not an endpoint's
         await_first_contact(policy, endpoint=endpoint, url=url, backend=self.name, op=op)
         return retry_call(attempt, policy=policy, url=url, backend=self.name, op=op,
                           endpoint=endpoint, classify=self._transient)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import pickle
 import subprocess
 import sys
@@ -321,14 +322,36 @@ def test_a_missing_filesystem_with_no_module_named_gives_fsspecs_hint_alone() ->
     assert pickle.loads(pickle.dumps(err)).package == err.package
 
 
-@pytest.mark.parametrize("backend", ["boto3", "iopath"])
+@pytest.mark.parametrize("backend", ["boto3", "iopath", "s3torchconnector", "obstore"])
 def test_a_profile_that_does_not_exist_is_a_config_error_naming_it(monkeypatch, tmp_path, backend) -> None:
     pytest.importorskip(backend)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    # an endpoint that refuses: the CRT's client said so (after its retries) instead of the profile
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
     with pytest.raises(ConfigError, match="no AWS profile named 'nope' in the shared config files"):
         get_backend(backend, profile="nope").read("s3://bucket/k")   # before any request
     monkeypatch.setenv("AWS_PROFILE", "typo")
     with pytest.raises(ConfigError, match="no AWS profile named 'typo'"):
         get_backend(backend).read("s3://bucket/k")
+
+
+def test_the_profiles_of_the_shared_files_are_found_as_botocore_reads_them(monkeypatch, tmp_path) -> None:
+    from pipeflow.backends._s3config import profile_names
+
+    (tmp_path / "config").write_text("[default]\nregion = x\n[profile real]\nregion = y\n"
+                                      "[profile  spaced ]\n")
+    (tmp_path / "credentials").write_text("[keys]\naws_access_key_id = a\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "credentials"))
+    assert {"default", "real", "spaced", "keys"} <= profile_names()
+    if importlib.util.find_spec("botocore") is not None:
+        import botocore.session
+
+        assert profile_names() == set(botocore.session.Session().available_profiles)
+    pytest.importorskip("s3torchconnector")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    for name in ("real", "keys", "default"):
+        get_backend("s3torchconnector", profile=name).options.check_profile()  # no error
