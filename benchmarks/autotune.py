@@ -19,6 +19,12 @@ inline by default, since running a user's function on threads is not safe for ev
 * S1 rate-limited: S1 at T=20 ms with the proxy answering GETs beyond a rate with ``503
   SlowDown``, as a store limiting a prefix's request rate: more in flight only adds refusals.
 
+``--control`` adds to each group a second copy of one explicit row (the one that was fastest
+most often in earlier runs: ``open(workers=64)`` in S1, ``open(workers=2)`` rate-limited,
+``decode(workers=1), prefetch(2)`` in S2, ``map(workers=2)`` in S4), scored as the auto row is:
+control/best is what a fixed configuration as good as the best gets from the same noisy
+measurement, the floor of what auto/best can show on the machine.
+
 Every case runs in a fresh process (:mod:`benchmarks.harness`) for the same time on one long
 pass, so a tuner's climb is paid inside the measurement. With ``--repeats`` the whole grid
 runs again (interleaved, so load changes hit every row alike, and each group's rows rotated by
@@ -55,6 +61,8 @@ from benchmarks.scenarios import BUCKET, PNG_FIELDS, _client, _generate, _make_b
 
 #: the marker of the row with no knob set
 AUTO = "auto"
+#: the suffix of a control row's label (``--control``): a copy of an explicit row
+CONTROL = " (control)"
 LOADER_WORKERS = 2
 
 
@@ -179,6 +187,22 @@ def _s1_rows(quick: bool) -> dict[str, dict[str, Any]]:
     return rows
 
 
+def with_control(rows: dict[str, dict[str, Any]], label: str) -> dict[str, dict[str, Any]]:
+    """``rows`` and a second copy of row ``label``, the control (see the module doc)."""
+    return {**rows, label + CONTROL: dict(rows[label])}
+
+
+def _controlled(grids: list[Grid], quick: bool) -> list[Grid]:
+    picks = {"rate-limited": "open(workers=2)", "S1": "open(workers=64)",
+             "S2": "decode(workers=1), prefetch(2)", "S4": "map(workers=2)"}
+    for grid in grids:
+        label = next(v for k, v in picks.items() if k in grid.group)
+        if quick and label not in grid.rows:  # the quick grid's S1 rows stop at 64 too
+            label = next(k for k in grid.rows if k != AUTO)
+        grid.rows = with_control(grid.rows, label)
+    return grids
+
+
 def _grids(quick: bool, s1: dict[str, Any], s2: dict[str, Any], proxies: dict[float, Any],
            throttled: Any, limited: Any) -> list[Grid]:
     grids = []
@@ -246,7 +270,8 @@ def _data(quick: bool, endpoint: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def _bench(quick: bool, only: str, log: Callable[[str], None]) -> Iterator[tuple[Path, list[Grid]]]:
+def _bench(quick: bool, only: str, log: Callable[[str], None],
+           control: bool = False) -> Iterator[tuple[Path, list[Grid]]]:
     """The server, the data, the proxies and the chosen groups, for the time of a run."""
     from pipeflow.testing.proxy import Faults, ProxyProcess
 
@@ -259,8 +284,9 @@ def _bench(quick: bool, only: str, log: Callable[[str], None]) -> Iterator[tuple
                                                      faults=Faults(error_rate=THROTTLED, seed=1)))
         limited = stack.enter_context(ProxyProcess(endpoint, delay_ms=20.0,
                                                    faults=Faults(rate_limit=RATE_LIMIT)))
-        yield Path(tmp), [g for g in _grids(quick, s1, s2, proxies, throttled, limited)
-                          if only.lower() in g.group.lower()]
+        grids = [g for g in _grids(quick, s1, s2, proxies, throttled, limited)
+                 if only.lower() in g.group.lower()]
+        yield Path(tmp), _controlled(grids, quick) if control else grids
 
 
 def _head(quick: bool, started: float) -> dict[str, Any]:
@@ -268,9 +294,10 @@ def _head(quick: bool, started: float) -> dict[str, Any]:
             "seconds_per_case": 6.0 if quick else 15.0, "machine": machine(), "cores": cpu_count()}
 
 
-def run(quick: bool, repeats: int, log: Callable[[str], None] = print, only: str = "") -> dict[str, Any]:
+def run(quick: bool, repeats: int, log: Callable[[str], None] = print, only: str = "",
+        control: bool = False) -> dict[str, Any]:
     head = _head(quick, time.time())
-    with _bench(quick, only, log) as (workdir, grids):
+    with _bench(quick, only, log, control) as (workdir, grids):
         for r in range(repeats):
             log(f"== repeat {r + 1} of {repeats}")
             for grid in grids:
@@ -372,22 +399,26 @@ def table(result: dict[str, Any]) -> str:
     noisy draws that favours the grid; auto/best point: against the row with the best median,
     in the same repeat) and every row's median."""
     lines = ["| workload | configuration | samples/s | vs best |", "|---|---|---:|---:|"]
+    controls = ["| workload | control row | control/best (median) | control/best per repeat "
+                "| auto/best (median) |", "|---|---|---:|---|---:|"]
     summary = ["| workload | best grid point | best | auto | auto/best (median) | auto/best per repeat "
                "| auto/best point (median) | auto chose (workers/in flight per process, per repeat) |",
                "|---|---|---:|---:|---:|---|---:|---|"]
     for g in result["grids"]:
         med = {label: statistics.median(v) for label, v in g["results"].items()}
-        grid = {k: v for k, v in med.items() if k != AUTO}
+        grid = {k: v for k, v in med.items() if k != AUTO and not k.endswith(CONTROL)}
         best_label = max(grid, key=grid.__getitem__)
         best = grid[best_label]
         for label, value in med.items():
             shown = g["auto"] if label == AUTO else label
             lines.append(f"| {g['group']} | {shown} | {value:.0f} | {value / best if best else 0:.2f} |")
-        ratios = []
-        for r in range(len(g["results"][AUTO])):
-            best_r = max(v[r] for k, v in g["results"].items() if k != AUTO)
-            ratios.append(g["results"][AUTO][r] / best_r if best_r else 0.0)
+        ratios = per_repeat(g["results"], AUTO)
         per = ", ".join(f"{x:.2f}" for x in ratios)
+        control = next((k for k in g["results"] if k.endswith(CONTROL)), None)
+        if control is not None:
+            checks = per_repeat(g["results"], control)
+            controls.append(f"| {g['group']} | {control} | {statistics.median(checks):.2f} | "
+                            f"{', '.join(f'{x:.2f}' for x in checks)} | {statistics.median(ratios):.2f} |")
         pairs = zip(g["results"][AUTO], g["results"][best_label])
         point = statistics.median(a / b if b else 0.0 for a, b in pairs)
         chosen = " / ".join(_chosen(c) for c in g["chosen"])
@@ -397,7 +428,18 @@ def table(result: dict[str, Any]) -> str:
     head = (f"{result['date']}, {m['cpu_affinity']} cores ({m['processor']}), {m['memory_gb']} GB, "
             f"{'quick' if result['quick'] else 'full'} grid, {result['seconds_per_case']:g} s per case, "
             f"{result['repeats']} repeat(s), median per row")
-    return "\n".join([head, "", *summary, "", *lines])
+    shown = [*summary, "", *controls] if len(controls) > 2 else summary
+    return "\n".join([head, "", *shown, "", *lines])
+
+
+def per_repeat(results: dict[str, list[float]], label: str) -> list[float]:
+    """Row ``label`` against the fastest explicit row (not the auto row, not a control) of each
+    repeat."""
+    ratios = []
+    for r in range(len(results[label])):
+        best_r = max(v[r] for k, v in results.items() if k != AUTO and not k.endswith(CONTROL))
+        ratios.append(results[label][r] / best_r if best_r else 0.0)
+    return ratios
 
 
 def main() -> None:
@@ -409,12 +451,14 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, metavar="DIR",
                         help="A/B: only the auto row, against pipeflow imported from the checkout DIR")
     parser.add_argument("--pairs", type=int, default=8, help="with --baseline: pairs per group")
+    parser.add_argument("--control", action="store_true",
+                        help="add a second copy of one explicit row per group, scored as auto is")
     args = parser.parse_args()
     if args.baseline:
         result = run_ab(args.quick, args.pairs, args.baseline, only=args.only)
         name, text = "autotune-ab", ab_table(result)
     else:
-        result = run(args.quick, args.repeats, only=args.only)
+        result = run(args.quick, args.repeats, only=args.only, control=args.control)
         name, text = "autotune", table(result)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps(result, indent=2))

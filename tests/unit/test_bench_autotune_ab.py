@@ -58,3 +58,21 @@ def test_a_baseline_side_imports_its_pipeflow_and_this_trees_benchmarks(tmp_path
 def test_a_baseline_without_pipeflow_is_refused(tmp_path):
     with pytest.raises(SystemExit, match="no pipeflow package"):
         autotune._linked(tmp_path, tmp_path)
+
+
+def test_a_control_row_is_scored_as_auto_and_never_counts_as_the_best():
+    rows = autotune.with_control({"a": {"w": 1}, "b": {"w": 2}, autotune.AUTO: {"w": "auto"}}, "b")
+    control = "b" + autotune.CONTROL
+    assert rows[control] == {"w": 2} and rows[control] is not rows["b"]
+    results = {"a": [100.0, 90.0, 80.0], "b": [50.0, 100.0, 100.0], control: [200.0, 80.0, 150.0],
+               autotune.AUTO: [90.0, 90.0, 90.0]}
+    # per repeat against the fastest explicit row, the control's 200 not among them
+    assert autotune.per_repeat(results, control) == [2.0, 0.8, 1.5]
+    assert autotune.per_repeat(results, autotune.AUTO) == [0.9, 0.9, 0.9]
+    result = {"date": "d", "quick": False, "seconds_per_case": 15.0, "repeats": 3,
+              "machine": {"cpu_affinity": 2, "processor": "x", "memory_gb": 1},
+              "grids": [{"group": "G", "auto": "auto", "results": results, "chosen": []}]}
+    text = autotune.table(result)
+    assert "| G | b (control) | 1.50 | 2.00, 0.80, 1.50 | 0.90 |" in text
+    # the best grid point is b (median 100), not the control (median 150)
+    assert "| G | b | 100 | 90 | 0.90 |" in text and "| G | b (control) | 150 | 1.50 |" in text
