@@ -118,12 +118,7 @@ class LocalBackend(Backend):
         return ObjectInfo(url=url, size=st.st_size, mtime=st.st_mtime), stat.S_ISREG(st.st_mode)
 
     def _info_of(self, path: str, as_file_url: bool) -> ObjectInfo:
-        url = "file://" + os.path.abspath(path) if as_file_url else path
-        try:
-            st = os.stat(path)
-        except OSError as exc:
-            raise self._error(exc, url, "info") from exc
-        return ObjectInfo(url=url, size=st.st_size, mtime=st.st_mtime)
+        return self._listed(path, as_file_url)[0]
 
     def info(self, url: str) -> ObjectInfo:
         path = local_path(url, backend=self.name, op="info")
