@@ -384,8 +384,8 @@ class Window:
                 fn = self.meter.thread_task(self.fn)
                 if self.tuner is not None and self.tuner.store:  # it sizes from latency
                     fn = functools.partial(_timed_call, fn, self.tuner)
-                if self.gate is not None:  # waits for its turn outside the measured call
-                    fn = functools.partial(self.gate.call, fn)
+                if self.gate is not None:  # waits for its turn in the gate's queue
+                    return self.gate.submit(self._pool.submit, fn, item)
                 return self._pool.submit(fn, item)
             future = self._pool.submit(self.fn, item)
             future.add_done_callback(self.meter.process_task())

@@ -4,6 +4,7 @@ stages that use it on real threads and processes. Behaviour only, never speed.""
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -57,6 +58,28 @@ def test_controller_climbs_to_where_more_stops_helping(clock):
     seen = _drive(tuner, clock, lambda n: 100.0 * min(n, 12))
     assert 12 <= held(seen) <= 16, seen
     assert max(seen) <= 64
+
+
+def test_a_plain_climb_holds_where_the_process_has_no_idle_core(clock, monkeypatch):
+    # more calls at once would seem to deliver more (one interval's rate, a warm-up in the
+    # first), but the process already uses its two cores: more could only share them
+    monkeypatch.setattr(autotune, "cpu_budget", lambda: 2)
+    cores_used = [1.9]
+    monkeypatch.setattr(autotune, "process_time", lambda: clock.now * cores_used[0])
+    tuner = Tuner(1, 8, 2)
+    seen = _drive(tuner, clock, lambda n: 100.0 * min(n, 8), seconds=3 * autotune.PROBE_EVERY * 0.25)
+    assert set(seen) == {2}, seen  # not even a probe while the cores stay busy
+    assert tuner.settled and tuner.steps_up == 0
+    # a core left idle (the calls wait on something): it climbs as before, and stops where the
+    # cores are busy
+    cores_used[0] = 1.0
+    tuner = Tuner(1, 8, 2)
+    seen = _drive(tuner, clock, lambda n: 100.0 * min(n, 8), seconds=1.0)
+    assert max(seen) == 8, seen
+    cores_used[0] = 1.9
+    tuner = Tuner(1, 8, 1)
+    seen = _drive(tuner, clock, lambda n: 100.0 * min(n, 8), seconds=5.0)
+    assert held(seen) == 1 and max(seen) == 1, seen  # busy from the first interval on
 
 
 def test_controller_stays_low_when_more_does_not_help(clock):
@@ -250,20 +273,64 @@ def test_gate_runs_at_most_the_tuned_number_of_calls_at_once():
     tuner = Tuner(1, 8, 2)
     gate = autotune.Gate(tuner)
     work, most = _most_at_once(0.02)
+    with ThreadPoolExecutor(8) as pool:
 
-    def run(n):
-        threads = [threading.Thread(target=gate.call, args=(work, i)) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(10.0)
-        assert not any(t.is_alive() for t in threads)
+        def run(n):
+            futures = [gate.submit(pool.submit, work, i) for i in range(n)]
+            assert [f.result(timeout=10.0) for f in futures] == list(range(n))
 
-    run(8)
-    assert most[0] == 2  # six threads waited at the gate, and each ran in its turn
-    tuner.value, most[0] = 4, 0
-    run(8)
-    assert most[0] == 4
+        run(8)
+        assert most[0] == 2  # six items waited in the gate's queue, and each ran in its turn
+        tuner.value, most[0] = 4, 0
+        run(8)
+        assert most[0] == 4
+
+
+def test_gate_hands_no_item_from_one_thread_to_another():
+    # a thread that ends a call takes the next queued item itself: with 2 at once, 40 items run
+    # on 2 threads of a pool of 8 (each item used to wait on a thread of its own: 8 threads)
+    tuner = Tuner(1, 8, 2)
+    gate = autotune.Gate(tuner)
+    names: set[str] = set()
+
+    def work(x):
+        names.add(threading.current_thread().name)
+        time.sleep(0.002)
+        return x
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [gate.submit(pool.submit, work, i) for i in range(40)]
+        assert [f.result(timeout=10.0) for f in futures] == list(range(40))
+    assert len(names) <= 2, names
+
+
+def test_gate_skips_what_was_cancelled_and_a_refused_start_leaves_nothing_queued():
+    tuner = Tuner(1, 8, 1)
+    gate = autotune.Gate(tuner)
+    release = threading.Event()
+    ran: list[int] = []
+
+    def work(x):
+        release.wait(10.0)
+        ran.append(x)
+        return x
+
+    with ThreadPoolExecutor(2) as pool:
+        first = gate.submit(pool.submit, work, 0)
+        queued = gate.submit(pool.submit, work, 1)
+        last = gate.submit(pool.submit, work, 2)
+        assert queued.cancel()  # still in the gate's queue
+        release.set()
+        assert first.result(timeout=10.0) == 0 and last.result(timeout=10.0) == 2
+    assert ran == [0, 2]
+    pool.shutdown()
+
+    def refuse(runner):
+        raise RuntimeError("cannot schedule new futures after shutdown")
+
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        gate.submit(refuse, work, 3)
+    assert not gate._queue and gate._runners == 0
 
 
 def test_a_tuned_thread_map_keeps_the_next_item_queued_and_shows_its_climb(monkeypatch):
