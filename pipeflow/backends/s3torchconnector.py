@@ -293,7 +293,11 @@ class S3TorchConnectorBackend(Backend):
                 raise err from exc
 
         policy, endpoint = self.options.retry, self.options.endpoint_label()
-        self._client()  # made first: a profile= naming no profile is a ConfigError, not an endpoint's
+        if not getattr(self, "_profile_checked", False):
+            # before the endpoint's check (and without making the CRT client, ~1 s): a profile=
+            # naming no profile is a ConfigError, not an unreachable endpoint
+            self.options.check_profile()
+            self._profile_checked = True
         await_first_contact(policy, endpoint=endpoint, url=url, backend=self.name, op=op)
         return retry_call(attempt, policy=policy, url=url, backend=self.name, op=op,
                           endpoint=endpoint, classify=self._transient)
