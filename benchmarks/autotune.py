@@ -197,7 +197,7 @@ def _controlled(grids: list[Grid], quick: bool) -> list[Grid]:
              "S2": "decode(workers=1), prefetch(2)", "S4": "map(workers=2)"}
     for grid in grids:
         label = next(v for k, v in picks.items() if k in grid.group)
-        if quick and label not in grid.rows:  # the quick grid's S1 rows stop at 64 too
+        if quick and label not in grid.rows:  # the quick grid has no open(workers=2)
             label = next(k for k in grid.rows if k != AUTO)
         grid.rows = with_control(grid.rows, label)
     return grids
