@@ -443,7 +443,7 @@ def per_repeat(results: dict[str, list[float]], label: str) -> list[float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a smaller grid and 6 s per case")
     parser.add_argument("--repeats", type=int, default=1, help="run the whole grid this many times")
     parser.add_argument("--only", default="", help="run the groups whose name contains this text")

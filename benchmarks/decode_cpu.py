@@ -153,7 +153,8 @@ def run_one(spec: dict[str, Any], pipeflow_from: str | None = None) -> dict[str,
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--kind", nargs="+", default=["imagenet", "photo"], choices=("imagenet", "photo"))
     p.add_argument("--count", type=int, default=1600, help="samples per case")

@@ -126,7 +126,8 @@ def _items_for(nbytes: int, budget: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--sizes", type=int, nargs="+", default=[150_000, 600_000, 2_400_000, 9_600_000])
     p.add_argument("--kinds", nargs="+", default=["numpy", "torch"], choices=("numpy", "torch"))

@@ -237,7 +237,7 @@ def _server(kind: str) -> Iterator[tuple[str, Callable[[str, bytes], str]]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--shard-mb", type=int, default=64)
     ap.add_argument("--shards", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=5)

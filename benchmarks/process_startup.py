@@ -157,7 +157,8 @@ def _summary(rows: list[dict[str, Any]], cases: list[str], upstreams: list[float
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
     p.add_argument("--upstream-s", type=float, nargs="+", default=[0.0, 1.0])
     p.add_argument("--repeats", type=int, default=3)

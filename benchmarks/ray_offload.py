@@ -146,7 +146,7 @@ def transports(ray: Any, nbytes: int, repeats: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=768)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--step-ms", type=float, default=40.0,

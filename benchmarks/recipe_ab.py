@@ -111,7 +111,7 @@ def _rounds(args: argparse.Namespace, endpoint: str, server: psutil.Process) -> 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(allow_abbrev=False)
     ap.add_argument("--server", choices=("moto", "s3rver"), default="moto")
     ap.add_argument("--shard-mb", type=int, default=64)
     ap.add_argument("--shards", type=int, default=8)

@@ -123,7 +123,7 @@ def summary(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=12, help="fresh processes per side")
     parser.add_argument("--runs", type=int, default=4, help="runs of each chain per process")
     parser.add_argument("--out", help="write the rounds and the summary here (JSON)")

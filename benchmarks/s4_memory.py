@@ -113,7 +113,8 @@ def _print(repeat: int, case: str, snap: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
     p.add_argument("--layout", default="jpeg", choices=("jpeg", "single"))
     p.add_argument("--count", type=int, default=3000, help="samples held in memory")

@@ -159,7 +159,7 @@ def measure(make: Callable[[], Any], seconds: float) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     ap.add_argument("--layout", default="single", choices=("single", "jpeg"))
     ap.add_argument("--count", type=int, default=400, help="samples a pass")
     ap.add_argument("--size", type=int, default=1024, help="image side in pixels")

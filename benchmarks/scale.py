@@ -533,7 +533,7 @@ def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--moto-serve":
         moto_serve(int(sys.argv[2]))
         return 0
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     ap.add_argument("--parts", nargs="+", default=["lists", "listing", "memory"],
                     choices=["lists", "listing", "cuts", "memory", "moto"])
     ap.add_argument("--repeats", type=int, default=3)

@@ -96,7 +96,7 @@ def lookup_us(n: int = 10**8, samples: int = 200_000) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--quick", action="store_true", help="smaller N (a smoke run)")
     args = parser.parse_args()
     n = 20_000 if args.quick else 400_000

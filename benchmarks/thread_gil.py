@@ -43,7 +43,7 @@ def rate(workers: Any, seconds: float) -> tuple[float, str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=1.5, help="per configuration and round")
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()

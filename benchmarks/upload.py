@@ -37,7 +37,7 @@ def main() -> None:
     import pipeflow as pf
     from pipeflow.testing.s3server import local_s3
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--files", type=int, default=4000)
     parser.add_argument("--size", type=int, default=2048, help="bytes a file")
     parser.add_argument("--workers", type=int, default=16)

@@ -996,7 +996,8 @@ class ProxyProcess:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipeflow.testing.proxy UPSTREAM [options]``: run until SIGTERM or Ctrl-C."""
-    p = argparse.ArgumentParser(prog="python -m pipeflow.testing.proxy", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, prog="python -m pipeflow.testing.proxy",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("upstream", help="the server, e.g. http://127.0.0.1:9000")
     p.add_argument("--delay-ms", type=float, default=20.0)
     p.add_argument("--host", default="127.0.0.1")
