@@ -69,6 +69,14 @@ def _unreplayable(stages: list[Stage[Any]]) -> tuple[Stage[Any], Stage[Any]] | N
     return None
 
 
+def _described(state: Any) -> str:
+    """What a value passed as a state is, for an error message (its keys, not its contents)."""
+    if isinstance(state, dict):
+        keys = ", ".join(repr(k) for k in list(state)[:6])
+        return f"a dict with keys {keys}{', ...' if len(state) > 6 else ''}" if state else "an empty dict"
+    return type(state).__name__
+
+
 class PipelineIterator:
     """One pass (epoch) over a pipeline.
 
@@ -180,9 +188,14 @@ class PipelineIterator:
         """Resume from ``state`` at the next item (call before iterating, or at any point).
 
         Raises:
-            ConfigError: the state was saved by another shard (different rank, world size,
-                DataLoader worker or worker count) or by a pipeline of another shape.
+            ConfigError: the state is not a pipeline iterator's (``None``, a model's state),
+                or was saved by another shard (different rank, world size, DataLoader worker or
+                worker count) or by a pipeline of another shape. The iterator keeps its
+                position then.
         """
+        if not isinstance(state, dict) or "epoch" not in state or not isinstance(state.get("stages"), dict):
+            raise ConfigError("load_state_dict() needs a state from PipelineIterator.state_dict(), "
+                              f"got {_described(state)}")
         saved_shard = state.get("shard")
         if saved_shard is not None and list(saved_shard) != self._shard():
             r, w, wid, nw = saved_shard

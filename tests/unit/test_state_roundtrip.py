@@ -380,3 +380,13 @@ def test_a_state_resumed_on_fewer_items_fails_clearly_and_keeps_its_position(bui
     again = iter(build(100))  # and on the data it was saved on, it resumes
     again.load_state_dict(resumed.state_dict())
     assert len(list(again)) == len(list(build(100))) - 10
+
+
+@pytest.mark.parametrize("bad", [None, [1, 2], {"model.weight": [0.1]}, {"epoch": 0},
+                                 {"epoch": 0, "stages": "x"}])
+def test_a_value_that_is_no_state_is_a_config_error(bad):
+    it = iter(pf.from_items(range(20)).shuffle(8, seed=1).batch(4))
+    with pytest.raises(ConfigError, match="needs a state from PipelineIterator.state_dict"):
+        it.load_state_dict(bad)
+    assert sorted(x for b in it for x in b) == list(range(20))  # nothing lost
+
