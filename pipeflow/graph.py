@@ -166,6 +166,19 @@ def _option_names(signature: inspect.Signature) -> list[str]:
             if p.kind in kinds and p.name not in ("self", "source")]
 
 
+_WORKERS = ("loader() runs the pipeline on pipeflow's threads in this process: set workers= on the "
+            "stages that need them (open, decode, map; map(method='process') for work that holds "
+            "the GIL), or iterate it with DataLoader(pipe, num_workers=N)")
+#: DataLoader options a user passes to ``loader()`` out of habit, and where pipeflow has them
+_ELSEWHERE = {
+    ("shuffle", "loader"): "the pipeline shuffles: add .shuffle(buffer_size) before loader()",
+    ("sampler", "loader"): "the pipeline chooses its items: shuffle() and shard_by_rank() in it",
+    ("batch_sampler", "loader"): "the pipeline chooses its items: shuffle() and shard_by_rank() in it",
+    ("num_workers", "loader"): _WORKERS,
+    ("persistent_workers", "loader"): _WORKERS,
+}
+
+
 def check_options(what: str, signature: inspect.Signature, kwargs: dict[str, Any]) -> None:
     """Raise :class:`~pipeflow.errors.OptionError` for a keyword ``signature`` does not take,
     naming the nearest valid option and all of them."""
@@ -179,6 +192,8 @@ def check_options(what: str, signature: inspect.Signature, kwargs: dict[str, Any
     name = unknown[0]
     close = difflib.get_close_matches(name, valid, n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
+    if not close and (name, what) in _ELSEWHERE:
+        hint = f" ({_ELSEWHERE[name, what]})"
     raise OptionError(f"{what}() has no option {name!r}{hint}; valid options: {', '.join(valid) or 'none'}")
 
 

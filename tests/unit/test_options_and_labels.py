@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -153,3 +154,13 @@ def test_the_end_of_epoch_warning_lists_every_stages_skips(tmp_path, caplog):
     assert stats["untar"]["skipped_objects"] == 1 and stats["decode"]["skipped"] == 1
     (warning,) = [r.getMessage() for r in caplog.records if "ended with skipped items" in r.getMessage()]
     assert "untar: 1 skipped_objects" in warning and "decode: 1 skipped" in warning
+
+
+@pytest.mark.parametrize(("option", "where"), [
+    ("shuffle", ".shuffle(buffer_size) before loader()"),
+    ("num_workers", "DataLoader(pipe, num_workers=N)"),
+    ("sampler", "shard_by_rank()"),
+])
+def test_a_dataloader_option_given_to_loader_says_where_pipeflow_has_it(option, where):
+    with pytest.raises(OptionError, match=rf"loader\(\) has no option '{option}' \(.*{re.escape(where)}"):
+        pf.from_items(range(4)).loader(batch_size=2, **{option: 1})
