@@ -6,6 +6,7 @@ reaching torch or a modulo as a traceback."""
 from __future__ import annotations
 
 import argparse
+import math
 
 __all__ = ["non_negative_int", "positive_float", "positive_int"]
 
@@ -34,11 +35,11 @@ def non_negative_int(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
-    """A float > 0 (seconds)."""
+    """A finite float > 0 (megabytes, seconds)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not value > 0:  # NaN included
-        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
+    if not 0 < value < math.inf:  # NaN and infinity too: MB and seconds become ints and timers
+        raise argparse.ArgumentTypeError(f"must be a finite number more than 0, got {text}")
     return value

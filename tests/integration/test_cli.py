@@ -425,7 +425,7 @@ def test_a_subcommands_wrong_flag_shows_that_subcommands_usage(args, wrong, hint
      "must be a positive integer, got 0"),
     (["demo", "--image-size", "0"], "--image-size", "must be a positive integer, got 0"),
     (["demo", "--batch-size", "-4"], "--batch-size", "must be a positive integer, got -4"),
-    (["demo", "--timeout", "0"], "--timeout", "must be more than 0, got 0"),
+    (["demo", "--timeout", "0"], "--timeout", "must be a finite number more than 0, got 0"),
     (["make-data", "jpeg", "s3://b/p/", "--image-size", "0"], "--image-size",
      "must be a positive integer, got 0"),
 ])
@@ -440,3 +440,17 @@ def test_a_numeric_option_out_of_range_is_refused_before_anything_runs(args, fla
     assert info.value.code == 2
     assert err.startswith(f"usage: pipeflow {args[0]} "), err
     assert err.rstrip().endswith(f"pipeflow {args[0]}: error: argument {flag}: {says}"), err
+
+
+@pytest.mark.parametrize("args, flag, says", [
+    # --max-size -5 or 0 wrote one sample a shard without a word, nan ended in a traceback
+    (["convert", "/nonexistent/raw", "/nonexistent/shards", "--max-size", "-5"], "--max-size",
+     "must be a finite number more than 0, got -5"),
+    (["convert", "/nonexistent/raw", "/nonexistent/shards", "--max-size", "nan"], "--max-size",
+     "must be a finite number more than 0, got nan"),
+    (["make-data", "wds", "s3://b/p/", "--shard-mb", "nan"], "--shard-mb",
+     "must be a finite number more than 0, got nan"),
+])
+def test_a_size_in_mb_out_of_range_is_refused_before_anything_runs(args, flag, says, capsys, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing sent anywhere, even if it ran
+    test_a_numeric_option_out_of_range_is_refused_before_anything_runs(args, flag, says, capsys)
