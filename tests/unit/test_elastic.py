@@ -474,3 +474,18 @@ def test_a_dropped_resume_from_result_is_refused_not_an_epoch_started_again():
     del resumed
     pipe.set_epoch(1)
     assert sorted(x for batch in pipe for x in batch) == list(range(40))
+
+
+def test_a_dropped_loader_resume_from_result_is_refused_too():
+    def make():
+        return pf.from_items(list(range(40))).shard_by_rank().loader(batch_size=5, collate=False)
+    loader = make()
+    it = iter(loader)
+    delivered = [x for _ in range(3) for x in next(it)]
+    merged = pf.merge_states([loader.state_dict()])
+    again = make()
+    again.resume_from(merged)
+    with pytest.raises(ConfigError, match=r"loader = loader.resume_from\(merged\)"):
+        list(again)
+    resumed = make().resume_from(merged)
+    assert sorted(delivered + [x for batch in resumed for x in batch]) == list(range(40))
