@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from .._words import counted
+from ._args import positive_float
 
 __all__ = ["add_arguments", "run"]
 
@@ -22,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dst", help="where the shards go (a local directory or s3://bucket/prefix)")
     parser.add_argument("--format", choices=["tar", "tfrecord"], default="tar",
                         help="shard format (default tar, WebDataset layout)")
-    parser.add_argument("--max-size", type=float, default=256.0, metavar="MB",
+    parser.add_argument("--max-size", type=positive_float, default=256.0, metavar="MB",
                         help="largest shard in MB (10**6 bytes; default 256)")
     parser.add_argument("--max-count", type=int, default=None, metavar="N",
                         help="at most N samples a shard")

@@ -23,6 +23,7 @@ from typing import Any
 
 from .._words import counted
 from ..errors import install_line
+from ._args import non_negative_int, positive_float, positive_int
 
 __all__ = ["DemoRow", "add_arguments", "run", "run_demo"]
 
@@ -35,16 +36,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="directory for the table, JSON and PNG chart "
                         "(default: the user cache directory, ~/.cache/pipeflow/demo on Linux, so "
                         "nothing lands in the working tree)")
-    parser.add_argument("--count", type=int, default=400, help="samples per dataset (default 400)")
-    parser.add_argument("--image-size", type=int, default=64, metavar="PX",
+    parser.add_argument("--count", type=positive_int, default=400, help="samples per dataset (default 400)")
+    parser.add_argument("--image-size", type=positive_int, default=64, metavar="PX",
                         help="image width and height (default 64; the articles use 1024)")
-    parser.add_argument("--shards", type=int, default=8, help="tar/TFRecord files per dataset (default 8)")
-    parser.add_argument("--steps", type=int, default=60, help="steps per recipe (default 60)")
-    parser.add_argument("--batch-size", type=int, default=4, help="DataLoader batch size (default 4)")
-    parser.add_argument("--num-workers", type=int, default=2, help="DataLoader workers (default 2)")
-    parser.add_argument("--report-every", type=int, default=10, metavar="N",
+    parser.add_argument("--shards", type=positive_int, default=8,
+                        help="tar/TFRecord files per dataset (default 8)")
+    parser.add_argument("--steps", type=positive_int, default=60, help="steps per recipe (default 60)")
+    parser.add_argument("--batch-size", type=positive_int, default=4,
+                        help="DataLoader batch size (default 4)")
+    parser.add_argument("--num-workers", type=non_negative_int, default=2,
+                        help="DataLoader workers (default 2)")
+    parser.add_argument("--report-every", type=positive_int, default=10, metavar="N",
                         help="steps per timed interval (default 10)")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds allowed per recipe")
+    parser.add_argument("--timeout", type=positive_float, default=120.0, help="seconds allowed per recipe")
     parser.add_argument("--preprocess", action="store_true",
                         help="run the 002 recipes with decode + resize 224 + batch 128")
     parser.add_argument("--recipes", nargs="*", default=None, metavar="NAME",

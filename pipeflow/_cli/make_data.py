@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from .._words import counted
+from ._args import positive_float, positive_int
 
 __all__ = ["add_arguments", "run"]
 
@@ -19,11 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", help="a local directory or s3://bucket/prefix "
                         "(S3 endpoint from AWS_ENDPOINT_URL)")
     parser.add_argument("--count", type=int, default=1000, help="number of samples (default 1000)")
-    parser.add_argument("--image-size", type=int, default=None, metavar="PX",
+    parser.add_argument("--image-size", type=positive_int, default=None, metavar="PX",
                         help="image width and height (default: 1024 for PNG layouts, 360 for JPEG "
                              "layouts, about 115 KB a JPEG)")
     parser.add_argument("--seed", type=int, default=0, help="content seed (default 0)")
-    parser.add_argument("--shard-mb", type=float, default=100.0, metavar="MB",
+    parser.add_argument("--shard-mb", type=positive_float, default=100.0, metavar="MB",
                         help="target size of a tar shard or TFRecord file in MB (default 100)")
     parser.add_argument("--create-bucket", action="store_true",
                         help="create the S3 bucket if it does not exist")

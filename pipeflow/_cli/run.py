@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from .._words import counted
+from ._args import non_negative_int, positive_int
 
 __all__ = ["add_arguments", "parse_options", "run"]
 
@@ -16,11 +17,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", help="a recipe name (see `pipeflow recipes`)")
     parser.add_argument("--url", required=True,
                         help="the dataset: s3://bucket/prefix, or a directory for mounted-path recipes")
-    parser.add_argument("--batch-size", type=int, default=4, help="DataLoader batch size (default 4)")
-    parser.add_argument("--num-workers", type=int, default=0, help="DataLoader workers (default 0)")
-    parser.add_argument("--epochs", type=int, default=1, help="passes over the data (default 1)")
-    parser.add_argument("--steps", type=int, default=None, help="stop after this many steps")
-    parser.add_argument("--report-every", type=int, default=100, metavar="N",
+    parser.add_argument("--batch-size", type=positive_int, default=4,
+                        help="DataLoader batch size (default 4)")
+    parser.add_argument("--num-workers", type=non_negative_int, default=0,
+                        help="DataLoader workers (default 0)")
+    parser.add_argument("--epochs", type=positive_int, default=1, help="passes over the data (default 1)")
+    parser.add_argument("--steps", type=positive_int, default=None, help="stop after this many steps")
+    parser.add_argument("--report-every", type=positive_int, default=100, metavar="N",
                         help="print the time of every N steps (default 100, as in the articles)")
     parser.add_argument("--preprocess", action="store_true",
                         help="002 recipes: decode, resize to 224x224 and batch 128 in the pipeline")

@@ -134,8 +134,8 @@ def sample_fields(layout: str, i: int, *, image_size: int | None = None, seed: i
         ``{"image": png, "label": png}`` or ``{"jpg": jpeg, "cls": b"<class>"}``.
     """
     info = _layout(layout)
-    size = image_size or default_image_size(layout)
-    if size < 1:
+    size = default_image_size(layout) if image_size is None else image_size
+    if size < 1:  # 0 is refused, not taken for the default
         raise ConfigError(f"image_size must be >= 1, got {size}")
     rng = np.random.default_rng([seed, i])
     image = rng.integers(0, 256, size=(size, size, 3), dtype=np.uint8)
@@ -514,7 +514,9 @@ def generate(layout: str, url: str, *, count: int = 1000, image_size: int | None
         raise ConfigError(f"count must be >= 0, got {count}")
     if shard_mb <= 0:
         raise ConfigError(f"shard_mb must be > 0, got {shard_mb}")
-    size = image_size or default_image_size(layout)
+    size = default_image_size(layout) if image_size is None else image_size
+    if size < 1:  # before the sink is opened (a bucket created) or a bar drawn; 0 is not the default
+        raise ConfigError(f"image_size must be >= 1, got {size}")
     encode = _encoder(info, tfrecord_writer)
     sink = _open_sink(url, create_bucket=create_bucket)
     bar = _Progress(count, f"{layout} -> {url}", progress)

@@ -410,3 +410,47 @@ def test_a_subcommands_wrong_flag_shows_that_subcommands_usage(args, wrong, hint
     assert err.startswith(f"usage: pipeflow {args[0]} "), err  # not the top-level usage
     assert f"pipeflow {args[0]}: error: unrecognized arguments: {' '.join(wrong)}" in err, err
     assert ("did you mean" not in err) if hint is None else err.rstrip().endswith(hint), err
+
+
+@pytest.mark.parametrize("args, flag, says", [
+    (["run", "wds-boto3", "--url", "s3://b/p/", "--batch-size", "0"], "--batch-size",
+     "must be a positive integer, got 0"),
+    (["run", "wds-boto3", "--url", "s3://b/p/", "--num-workers", "-1"], "--num-workers",
+     "must be 0 or more, got -1"),
+    (["run", "wds-boto3", "--url", "s3://b/p/", "--report-every", "0"], "--report-every",
+     "must be a positive integer, got 0"),
+    (["run", "wds-boto3", "--url", "s3://b/p/", "--steps", "-2"], "--steps",
+     "must be a positive integer, got -2"),
+    (["run", "wds-boto3", "--url", "s3://b/p/", "--epochs", "0"], "--epochs",
+     "must be a positive integer, got 0"),
+    (["demo", "--image-size", "0"], "--image-size", "must be a positive integer, got 0"),
+    (["demo", "--batch-size", "-4"], "--batch-size", "must be a positive integer, got -4"),
+    (["demo", "--timeout", "0"], "--timeout", "must be a finite number more than 0, got 0"),
+    (["make-data", "jpeg", "s3://b/p/", "--image-size", "0"], "--image-size",
+     "must be a positive integer, got 0"),
+])
+def test_a_numeric_option_out_of_range_is_refused_before_anything_runs(args, flag, says, capsys):
+    # these reached torch (batch size, workers) or a modulo (report interval) as a traceback,
+    # ran one step for --steps -2, or took an image size of 0 for the default
+    from pipeflow.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert err.startswith(f"usage: pipeflow {args[0]} "), err
+    assert err.rstrip().endswith(f"pipeflow {args[0]}: error: argument {flag}: {says}"), err
+
+
+@pytest.mark.parametrize("args, flag, says", [
+    # --max-size -5 or 0 wrote one sample a shard without a word, nan ended in a traceback
+    (["convert", "/nonexistent/raw", "/nonexistent/shards", "--max-size", "-5"], "--max-size",
+     "must be a finite number more than 0, got -5"),
+    (["convert", "/nonexistent/raw", "/nonexistent/shards", "--max-size", "nan"], "--max-size",
+     "must be a finite number more than 0, got nan"),
+    (["make-data", "wds", "s3://b/p/", "--shard-mb", "nan"], "--shard-mb",
+     "must be a finite number more than 0, got nan"),
+])
+def test_a_size_in_mb_out_of_range_is_refused_before_anything_runs(args, flag, says, capsys, monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing sent anywhere, even if it ran
+    test_a_numeric_option_out_of_range_is_refused_before_anything_runs(args, flag, says, capsys)

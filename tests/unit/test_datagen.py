@@ -174,3 +174,13 @@ def test_the_data_tools_check_the_endpoint_as_the_backends_do(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "127.0.0.1:9000")
     with pytest.raises(ConfigError, match="did you mean 'http://127.0.0.1:9000'"):
         s3_client()
+
+
+@pytest.mark.parametrize("size", [0, -1])
+def test_an_image_size_of_zero_or_less_is_refused_not_taken_for_the_default(tmp_path, size):
+    # 0 meant the default (1024 px for PNG layouts): a minute of generating where an error was due
+    with pytest.raises(ConfigError, match=f"image_size must be >= 1, got {size}"):
+        generate("wds", str(tmp_path / "out"), count=3, image_size=size)
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError, match=f"image_size must be >= 1, got {size}"):
+        sample_fields("single", 0, image_size=size)

@@ -439,3 +439,53 @@ def test_merge_refuses_states_of_different_epochs_of_one_pipeline(monkeypatch):
     assert a["graph"] == b["graph"]
     with pytest.raises(ConfigError, match=r"one epoch and one pipeline, got epochs \[2, 3\]"):
         pf.merge_states([a, b])
+
+
+def _merged_after_four_batches():
+    def make():
+        return pf.from_items(list(range(40))).shard_by_rank().batch(5)
+    it = iter(make())
+    delivered = [x for _ in range(4) for x in next(it)]
+    merged = pf.merge_states([it.state_dict()])
+    it.close()
+    return make, delivered, merged
+
+
+def test_a_dropped_resume_from_result_is_refused_not_an_epoch_started_again():
+    # `pipe.resume_from(merged)` as a statement (as the docs' prose read) resumed nothing: the
+    # pipeline started the epoch again and the 20 items delivered before the save came twice
+    import pickle
+
+    make, _, merged = _merged_after_four_batches()
+    pipe = make()
+    pipe.resume_from(merged)
+    with pytest.raises(ConfigError, match=r"pipe = pipe.resume_from\(merged\)"):
+        iter(pipe)
+    with pytest.raises(ConfigError, match=r"pipe = pipe.resume_from\(merged\)"):
+        pickle.dumps(pipe)  # a spawned DataLoader worker's copy
+    # kept, it resumes; used and let go, the pipeline it came from runs its next epochs
+    make, delivered, merged = _merged_after_four_batches()
+    pipe = make()
+    resumed = pipe.resume_from(merged)
+    pickle.loads(pickle.dumps(resumed))  # what a DataLoader worker gets
+    pickle.loads(pickle.dumps(pipe))
+    rest = [x for batch in resumed for x in batch]
+    assert sorted(delivered + rest) == list(range(40))
+    del resumed
+    pipe.set_epoch(1)
+    assert sorted(x for batch in pipe for x in batch) == list(range(40))
+
+
+def test_a_dropped_loader_resume_from_result_is_refused_too():
+    def make():
+        return pf.from_items(list(range(40))).shard_by_rank().loader(batch_size=5, collate=False)
+    loader = make()
+    it = iter(loader)
+    delivered = [x for _ in range(3) for x in next(it)]
+    merged = pf.merge_states([loader.state_dict()])
+    again = make()
+    again.resume_from(merged)
+    with pytest.raises(ConfigError, match=r"loader = loader.resume_from\(merged\)"):
+        list(again)
+    resumed = make().resume_from(merged)
+    assert sorted(delivered + [x for batch in resumed for x in batch]) == list(range(40))
