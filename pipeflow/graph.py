@@ -12,15 +12,17 @@ in :mod:`pipeflow.stages._walks`, and are re-exported here. It imports stages, n
 from __future__ import annotations
 
 import difflib
+import dis
 import functools
 import inspect
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 from ._once import first_time
-from .errors import OptionError
+from .errors import ConfigError, OptionError
 from .run_context import RunContext
 from .stages._walks import find_sharder, known_total
 from .stages.assigned import AssignedSource, ShuffledSource
@@ -195,6 +197,24 @@ def check_options(what: str, signature: inspect.Signature, kwargs: dict[str, Any
     if not close and (name, what) in _ELSEWHERE:
         hint = f" ({_ELSEWHERE[name, what]})"
     raise OptionError(f"{what}() has no option {name!r}{hint}; valid options: {', '.join(valid) or 'none'}")
+
+
+def refuse_a_dropped_result(caller: FrameType, fix: str) -> None:
+    """Raise :class:`ConfigError` when the call ``caller`` is making (``resume_from``) is an
+    expression statement whose value is thrown away: ``pipe.resume_from(merged)`` alone on a
+    line reads as if it changed ``pipe``, which it leaves as it was, so the next pass would
+    start the epoch again and deliver every item before the checkpoint a second time. Told from
+    the caller's next instruction (``POP_TOP`` discards the value; an assignment, a return or an
+    argument keep it), so a result kept for any time, handed to a DataLoader or anything else,
+    is never refused. Where the bytecode says nothing clear, nothing is raised."""
+    for instruction in dis.get_instructions(caller.f_code):  # once per resume: cost no object
+        if instruction.offset > caller.f_lasti:  # f_lasti: the call (its last cache entry)
+            if instruction.opname == "POP_TOP":
+                raise ConfigError(f"resume_from() returns the resumed pipeline and leaves this one as "
+                                  f"it was; its result is thrown away here, so this one would start the "
+                                  f"epoch again (the items delivered before the checkpoint a second "
+                                  f"time): write {fix}")
+            return
 
 
 def _check_given_once(what: str, signature: inspect.Signature, args: tuple[Any, ...],

@@ -20,6 +20,7 @@ whole process (see :func:`pipeflow.executor.autotune.cpu_budget`).
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,7 @@ from torch.utils.data import default_convert
 from ._checks import check_bool, check_int
 from ._words import counted
 from .errors import ConfigError
-from .graph import batched_by
+from .graph import batched_by, refuse_a_dropped_result
 from .iterator import PipelineIterator
 from .run_context import RunContext
 from .stages.device import DeviceMover, _device
@@ -219,7 +220,9 @@ class Loader:
         (:func:`pipeflow.merge_states` of every rank's ``state_dict()``), on any number of
         ranks: every item no rank had returned in a batch, once; later epochs are the normal
         ones. Needs ``shard_by_rank()`` in the pipeline, as ``Pipeline.resume_from`` does."""
-        return Loader(self._pipe.resume_from(merged), self._options, extended=True)
+        resumed = Loader(self._pipe.resume_from(merged), self._options, extended=True)
+        refuse_a_dropped_result(sys._getframe(1), "loader = loader.resume_from(merged)")
+        return resumed
 
     def stats(self, *, all_ranks: bool = False) -> PipelineStats:
         """What every stage did (see :meth:`Pipeline.stats <pipeflow.Pipeline.stats>`);

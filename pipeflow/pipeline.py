@@ -31,6 +31,7 @@ from .graph import (
     format_value,
     make_label,
     order_notes,
+    refuse_a_dropped_result,
     stage_names,
     validate,
 )
@@ -86,10 +87,6 @@ class Pipeline(torch.utils.data.IterableDataset):
         self._node = node
         self._epoch = 0
         self._stats = Stats()
-        #: resume_from(): on the pipeline it returned, whether it was iterated; on this one, a
-        #: weak reference to the last it returned with that flag (a dropped result is refused)
-        self._resume_used: list[bool] | None = None
-        self._resume_result: tuple[weakref.ref[Pipeline], list[bool]] | None = None
         #: where processes iterating a copy of this pipeline (DataLoader workers) publish
         #: their statistics; the directory is made when the pipeline leaves this process
         self._channel = StatsChannel()
@@ -360,26 +357,11 @@ class Pipeline(torch.utils.data.IterableDataset):
         """The rest of the epoch ``merged`` (:func:`pipeflow.merge_states`) was saved in, on any
         number of ranks x DataLoader workers: every item the old topology had not delivered,
         once; later epochs are the normal ones. See docs/guarantees.md (elastic resume)."""
-        resumed = Pipeline(resume_node(self._node, merged))
+        resumed = Pipeline(resume_node(self._node, merged))  # a state that does not fit: said first
+        refuse_a_dropped_result(sys._getframe(1), "pipe = pipe.resume_from(merged)")
         resumed._length = self._length
         resumed.set_epoch(int(merged["epoch"]))
-        # this pipeline stays as it was; a result dropped (``pipe.resume_from(merged)`` as a
-        # statement) would leave it to start the epoch again: every item delivered before the
-        # checkpoint twice. Told apart when this one is iterated or pickled: the resumed one
-        # gone without ever having been iterated
-        used = [False]
-        resumed._resume_used = used
-        self._resume_result = (weakref.ref(resumed), used)
         return resumed
-
-    def _refuse_a_dropped_resume(self) -> None:
-        kept = self._resume_result
-        if kept is not None and kept[0]() is None and not kept[1][0]:
-            raise ConfigError(
-                "resume_from() returns the resumed pipeline and leaves this one as it was; its "
-                "result was dropped, so this pipeline would start the epoch again (the items "
-                "delivered before the checkpoint a second time): write pipe = pipe.resume_from(merged) "
-                "(or loader = loader.resume_from(merged))")
 
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch used to reseed shuffles on the next iteration (like DistributedSampler)."""
@@ -400,9 +382,6 @@ class Pipeline(torch.utils.data.IterableDataset):
                 pipeline.set_epoch(epoch + 1)
 
         _refuse_dataloader_batching(self._node, sys._getframe(1))
-        self._refuse_a_dropped_resume()
-        if self._resume_used is not None:
-            self._resume_used[0] = True
         if self._stats.pid != os.getpid():
             # a copy in another process (a forked DataLoader worker inherits the owner's
             # counters): count afresh and publish to the owner
@@ -464,11 +443,9 @@ class Pipeline(torch.utils.data.IterableDataset):
 
     # pickling for DataLoader workers: descriptions only, never a live iterator
     def __getstate__(self) -> dict[str, Any]:
-        self._refuse_a_dropped_resume()  # before a spawned DataLoader worker would start over
         self._channel.create()  # a copy in another process publishes its statistics there
         state = self.__dict__.copy()
         state["_stats"] = None
-        state["_resume_result"] = None  # a weak reference: this process's only
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
