@@ -150,8 +150,9 @@ def upload(directory: str, url: str, *, backend: str | Backend | None = None, wo
         an :class:`UploadResult`.
 
     Raises:
-        ObjectNotFoundError: ``directory`` does not exist, the bucket does not, or a file
-            cannot be read (a dangling symbolic link, a file removed meanwhile).
+        ObjectNotFoundError: ``directory`` does not exist or holds no regular file, the
+            bucket does not exist, or a file cannot be read (a dangling symbolic link, a file
+            removed meanwhile).
         ConfigError: ``directory`` is not a directory, or a bad option.
         InvalidURLError: ``directory`` is a URL of another store (``s3://...``).
         BackendError: an upload failed (its typed subclass); files not yet started are not
@@ -168,6 +169,9 @@ def upload(directory: str, url: str, *, backend: str | Backend | None = None, wo
     started = time.perf_counter()
     store = _store(url, backend, dict(backend_options or {}))
     files = _walk(directory)
+    if not files:  # a wrong folder, usually: said, as listing an empty prefix is
+        raise ObjectNotFoundError("no files to upload: the directory holds no regular file",
+                                  url=directory, backend="local", op="upload")
     there = _existing(store, url) if skip_unchanged else {}
     todo = [f for f in files if not _unchanged(f, there.get(f.relative))] if skip_unchanged else files
     sent = _send(store, url, todo, workers, progress, len(files) - len(todo))

@@ -114,6 +114,15 @@ def test_links_are_followed_once_and_a_dangling_one_is_named(tmp_path):
         pf.upload(str(root), str(dest))
 
 
+def test_an_empty_folder_is_named_not_an_upload_of_nothing(tmp_path, capsys):
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    with pytest.raises(ObjectNotFoundError, match="no files to upload"):
+        pf.upload(str(tmp_path / "empty"), str(tmp_path / "dest"))
+    assert not (tmp_path / "dest").exists()
+    assert main(["upload", str(tmp_path / "empty"), str(tmp_path / "dest"), "--quiet"]) == 2
+    assert "no files to upload" in capsys.readouterr().err
+
+
 def test_typed_errors_and_no_thread_left(s3, s3_bucket, folder, tmp_path):
     before = {t.name for t in threading.enumerate()}
     with pytest.raises(ObjectNotFoundError):
