@@ -207,7 +207,7 @@ def refuse_a_dropped_result(caller: FrameType, fix: str) -> None:
     the caller's next instruction (``POP_TOP`` discards the value; an assignment, a return or an
     argument keep it), so a result kept for any time, handed to a DataLoader or anything else,
     is never refused. Where the bytecode says nothing clear, nothing is raised."""
-    for instruction in dis.get_instructions(caller.f_code):  # once per resume: cost no object
+    for instruction in dis.get_instructions(caller.f_code):  # once per resume_from() call
         if instruction.offset > caller.f_lasti:  # f_lasti: the call (its last cache entry)
             if instruction.opname == "POP_TOP":
                 raise ConfigError(f"resume_from() returns the resumed pipeline and leaves this one as "
