@@ -142,6 +142,7 @@ class PipelineIterator:
             # here for threads to finish their current pull (up to the prefetch join timeout)
             # lost that race every time: a worker stops them without waiting instead.
             self._ctx.interrupted = self._ctx.in_dataloader_worker
+            self._ctx.stopping = True
             self.close()
             raise
         except BaseException:

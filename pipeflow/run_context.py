@@ -63,6 +63,11 @@ class RunContext:
     #: set when a DataLoader worker's pass ends in KeyboardInterrupt: the process is ending, and
     #: stages stop their threads without waiting for them (see PipelineIterator.__next__)
     interrupted: bool = False
+    #: set when the main process's iteration ends in KeyboardInterrupt (Ctrl-C, or SIGTERM on the
+    #: CLI): stages wait for their threads at most ``STOP_GRACE_SECONDS``, then leave a thread
+    #: stuck in a call that does not return (a hung read) behind, so the interrupt reaches the
+    #: caller and the interpreter can exit
+    stopping: bool = False
 
     @classmethod
     def detect(cls, epoch: int = 0, stats: Stats | None = None) -> RunContext:

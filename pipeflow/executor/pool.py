@@ -14,7 +14,9 @@ import atexit
 import itertools
 import multiprocessing
 import os
+import sys
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Hashable
@@ -46,6 +48,25 @@ __all__ = ["PoolCache", "WorkerPool", "lease_pool", "make_pool", "pool_cache", "
 
 #: how long close() waits for busy process workers before terminating them
 PROCESS_GRACE_SECONDS = 5.0
+
+#: seconds a pool's threads get to finish their current call once the run was interrupted
+#: (Ctrl-C, or SIGTERM on the CLI); a thread still inside its call then (a read that never
+#: returns) is left behind and does not hold the interpreter at exit.
+#: ``PIPEFLOW_STOP_GRACE_SECONDS`` overrides it.
+STOP_GRACE_SECONDS = 5.0
+
+
+def stop_grace_seconds() -> float:
+    """``STOP_GRACE_SECONDS``, or ``PIPEFLOW_STOP_GRACE_SECONDS`` when set to a number >= 0."""
+    raw = os.environ.get("PIPEFLOW_STOP_GRACE_SECONDS")
+    if raw:
+        try:
+            value = float(raw)
+        except ValueError:
+            return STOP_GRACE_SECONDS
+        if value >= 0:
+            return value
+    return STOP_GRACE_SECONDS
 
 _pool_ids = itertools.count()
 _BASE_PRELOAD = ("__main__", "pipeflow", "pipeflow.stages.map", "pipeflow.executor.lifetime")
@@ -191,16 +212,32 @@ class WorkerPool:
         """Not shut down and no worker died: fit to be reused by another epoch."""
         return not self._closed and not getattr(self._executor, "_broken", False)
 
-    def shutdown(self, wait: bool = True) -> None:
+    def shutdown(self, wait: bool = True, bound: float | None = None, name: str = "") -> None:
         """Cancel queued tasks and stop the workers; process workers that do not finish in
-        ``PROCESS_GRACE_SECONDS`` are terminated. Idempotent."""
+        ``PROCESS_GRACE_SECONDS`` are terminated. Idempotent.
+
+        ``bound`` (seconds, given after an interrupt): threads still in their call then are left
+        behind, said on stderr (naming stage ``name``), and taken out of the interpreter's
+        exit-time joins, so a call that never returns cannot keep the process alive."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         executor = self._executor
         if isinstance(executor, ThreadPoolExecutor):
-            executor.shutdown(wait=wait, cancel_futures=True)
+            if bound is None or not wait:
+                executor.shutdown(wait=wait, cancel_futures=True)
+                return
+            threads = list(getattr(executor, "_threads", ()))
+            executor.shutdown(wait=False, cancel_futures=True)
+            deadline = time.monotonic() + bound
+            for thread in threads:
+                thread.join(max(0.0, deadline - time.monotonic()))
+            stuck = [t for t in threads if t.is_alive()]
+            if stuck:
+                _leave_behind(stuck)
+                print(f"pipeflow: stage {name or 'map'}: {len(stuck)} call(s) did not return within "
+                      f"{bound:g} s; exiting without them", file=sys.stderr, flush=True)
             return
         processes = list((getattr(executor, "_processes", None) or {}).values())
         executor.shutdown(wait=False, cancel_futures=True)
@@ -216,6 +253,25 @@ class WorkerPool:
         if self._shm_prefix:
             # results a crashed worker wrote, or that were cancelled before anyone read them
             sweep(self._shm_prefix)
+
+
+def _leave_behind(threads: list[threading.Thread]) -> None:
+    """Take ``threads`` (a thread pool's, stuck in a call) out of the joins the interpreter
+    makes at exit: concurrent.futures' exit handler joins every pool thread, and threading's
+    shutdown joins every non-daemon thread. Both would wait for ever for a call that never
+    returns; the thread then ends with the process."""
+    import concurrent.futures.thread as cft
+
+    queues = getattr(cft, "_threads_queues", None)
+    for thread in threads:
+        if queues is not None:
+            queues.pop(thread, None)
+        lock = getattr(thread, "_tstate_lock", None)
+        locks = getattr(threading, "_shutdown_locks", None)
+        guard = getattr(threading, "_shutdown_locks_lock", None)
+        if lock is not None and locks is not None and guard is not None:
+            with guard:
+                locks.discard(lock)
 
 
 def _restoring(inner: Future[Any], slots: Slots | None, lent: str | None) -> Future[Any]:

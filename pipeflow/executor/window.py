@@ -261,12 +261,13 @@ class Window:
                 task.future.add_done_callback(self.on_discard)
         self._pending.clear()
 
-    def shutdown(self, wait: bool = True) -> None:
-        """Drop what is in flight and stop the workers."""
+    def shutdown(self, wait: bool = True, bound: float | None = None, name: str = "") -> None:
+        """Drop what is in flight and stop the workers (waiting at most ``bound`` seconds for
+        threads, see :meth:`Pool.shutdown`)."""
         self.cancel()
         pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=wait)
+            pool.shutdown(wait=wait, bound=bound, name=name)
 
     def futures(self) -> list[Future[Any]]:
         """The futures of the tasks not yet delivered, oldest first."""

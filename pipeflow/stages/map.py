@@ -22,7 +22,7 @@ from typing import Any, Literal
 from .._checks import check_bool, check_choice, check_int_or_auto, is_int
 from ..errors import ConfigError, WorkerCrashedError
 from ..executor.autotune import AUTO, BYTE_BUDGET, Kind, Tuner, bounds, dataloader_workers
-from ..executor.pool import prestart
+from ..executor.pool import prestart, stop_grace_seconds
 from ..executor.window import Window, WindowOptions
 from .base import SOURCES_KEY, Rewind, Stage, describe_item
 
@@ -281,7 +281,10 @@ class WindowedStage(Stage[Any]):
         # the pool outlives restarts (repeat() resets this stage every round); close ends it,
         # without waiting for the threads' current calls in a worker ending on Ctrl-C
         if self._window is not None:
-            self._window.shutdown(wait=not self.context.interrupted)
+            # (after Ctrl-C in the main process: a bounded wait, a stuck call is left behind)
+            self._window.shutdown(wait=not self.context.interrupted,
+                                  bound=stop_grace_seconds() if self.context.stopping else None,
+                                  name=self.name)
 
     def __del__(self) -> None:
         window = getattr(self, "_window", None)

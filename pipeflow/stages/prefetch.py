@@ -10,6 +10,7 @@ from .._checks import check_int_or_auto, is_int
 from .._pump import Pump
 from ..executor.autotune import BufferTuner
 from ..executor.intraop import one_intraop_thread
+from ..executor.pool import stop_grace_seconds
 from .base import SOURCES_KEY, Stage
 
 __all__ = ["Prefetcher"]
@@ -120,9 +121,12 @@ class Prefetcher(Stage[Any]):
             return
         if self.context.interrupted:  # a worker ending on Ctrl-C: the daemon thread ends with it
             pump.stop()
-        elif not pump.stop(join=JOIN_TIMEOUT):
-            log.warning("pipeflow: %s: background thread still busy after %.0fs; abandoning it",
-                        self.name, JOIN_TIMEOUT)
+        else:
+            # after Ctrl-C in the main process: the shorter stop grace (the thread is a daemon)
+            timeout = min(JOIN_TIMEOUT, stop_grace_seconds()) if self.context.stopping else JOIN_TIMEOUT
+            if not pump.stop(join=timeout):
+                log.warning("pipeflow: %s: background thread still busy after %gs; abandoning it",
+                            self.name, timeout)
 
     def __del__(self) -> None:
         pump = getattr(self, "_pump", None)
