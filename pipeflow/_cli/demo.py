@@ -124,7 +124,9 @@ def _child(name: str, url: str, options: dict[str, Any], batch_size: int | None,
                         "first_batch_s": result.first_batch_s, "mean_interval_s": result.mean,
                         "var_interval_s": result.variance}))
     except BaseException as exc:  # reported in the table, never raised through the demo
-        last = f"{type(exc).__name__}: {exc}"
+        from ._errors import error_text
+
+        last = f"{type(exc).__name__}: {error_text(exc)}"
         out.put(("error", last))
 
 
@@ -294,6 +296,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         rows = run_demo(args)
     except PipeflowError as exc:
-        print(f"pipeflow demo: {exc}", file=sys.stderr)
+        from ._errors import error_text
+
+        print(f"pipeflow demo: {error_text(exc)}", file=sys.stderr)
         return 2
     return 0 if any(r.status == "ok" for r in rows) else 1

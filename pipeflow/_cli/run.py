@@ -54,6 +54,7 @@ def parse_options(pairs: list[str]) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     from .. import recipes
     from ..errors import PipeflowError
+    from ._errors import error_text
     from ._measure import measure
     from ._progress import messages_above, progress_bar
 
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
         info = recipes.get(args.recipe)
         pipeline = recipes.load(args.recipe, url=args.url, **options)
     except PipeflowError as exc:
-        print(f"pipeflow run: {exc}", file=sys.stderr)
+        print(f"pipeflow run: {error_text(exc)}", file=sys.stderr)
         return 2
     if {**info.options, **options}.get("cycle") and args.steps is None:
         print(f"pipeflow run: {args.recipe} cycles over its shards forever, as in the article; "
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
                              epochs=args.epochs, steps=args.steps, report_every=args.report_every,
                              on_report=report, on_batch=bar.update)
     except PipeflowError as exc:  # bad data or storage: one line (the stage in its note), no traceback
-        print(f"pipeflow run: {exc}", *getattr(exc, "__notes__", ()), sep="\n", file=sys.stderr)
+        print(f"pipeflow run: {error_text(exc)}", file=sys.stderr)
         return 2
     finally:
         bar.close()

@@ -454,3 +454,24 @@ def test_a_numeric_option_out_of_range_is_refused_before_anything_runs(args, fla
 def test_a_size_in_mb_out_of_range_is_refused_before_anything_runs(args, flag, says, capsys, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing sent anywhere, even if it ran
     test_a_numeric_option_out_of_range_is_refused_before_anything_runs(args, flag, says, capsys)
+
+
+def test_run_with_workers_on_data_of_another_layout_says_it_in_a_few_lines(tmp_path, capsys):
+    import io
+    import tarfile
+
+    from pipeflow.cli import main
+
+    for shard in range(2):
+        with tarfile.open(tmp_path / f"shard-{shard}.tar", "w") as tar:
+            for i in range(4):
+                for name, data in ((f"{shard}{i:03d}.image.png", b"x"), (f"{shard}{i:03d}.label.cls", b"1")):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    code = main(["run", "wds-ffm", "--url", str(tmp_path), "--num-workers", "2", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 3, err
+    assert err.startswith("pipeflow run: this recipe reads samples with the fields image, label"), err
+    assert "(in DataLoader worker process" in err
