@@ -24,6 +24,7 @@ from typing import Any
 from .._words import counted
 from ..errors import install_line
 from ._args import non_negative_int, positive_float, positive_int
+from ._errors import error_text
 
 __all__ = ["DemoRow", "add_arguments", "run", "run_demo"]
 
@@ -124,8 +125,6 @@ def _child(name: str, url: str, options: dict[str, Any], batch_size: int | None,
                         "first_batch_s": result.first_batch_s, "mean_interval_s": result.mean,
                         "var_interval_s": result.variance}))
     except BaseException as exc:  # reported in the table, never raised through the demo
-        from ._errors import error_text
-
         last = f"{type(exc).__name__}: {error_text(exc)}"
         out.put(("error", last))
 
@@ -296,8 +295,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         rows = run_demo(args)
     except PipeflowError as exc:
-        from ._errors import error_text
-
         print(f"pipeflow demo: {error_text(exc)}", file=sys.stderr)
         return 2
     return 0 if any(r.status == "ok" for r in rows) else 1
